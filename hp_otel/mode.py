@@ -1,0 +1,260 @@
+"""CommDebugMode: the user-facing context manager.
+
+It wires sources (framework hooks) to a SpanRecorder for the duration of a `with`
+block, then answers queries — counts from exact in-process counters, everything else
+rendered from the finished spans in its local store.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import threading
+import warnings
+from typing import Any
+
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import TracerProvider
+
+from hp_otel import render
+from hp_otel.exporter import BoundedInMemorySpanExporter
+from hp_otel.observer import Source
+from hp_otel.recorder import SpanRecorder
+from hp_otel.telemetry import default_meter_provider, default_tracer_provider, get_instruments, get_tracer
+
+logger = logging.getLogger("hp_otel")
+
+DEFAULT_MAX_SPANS = 100_000
+# The innermost active mode of this context: a mode entered inside another suspends it.
+_current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.ContextVar(
+    "hp_otel_current_mode", default=None
+)
+# One lock for installing and removing hooks, so modes entered on several threads do not interleave.
+_install_lock = threading.RLock()
+
+
+def _is_torch_module(module: Any) -> bool:
+    try:
+        from torch import nn
+    except ImportError:
+        return False
+    return isinstance(module, nn.Module)
+
+
+class CommDebugMode:
+    """Trace the collectives, DTensor ops and modules of a block as OpenTelemetry spans.
+
+    ```
+    with CommDebugMode(module=model) as mode:
+        model(x).sum().backward()
+    mode.get_comm_counts()
+    print(mode.generate_comm_debug_tracing_table(noise_level=2))
+    ```
+
+    Args:
+        module: optional `nn.Module` whose submodules are tracked (forward and backward).
+        tracer_provider: spans also go to this provider's processors (e.g. OTLP); the
+            table still renders from the mode's local store. Default: hp_otel's own SDK provider.
+        meter_provider: where the collective counters go. Default: hp_otel's own SDK
+            provider, read by an InMemoryMetricReader (`get_metric_reader()`).
+        max_spans: spans kept in the local store; later ones are counted as dropped
+            (`get_dropped_record_count()`) while the collective counts stay exact.
+    """
+
+    def __init__(
+        self,
+        module: Any = None,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        max_spans: int = DEFAULT_MAX_SPANS,
+    ) -> None:
+        if module is not None and not _is_torch_module(module):
+            raise TypeError(f"module must be a torch.nn.Module or None, got {type(module).__name__}")
+        if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 0:
+            raise ValueError(f"max_spans must be a non-negative int, got {max_spans!r}")
+        if tracer_provider is not None and not hasattr(tracer_provider, "get_tracer"):
+            raise TypeError(f"tracer_provider must be an OpenTelemetry TracerProvider, got {type(tracer_provider).__name__}")
+        if meter_provider is not None and not hasattr(meter_provider, "get_meter"):
+            raise TypeError(f"meter_provider must be an OpenTelemetry MeterProvider, got {type(meter_provider).__name__}")
+        self.module = module
+        self._metric_reader: InMemoryMetricReader | None = None
+        if tracer_provider is None:
+            tracer_provider = default_tracer_provider()
+        if meter_provider is None:
+            meter_provider, self._metric_reader = default_meter_provider()
+        self._store = BoundedInMemorySpanExporter(max_spans)
+        self._recorder = SpanRecorder(get_tracer(tracer_provider), get_instruments(meter_provider), self._store)
+        self._sources: list[Source] = []
+        self._installed: list[Source] = []
+        self._token: contextvars.Token[CommDebugMode | None] | None = None
+        self._outer: CommDebugMode | None = None
+
+    # --- context manager -------------------------------------------------------
+    def __enter__(self) -> CommDebugMode:
+        if self._token is not None:
+            raise RuntimeError("this CommDebugMode is already active; create a new one to nest")
+        self.clear()
+        self._token = _current_mode.set(self)
+        self._outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
+        if self._outer is not None:
+            self._outer._recorder.suspended += 1
+        self._recorder.start()
+        with _install_lock:
+            for source in self._make_sources():
+                try:
+                    source.install(self._recorder)
+                    self._installed.append(source)
+                except Exception as exc:  # a source that cannot install must not stop training
+                    self._recorder.on_fault(f"install:{type(source).__name__}", exc)
+                    self._uninstall_one(source)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        with _install_lock:
+            while self._installed:
+                self._uninstall_one(self._installed.pop())
+        self._recorder.stop(exc)
+        if self._outer is not None:
+            self._outer._recorder.suspended -= 1
+            self._outer = None
+        token, self._token = self._token, None
+        if token is not None:
+            try:
+                _current_mode.reset(token)
+            except ValueError:  # exited in another context than entered: leave that context alone
+                pass
+
+    def _uninstall_one(self, source: Source) -> None:
+        try:
+            source.uninstall()
+        except Exception as exc:
+            self._recorder.on_fault(f"uninstall:{type(source).__name__}", exc)
+
+    def _make_sources(self) -> list[Source]:
+        if not self._sources:
+            from hp_otel.sources import default_sources
+
+            self._sources = default_sources(self.module)
+        return self._sources
+
+    # --- counts ------------------------------------------------------------------
+    def get_comm_counts(self, normalized: bool = False) -> dict[str, int]:
+        """Collective calls by the framework's own name (`_c10d_functional.all_reduce`).
+
+        With `normalized=True`, by normalised op instead (`all_reduce`, `all_gather`, ...).
+        """
+        counts = self._recorder.comm_counts
+        if not normalized:
+            return dict(counts)
+        out: dict[str, int] = {}
+        for name, n in counts.items():
+            op = self._recorder.comm_ops.get(name, name)
+            out[op] = out.get(op, 0) + n
+        return out
+
+    def get_total_counts(self) -> int:
+        return sum(self._recorder.comm_counts.values())
+
+    def get_comm_module_counts(self) -> dict[str, dict[str, dict[str, int]]]:
+        """`{fqn: {"forward": {name: n}, "backward": {name: n}}}`; a collective counts for every enclosing module."""
+        return {
+            fqn: {phase: dict(counts) for phase, counts in phases.items()}
+            for fqn, phases in self._recorder.module_counts.items()
+        }
+
+    @property
+    def comm_module_counts(self) -> dict[str, dict[str, dict[str, int]]]:
+        """torch's CommDebugMode attribute name for `get_comm_module_counts()`."""
+        return self.get_comm_module_counts()
+
+    def get_parameter_info(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """`{module fqn: {param: {shape, dtype, placements}}}` of the modules that ran (needs `module=`)."""
+        return render.parameter_info(self._tree())
+
+    def get_sharding_info(self) -> dict[str, str]:
+        """`{"fc2.weight": "Shard(dim=1)"}` for DTensor parameters of the modules that ran (needs `module=`)."""
+        return render.sharding_info(self._tree())
+
+    def get_callback_error_counts(self) -> dict[str, int]:
+        """Faults inside hp_otel's own callbacks, by where they happened; the traced code never saw them."""
+        return dict(self._recorder.fault_counts)
+
+    def get_dropped_record_count(self) -> int:
+        return self._store.dropped_spans
+
+    def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
+        return self._store.get_finished_spans()
+
+    def get_metric_reader(self) -> InMemoryMetricReader | None:
+        """The in-memory reader of hp_otel's default meter provider (None with your own provider)."""
+        return self._metric_reader
+
+    def _tree(self) -> list[Any]:
+        from hp_otel.records import build_call_tree
+
+        return build_call_tree(self.get_finished_spans())
+
+    # --- output ------------------------------------------------------------------
+    def generate_comm_debug_tracing_table(self, noise_level: int | None = None) -> str:
+        """The call tree as text: 0 collectives, 1 (default) + ops, 2 + modules, 3 + redistributes and backward."""
+        level = render.check_noise_level(noise_level)
+        if level >= 2 and self.module is None:
+            warnings.warn(
+                f"noise_level={level} shows module boundaries, which needs CommDebugMode(module=...); "
+                "showing module-less output",
+                UserWarning,
+                stacklevel=2,
+            )
+        return render.render_table(self.get_finished_spans(), level)
+
+    generate_tracing_table = generate_comm_debug_tracing_table
+
+    def log_comm_debug_tracing_table_to_file(
+        self, file_name: str | os.PathLike[str] = "comm_mode_log.txt", noise_level: int | None = None
+    ) -> None:
+        """Write the table (ANSI codes stripped) to a file, atomically."""
+        _check_path("file_name", file_name)
+        table = render.strip_ansi(self.generate_comm_debug_tracing_table(noise_level))
+        render.write_text_atomically(file_name, lambda handle: handle.write(table + "\n"))
+
+    def generate_json_dump(
+        self, file_name: str | os.PathLike[str] = "comm_mode_log.json", noise_level: int | None = None
+    ) -> None:
+        """Write the design's JSON structure (counts, sharding info, nested records) to a file, atomically."""
+        _check_path("file_name", file_name)
+        level = render.check_noise_level(noise_level)
+        payload = render.build_json_dump(
+            self.get_finished_spans(),
+            level,
+            self.get_comm_counts(),
+            self.get_comm_module_counts(),
+            self.get_dropped_record_count(),
+        )
+        render.write_json(file_name, payload)
+
+    def clear(self) -> None:
+        """Forget every record and count (the OTel counters, being cumulative, keep theirs)."""
+        self._store.clear()
+        self._recorder.reset_counts()
+
+    def __repr__(self) -> str:
+        state = "active" if self._token is not None else "inactive"
+        return (
+            f"CommDebugMode({state}, module={type(self.module).__name__ if self.module is not None else None}, "
+            f"collectives={self.get_total_counts()}, spans={len(self._store.get_finished_spans())}, "
+            f"dropped={self.get_dropped_record_count()})"
+        )
+
+
+def _check_path(argument: str, path: Any) -> None:
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"{argument} must be a non-empty path (str or os.PathLike), got {path!r}")
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{argument}: folder {folder!r} does not exist")
+    if os.path.isdir(os.fspath(path)):
+        raise IsADirectoryError(f"{argument}: {os.fspath(path)!r} is a directory, expected a file path")

@@ -1,0 +1,56 @@
+"""The observer interface between sources (framework hooks) and the recorder.
+
+A source translates one framework's hooks into these calls and knows nothing about
+OpenTelemetry; the recorder implements them and knows nothing about frameworks.
+Every method must be safe to call at any time: the recorder never raises from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from hp_otel.records import CollectiveInfo, TensorInfo
+
+
+class Observer(Protocol):
+    @property
+    def accepting(self) -> bool:
+        """False while the observer is suspended (a nested mode is active) or closed."""
+
+    def on_module_enter(
+        self, fqn: str, span_name: str, module_type: str, phase: str, static_attrs: dict[str, Any] | None = None
+    ) -> None: ...
+
+    def on_module_exit(self, fqn: str, phase: str, error: BaseException | None = None) -> None: ...
+
+    def on_backward_end(self) -> None:
+        """The autograd pass finished: close backward module spans still open."""
+
+    def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None: ...
+
+    def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None: ...
+
+    def on_collective(
+        self,
+        info: CollectiveInfo,
+        start_ns: int,
+        end_ns: int,
+        error: BaseException | None = None,
+        phase: str | None = None,
+    ) -> None: ...
+
+    def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None: ...
+
+    def on_redistribute_exit(self, error: BaseException | None = None) -> None: ...
+
+    def on_fault(self, where: str, exc: BaseException) -> None:
+        """A source's own hook failed; the traced code went on."""
+
+
+class Source(Protocol):
+    """Installs framework hooks that feed an observer; uninstall restores everything exactly."""
+
+    def install(self, observer: Observer) -> None: ...
+
+    def uninstall(self) -> None: ...

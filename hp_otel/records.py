@@ -1,0 +1,209 @@
+"""Call records: what sources report, and typed views over finished spans.
+
+Sources describe tensors and collectives with the small dataclasses below and know
+nothing about OpenTelemetry.  The recorder encodes them into span attributes
+(`encode_*`); the renderers decode spans back into `CallRecord` trees
+(`build_call_tree`), reading nothing but span attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from hp_otel import schema as s
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A snapshot of one tensor's metadata (the design's TensorInfo)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    is_dtensor: bool = False
+    placements: tuple[str, ...] | None = None  # DTensor only, one per mesh dim
+    mesh_shape: tuple[int, ...] | None = None  # DTensor only
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "is_dtensor": self.is_dtensor}
+        if self.is_dtensor:
+            out["placements"] = list(self.placements or ())
+            out["mesh_shape"] = list(self.mesh_shape or ())
+        return out
+
+    def label(self) -> str:
+        """`DTensor[4, 16]` or `Tensor[4, 16]`, as the table shows it."""
+        kind = "DTensor" if self.is_dtensor else "Tensor"
+        return f"{kind}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class CollectiveInfo:
+    """One collective call as a source saw it."""
+
+    name: str  # the framework's own name, e.g. "_c10d_functional.all_reduce"
+    op: str  # normalised, one of schema.NORMALISED_OPS
+    group_size: int
+    group: str = ""
+    group_ranks: tuple[int, ...] = ()
+    input_shape: tuple[int, ...] = ()
+    output_shape: tuple[int, ...] = ()
+    dtype: str = ""
+    bytes: int = 0
+    reduce_op: str = ""
+    is_async: bool = False
+
+
+# --- encoding into span attributes -------------------------------------------
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    return ",".join(map(str, shape))
+
+
+def _shape_from_str(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",")) if text else ()
+
+
+def encode_tensor_infos(infos: Sequence[TensorInfo], direction: str) -> dict[str, Any]:
+    """Parallel attribute arrays for op inputs or outputs (`direction` is input|output)."""
+    if direction == "input":
+        keys = (s.OP_INPUT_SHAPES, s.OP_INPUT_DTYPES, s.OP_INPUT_IS_DTENSOR, s.OP_INPUT_PLACEMENTS, s.OP_INPUT_MESH_SHAPES)
+    else:
+        keys = (
+            s.OP_OUTPUT_SHAPES,
+            s.OP_OUTPUT_DTYPES,
+            s.OP_OUTPUT_IS_DTENSOR,
+            s.OP_OUTPUT_PLACEMENTS,
+            s.OP_OUTPUT_MESH_SHAPES,
+        )
+    return {
+        keys[0]: tuple(_shape_str(i.shape) for i in infos),
+        keys[1]: tuple(i.dtype for i in infos),
+        keys[2]: tuple(i.is_dtensor for i in infos),
+        keys[3]: tuple(";".join(i.placements or ()) for i in infos),
+        keys[4]: tuple(_shape_str(i.mesh_shape or ()) for i in infos),
+    }
+
+
+def decode_tensor_infos(attrs: Mapping[str, Any], direction: str) -> list[TensorInfo]:
+    prefix = f"hp.op.{direction}_"
+    shapes = attrs.get(prefix + "shapes", ())
+    dtypes = attrs.get(prefix + "dtypes", ())
+    is_dt = attrs.get(prefix + "is_dtensor", ())
+    placements = attrs.get(prefix + "placements", ())
+    meshes = attrs.get(prefix + "mesh_shapes", ())
+    out = []
+    for i, shape in enumerate(shapes):
+        dtensor = bool(is_dt[i]) if i < len(is_dt) else False
+        out.append(
+            TensorInfo(
+                shape=_shape_from_str(shape),
+                dtype=dtypes[i] if i < len(dtypes) else "",
+                is_dtensor=dtensor,
+                placements=tuple(placements[i].split(";")) if dtensor and i < len(placements) and placements[i] else None,
+                mesh_shape=_shape_from_str(meshes[i]) if dtensor and i < len(meshes) else None,
+            )
+        )
+    return out
+
+
+def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
+    return {
+        s.CALL_KIND: s.KIND_COLLECTIVE,
+        s.COLLECTIVE_NAME: info.name,
+        s.COLLECTIVE_OP: info.op,
+        s.COLLECTIVE_GROUP_SIZE: info.group_size,
+        s.COLLECTIVE_GROUP: info.group,
+        s.COLLECTIVE_GROUP_RANKS: info.group_ranks,
+        s.COLLECTIVE_INPUT_SHAPE: info.input_shape,
+        s.COLLECTIVE_OUTPUT_SHAPE: info.output_shape,
+        s.COLLECTIVE_DTYPE: info.dtype,
+        s.COLLECTIVE_BYTES: info.bytes,
+        s.COLLECTIVE_REDUCE_OP: info.reduce_op,
+        s.COLLECTIVE_ASYNC: info.is_async,
+    }
+
+
+# --- typed views over finished spans ----------------------------------------
+
+
+@dataclass
+class CallRecord:
+    """One node of the call tree, read back from a finished span."""
+
+    kind: str
+    name: str
+    attributes: Mapping[str, Any]
+    start_ns: int
+    end_ns: int
+    error: str | None = None
+    children: list[CallRecord] = field(default_factory=list)
+
+    @property
+    def phase(self) -> str:
+        return str(self.attributes.get(s.PHASE, s.PHASE_FORWARD))
+
+    @property
+    def fqn(self) -> str:
+        return str(self.attributes.get(s.MODULE_FQN, ""))
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return decode_tensor_infos(self.attributes, "input")
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return decode_tensor_infos(self.attributes, "output")
+
+    def walk(self) -> Iterable[CallRecord]:
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+def _record_from_span(span: ReadableSpan) -> CallRecord:
+    attrs = span.attributes or {}
+    status = span.status
+    error = status.description or "error" if status is not None and not status.is_ok else None
+    return CallRecord(
+        kind=str(attrs.get(s.CALL_KIND, "")),
+        name=span.name,
+        attributes=attrs,
+        start_ns=span.start_time or 0,
+        end_ns=span.end_time or 0,
+        error=error,
+    )
+
+
+def build_call_tree(spans: Iterable[ReadableSpan]) -> list[CallRecord]:
+    """Rebuild the call tree from spans in any order (exporters deliver children first).
+
+    Spans that are not hp_otel calls are skipped; a span whose parent is missing (not
+    hp_otel's, dropped by the retention cap, or never exported) becomes a root.
+    Siblings are ordered by start time.
+    """
+    nodes: dict[int, CallRecord] = {}
+    parents: dict[int, int | None] = {}
+    order: list[int] = []
+    for span in spans:
+        attrs = span.attributes or {}
+        if attrs.get(s.CALL_KIND) not in s.CALL_KINDS or span.context is None:
+            continue
+        span_id = span.context.span_id
+        nodes[span_id] = _record_from_span(span)
+        parents[span_id] = span.parent.span_id if span.parent is not None else None
+        order.append(span_id)
+    roots: list[CallRecord] = []
+    for span_id in order:
+        parent_id = parents[span_id]
+        parent = nodes.get(parent_id) if parent_id is not None else None
+        (parent.children if parent is not None else roots).append(nodes[span_id])
+    key = lambda r: r.start_ns  # noqa: E731 - stable sort keeps export order on ties
+    for node in nodes.values():
+        node.children.sort(key=key)
+    roots.sort(key=key)
+    return roots

@@ -1,0 +1,116 @@
+"""Every span, attribute and metric name hp_otel emits, in one place.
+
+Renderers read spans back through these names only, so a table can be rebuilt from
+spans saved to a file or pulled from a trace backend.  The README's schema table
+mirrors this module.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+INSTRUMENTATION_NAME: Final = "hp_otel"
+
+# --- what a span is -------------------------------------------------------
+CALL_KIND: Final = "hp.call.kind"
+KIND_MODULE: Final = "module"
+KIND_OP: Final = "op"
+KIND_COLLECTIVE: Final = "collective"
+KIND_REDISTRIBUTE: Final = "redistribute"
+CALL_KINDS: Final = (KIND_MODULE, KIND_OP, KIND_COLLECTIVE, KIND_REDISTRIBUTE)
+
+PHASE: Final = "hp.phase"
+PHASE_FORWARD: Final = "forward"
+PHASE_BACKWARD: Final = "backward"
+
+# --- module spans ---------------------------------------------------------
+MODULE_FQN: Final = "hp.module.fqn"
+MODULE_TYPE: Final = "hp.module.type"
+# Parallel arrays, index i = parameter i of this module (not of its children).
+MODULE_PARAM_NAMES: Final = "hp.module.param_names"
+MODULE_PARAM_SHAPES: Final = "hp.module.param_shapes"
+MODULE_PARAM_DTYPES: Final = "hp.module.param_dtypes"
+MODULE_PARAM_PLACEMENTS: Final = "hp.module.param_placements"
+ROOT_MODULE_FQN: Final = "(root)"  # the root module's fqn in spans, counts and tables
+
+# --- op spans: inputs and outputs as parallel arrays, index i = tensor i ---
+OP_NAME: Final = "hp.op.name"
+OP_INPUT_SHAPES: Final = "hp.op.input_shapes"  # "4,16"; "" for a scalar
+OP_INPUT_DTYPES: Final = "hp.op.input_dtypes"  # "torch.float32"
+OP_INPUT_IS_DTENSOR: Final = "hp.op.input_is_dtensor"
+OP_INPUT_PLACEMENTS: Final = "hp.op.input_placements"  # "Shard(dim=0)", mesh dims joined by ";"
+OP_INPUT_MESH_SHAPES: Final = "hp.op.input_mesh_shapes"  # "2" or "2,4"; "" for a plain tensor
+OP_OUTPUT_SHAPES: Final = "hp.op.output_shapes"
+OP_OUTPUT_DTYPES: Final = "hp.op.output_dtypes"
+OP_OUTPUT_IS_DTENSOR: Final = "hp.op.output_is_dtensor"
+OP_OUTPUT_PLACEMENTS: Final = "hp.op.output_placements"
+OP_OUTPUT_MESH_SHAPES: Final = "hp.op.output_mesh_shapes"
+
+# --- collective spans -----------------------------------------------------
+COLLECTIVE_NAME: Final = "hp.collective.name"  # as the framework calls it
+COLLECTIVE_OP: Final = "hp.collective.op"  # normalised, see NORMALISED_OPS
+COLLECTIVE_GROUP_SIZE: Final = "hp.collective.group_size"
+COLLECTIVE_GROUP: Final = "hp.collective.group"
+COLLECTIVE_GROUP_RANKS: Final = "hp.collective.group_ranks"
+COLLECTIVE_INPUT_SHAPE: Final = "hp.collective.input_shape"
+COLLECTIVE_OUTPUT_SHAPE: Final = "hp.collective.output_shape"
+COLLECTIVE_DTYPE: Final = "hp.collective.dtype"
+COLLECTIVE_BYTES: Final = "hp.collective.bytes"
+COLLECTIVE_REDUCE_OP: Final = "hp.collective.reduce_op"
+COLLECTIVE_ASYNC: Final = "hp.collective.async"
+
+NORMALISED_OPS: Final = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "barrier",
+    "send",
+    "recv",
+    "gather",
+    "scatter",
+    "reduce",
+)
+
+# --- redistribute spans ---------------------------------------------------
+REDISTRIBUTE_SRC_PLACEMENTS: Final = "hp.redistribute.src_placements"
+REDISTRIBUTE_DST_PLACEMENTS: Final = "hp.redistribute.dst_placements"
+TENSOR_SHAPE: Final = "hp.tensor.shape"
+REDISTRIBUTE_SPAN_NAME: Final = "redistribute"
+
+# --- resource -------------------------------------------------------------
+RESOURCE_RANK: Final = "hp.rank"
+RESOURCE_LOCAL_RANK: Final = "hp.local_rank"
+RESOURCE_WORLD_SIZE: Final = "hp.world_size"
+RESOURCE_RUN_ID: Final = "hp.run.id"
+
+# --- metrics --------------------------------------------------------------
+METRIC_CALLS: Final = "hp.collective.calls"
+METRIC_CALLS_UNIT: Final = "{call}"
+METRIC_BYTES: Final = "hp.collective.bytes"
+METRIC_BYTES_UNIT: Final = "By"
+METRIC_DURATION: Final = "hp.collective.duration"
+METRIC_DURATION_UNIT: Final = "s"
+# 1 µs .. 10 s, roughly three buckets a decade.
+DURATION_BUCKETS_S: Final = (
+    1e-6, 2.5e-6, 5e-6,
+    1e-5, 2.5e-5, 5e-5,
+    1e-4, 2.5e-4, 5e-4,
+    1e-3, 2.5e-3, 5e-3,
+    1e-2, 2.5e-2, 5e-2,
+    0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+METRIC_CALLBACK_ERRORS: Final = "hp.callback.errors"
+METRIC_CALLBACK_ERRORS_UNIT: Final = "{error}"
+CALLBACK_NAME: Final = "hp.callback"
+# Metric attributes: bounded cardinality only (no shapes, no ranks).
+METRIC_ATTRIBUTE_KEYS: Final = (
+    COLLECTIVE_NAME,
+    COLLECTIVE_OP,
+    COLLECTIVE_GROUP_SIZE,
+    COLLECTIVE_DTYPE,
+    PHASE,
+    MODULE_FQN,
+)

@@ -1,0 +1,185 @@
+"""Which aten-level ops are collectives, and how to read a CollectiveInfo from a call.
+
+Covers the functional collectives (`_c10d_functional.*`, their autograd variants and
+`_dtensor.shard_dim_alltoall`) and the eager c10d ops (`c10d.allreduce_`, ...,
+`barrier`, `send`, `recv_`) — including the ones torch's CommDebugMode does not
+count.  Arguments are found by their names in each op's schema, once per op.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hp_otel.records import CollectiveInfo
+from hp_otel.sources.torch_tensors import dtype_name
+
+# framework op name (namespace.op) -> normalised op
+_NORMALISED: dict[str, str] = {
+    "_c10d_functional.all_reduce": "all_reduce",
+    "_c10d_functional.all_reduce_": "all_reduce",
+    "_c10d_functional.all_reduce_coalesced": "all_reduce",
+    "_c10d_functional.all_reduce_coalesced_": "all_reduce",
+    "_c10d_functional.all_gather_into_tensor": "all_gather",
+    "_c10d_functional.all_gather_into_tensor_out": "all_gather",
+    "_c10d_functional.all_gather_into_tensor_coalesced": "all_gather",
+    "_c10d_functional.reduce_scatter_tensor": "reduce_scatter",
+    "_c10d_functional.reduce_scatter_tensor_out": "reduce_scatter",
+    "_c10d_functional.reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "_c10d_functional.all_to_all_single": "all_to_all",
+    "_c10d_functional.broadcast": "broadcast",
+    "_c10d_functional.broadcast_": "broadcast",
+    "_c10d_functional_autograd.all_reduce": "all_reduce",
+    "_c10d_functional_autograd.all_gather_into_tensor": "all_gather",
+    "_c10d_functional_autograd.reduce_scatter_tensor": "reduce_scatter",
+    "_c10d_functional_autograd.all_to_all_single": "all_to_all",
+    "_dtensor.shard_dim_alltoall": "all_to_all",
+    "c10d.allreduce_": "all_reduce",
+    "c10d.allreduce_coalesced_": "all_reduce",
+    "c10d.allgather_": "all_gather",
+    "c10d._allgather_base_": "all_gather",
+    "c10d.allgather_coalesced_": "all_gather",
+    "c10d.allgather_into_tensor_coalesced_": "all_gather",
+    "c10d.reduce_scatter_": "reduce_scatter",
+    "c10d._reduce_scatter_base_": "reduce_scatter",
+    "c10d.reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "c10d.alltoall_": "all_to_all",
+    "c10d.alltoall_base_": "all_to_all",
+    "c10d.broadcast_": "broadcast",
+    "c10d.barrier": "barrier",
+    "c10d.monitored_barrier_": "barrier",
+    "c10d.send": "send",
+    "c10d.recv_": "recv",
+    "c10d.recv_any_source_": "recv",
+    "c10d.gather_": "gather",
+    "c10d.scatter_": "scatter",
+    "c10d.reduce_": "reduce",
+}
+FRAMEWORK_NAMES: tuple[str, ...] = tuple(_NORMALISED)
+
+_INPUT_ARGS = ("input", "self", "input_tensor", "input_tensors", "inputs", "tensors", "tensor")
+_OUTPUT_ARGS = ("output", "out", "output_tensor", "output_tensors")
+_GROUP_ARGS = ("group_name", "process_group", "group")
+_REDUCE_ARGS = ("reduce_op", "reduceOp")
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    while isinstance(value, (list, tuple)):
+        if not value:
+            return None
+        value = value[0]
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _total_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_total_bytes(v) for v in value)
+    return 0
+
+
+@dataclass(frozen=True)
+class _GroupInfo:
+    size: int
+    name: str
+    ranks: tuple[int, ...]
+
+
+_groups: dict[Any, _GroupInfo] = {}
+
+
+def _group_info(group: Any) -> _GroupInfo:
+    """Size, name and ranks of a group given by name (functional ops) or ProcessGroup (c10d ops)."""
+    key = group if isinstance(group, str) else id(group)
+    cached = _groups.get(key)
+    if cached is not None:
+        return cached
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    pg = _resolve_process_group(group) if isinstance(group, str) else group
+    try:
+        ranks = tuple(dist.get_process_group_ranks(pg))
+    except Exception:  # a group the default-group registry does not know
+        ranks = ()
+    info = _GroupInfo(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks)
+    if isinstance(group, str):  # ProcessGroup objects are keyed by id: do not pin a stale id
+        _groups[key] = info
+    return info
+
+
+def _reduce_name(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.lower()
+    op = getattr(value, "op", value)
+    return str(getattr(op, "name", op)).lower()
+
+
+class CollectiveSpec:
+    """Where one collective op keeps its input, output, group and reduce op."""
+
+    def __init__(self, op: torch._ops.OpOverload, name: str, normalised: str) -> None:
+        self.name = name
+        self.normalised = normalised
+        self.functional = name.startswith(("_c10d_functional", "_dtensor"))
+        arg_names = [a.name for a in op._schema.arguments]
+        self._index = {n: i for i, n in enumerate(arg_names)}
+        self._input = next((n for n in _INPUT_ARGS if n in self._index), None)
+        self._output = next((n for n in _OUTPUT_ARGS if n in self._index), None)
+        self._group = next((n for n in _GROUP_ARGS if n in self._index), None)
+        self._reduce = next((n for n in _REDUCE_ARGS if n in self._index), None)
+        self._async = "async_op" if "async_op" in self._index else None
+
+    def _arg(self, name: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name is None:
+            return None
+        if name in kwargs:
+            return kwargs[name]
+        i = self._index[name]
+        return args[i] if i < len(args) else None
+
+    def describe(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> CollectiveInfo:
+        inputs = self._arg(self._input, args, kwargs)
+        outputs = self._arg(self._output, args, kwargs)
+        if outputs is None:
+            outputs = result if isinstance(result, torch.Tensor) else inputs  # in place: output is the input
+        first_in = _first_tensor(inputs)
+        first_out = _first_tensor(outputs)
+        group = self._arg(self._group, args, kwargs)
+        ginfo = _group_info(group) if group is not None else _GroupInfo(0, "", ())
+        is_async = True if self.functional else bool(self._arg(self._async, args, kwargs))
+        return CollectiveInfo(
+            name=self.name,
+            op=self.normalised,
+            group_size=ginfo.size,
+            group=ginfo.name,
+            group_ranks=ginfo.ranks,
+            input_shape=tuple(first_in.shape) if first_in is not None else (),
+            output_shape=tuple(first_out.shape) if first_out is not None else (),
+            dtype=dtype_name(first_in.dtype) if first_in is not None else "",
+            bytes=_total_bytes(inputs),
+            reduce_op=_reduce_name(self._arg(self._reduce, args, kwargs)),
+            is_async=is_async,
+        )
+
+
+@functools.cache
+def collective_specs() -> dict[Any, CollectiveSpec]:
+    """OpOverload -> spec for every collective this torch build has (missing ones skipped)."""
+    specs: dict[Any, CollectiveSpec] = {}
+    for name, normalised in _NORMALISED.items():
+        namespace, op_name = name.split(".", 1)
+        try:
+            packet = getattr(getattr(torch.ops, namespace), op_name)
+        except (AttributeError, RuntimeError):
+            continue
+        for overload_name in packet.overloads():
+            overload = getattr(packet, overload_name)
+            specs[overload] = CollectiveSpec(overload, name, normalised)
+    return specs

@@ -1,0 +1,231 @@
+"""PyTorch DTensor source: ops, collectives and redistributes of `torch.distributed.tensor`.
+
+- ops at the level the user wrote them (`linear`, `gelu`, `matmul`): a
+  TorchFunctionMode that reports calls with at least one DTensor argument;
+- collectives at dispatch level: a TorchDispatchMode that lets DTensor run
+  (`NotImplemented`) and times every collective op its local ops issue, forward and
+  backward (torch 2.13's DTensor dispatch is C++, so there is no Python dispatcher to
+  wrap);
+- redistributes: `redistribute_local_tensor` wrapped in every module that imported it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hp_otel import schema as s
+from hp_otel.observer import Observer
+from hp_otel.sources.torch_collectives import CollectiveSpec, collective_specs
+from hp_otel.sources.torch_tensors import placements_str, tensor_infos
+
+_SKIPPED_FUNCTIONS = frozenset({"__get__", "__set__", "__delete__"})
+_in_backward: Callable[[], int] = torch._C._current_graph_task_id  # -1 outside autograd
+
+
+def _has_dtensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """DTensor disables __torch_function__, so `types` is empty: look at the arguments."""
+    for value in args:
+        if isinstance(value, DTensor):
+            return True
+        if isinstance(value, (list, tuple)) and any(isinstance(v, DTensor) for v in value):
+            return True
+    return any(isinstance(v, DTensor) for v in kwargs.values()) if kwargs else False
+
+
+class _OpMode(TorchFunctionMode):
+    """Reports torch-level calls that take a DTensor as op enter/exit."""
+
+    def __init__(self, observer: Observer) -> None:
+        super().__init__()
+        self._observer = observer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if kwargs is None:
+            kwargs = {}
+        observer = self._observer
+        name = getattr(func, "__name__", None)
+        if name is None or name in _SKIPPED_FUNCTIONS or not observer.accepting or not _has_dtensor(args, kwargs):
+            return func(*args, **kwargs)
+        try:
+            inputs = tensor_infos(*args, *kwargs.values())
+        except Exception as exc:
+            observer.on_fault("op_inputs", exc)
+            inputs = []
+        observer.on_op_enter(name, inputs)
+        try:
+            out = func(*args, **kwargs)
+        except BaseException as error:
+            observer.on_op_exit(name, (), error)
+            raise
+        try:
+            outputs = tensor_infos(out)
+        except Exception as exc:
+            observer.on_fault("op_outputs", exc)
+            outputs = []
+        observer.on_op_exit(name, outputs)
+        return out
+
+
+class _CollectiveMode(TorchDispatchMode):
+    """Times and reports every collective op; everything else passes straight through."""
+
+    def __init__(self, observer: Observer, specs: dict[Any, CollectiveSpec]) -> None:
+        super().__init__()
+        self._observer = observer
+        self._specs = specs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor in types:
+            return NotImplemented  # let DTensor unwrap; its local ops come back here
+        if kwargs is None:
+            kwargs = {}
+        spec = self._specs.get(func)
+        if spec is None or not self._observer.accepting:
+            return func(*args, **kwargs)
+        start = time.time_ns()
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as error:
+            self._report(spec, args, kwargs, None, start, error)
+            raise
+        self._report(spec, args, kwargs, result, start, None)
+        return result
+
+    def _report(self, spec: CollectiveSpec, args: Any, kwargs: Any, result: Any, start: int, error: Any) -> None:
+        end = time.time_ns()
+        observer = self._observer
+        try:
+            info = spec.describe(args, kwargs, result)
+        except Exception as exc:
+            observer.on_fault("collective_describe", exc)
+            return
+        phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+        observer.on_collective(info, start, end, error, phase)
+
+
+# --- redistribute_local_tensor, patched once for all active modes -------------------
+
+_REDISTRIBUTE_MODULES = (
+    "torch.distributed.tensor._redistribute",
+    "torch.distributed.tensor._dispatch",
+    "torch.distributed.tensor._api",
+)
+_REDISTRIBUTE_ATTR = "redistribute_local_tensor"
+# The observer that redistribute events go to, per thread/context.
+_redistribute_observer: contextvars.ContextVar[Observer | None] = contextvars.ContextVar(
+    "hp_otel_redistribute_observer", default=None
+)
+_patch_lock = threading.Lock()
+_patch_users = 0
+_patched: list[tuple[ModuleType, Callable[..., Any]]] = []
+
+
+def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def redistribute_local_tensor(local_tensor, current_spec, target_spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+        observer = _redistribute_observer.get()
+        if observer is None or not observer.accepting:
+            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        try:
+            src = placements_str(current_spec.placements)
+            dst = placements_str(target_spec.placements)
+            shape = tuple(current_spec.shape)
+        except Exception as exc:
+            observer.on_fault("redistribute_describe", exc)
+            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        observer.on_redistribute_enter(src, dst, shape)
+        try:
+            out = original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        except BaseException as error:
+            observer.on_redistribute_exit(error)
+            raise
+        observer.on_redistribute_exit()
+        return out
+
+    redistribute_local_tensor.__hp_otel_original__ = original  # type: ignore[attr-defined]
+    return redistribute_local_tensor
+
+
+def _patch_redistribute() -> None:
+    global _patch_users
+    import importlib
+
+    with _patch_lock:
+        _patch_users += 1
+        if _patch_users > 1:
+            return
+        original = getattr(importlib.import_module(_REDISTRIBUTE_MODULES[0]), _REDISTRIBUTE_ATTR)
+        wrapper = _wrap_redistribute(original)
+        for module_name in _REDISTRIBUTE_MODULES:
+            module = importlib.import_module(module_name)
+            current = getattr(module, _REDISTRIBUTE_ATTR, None)
+            if current is original:
+                _patched.append((module, current))
+                setattr(module, _REDISTRIBUTE_ATTR, wrapper)
+
+
+def _unpatch_redistribute() -> None:
+    global _patch_users
+    with _patch_lock:
+        _patch_users -= 1
+        if _patch_users > 0:
+            return
+        while _patched:
+            module, original = _patched.pop()
+            setattr(module, _REDISTRIBUTE_ATTR, original)
+
+
+class TorchDTensorSource:
+    """Installs the op mode, the collective mode and the redistribute wrapper."""
+
+    def __init__(self) -> None:
+        self._specs = collective_specs()
+        self._op_mode: _OpMode | None = None
+        self._collective_mode: _CollectiveMode | None = None
+        self._token: contextvars.Token[Observer | None] | None = None
+
+    def install(self, observer: Observer) -> None:
+        self._token = _redistribute_observer.set(observer)
+        _patch_redistribute()
+        self._collective_mode = _CollectiveMode(observer, self._specs)
+        self._collective_mode.__enter__()
+        self._op_mode = _OpMode(observer)
+        self._op_mode.__enter__()
+
+    def uninstall(self) -> None:
+        """Undo install in reverse order; every step runs even if an earlier one fails."""
+        errors: list[BaseException] = []
+        for step in (self._exit_op_mode, self._exit_collective_mode, self._unpatch):
+            try:
+                step()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _exit_op_mode(self) -> None:
+        mode, self._op_mode = self._op_mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    def _exit_collective_mode(self) -> None:
+        mode, self._collective_mode = self._collective_mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    def _unpatch(self) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _unpatch_redistribute()
+            _redistribute_observer.reset(token)

@@ -1,0 +1,149 @@
+"""Module tracking for torch `nn.Module`, forward and backward.
+
+Forward: a pre-hook registered first (it sees the inputs before parallel-style input
+hooks convert them) and a post-hook registered last with `always_call=True` (it sees
+the module's final output, and runs when forward raises).  Backward: the post-hook
+puts a grad hook on the outputs (the module's backward starts when their gradients
+arrive) and the pre-hook one on the inputs (it ends when the input gradients are
+done); spans left open — inputs that need no gradient — close when the autograd pass
+ends.  Names are `named_modules()` names, the root is "(root)".
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils.hooks import RemovableHandle
+
+from hp_otel import schema as s
+from hp_otel.observer import Observer
+from hp_otel.sources.torch_tensors import dtype_name, placements_str
+
+
+def _grad_tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value] if value.requires_grad else []
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _grad_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _grad_tensors(v)]
+    return []
+
+
+def parameter_attributes(module: nn.Module) -> dict[str, Any]:
+    """The module's own parameters (not its children's) as parallel span attribute arrays."""
+    from torch.distributed.tensor import DTensor
+
+    names, shapes, dtypes, placements = [], [], [], []
+    for name, param in module.named_parameters(recurse=False):
+        names.append(name)
+        shapes.append(",".join(map(str, param.shape)))
+        dtypes.append(dtype_name(param.dtype))
+        placements.append(placements_str(param.placements) if isinstance(param, DTensor) else "")
+    if not names:
+        return {}
+    return {
+        s.MODULE_PARAM_NAMES: tuple(names),
+        s.MODULE_PARAM_SHAPES: tuple(shapes),
+        s.MODULE_PARAM_DTYPES: tuple(dtypes),
+        s.MODULE_PARAM_PLACEMENTS: tuple(placements),
+    }
+
+
+class _TrackedModule:
+    """Hooks for one module; they report to the observer only while the tracker is installed."""
+
+    def __init__(self, tracker: TorchModuleTracker, fqn: str, module: nn.Module) -> None:
+        self.tracker = tracker
+        self.fqn = fqn or s.ROOT_MODULE_FQN
+        self.span_name = fqn or type(module).__name__
+        self.module_type = type(module).__qualname__
+        self.static_attrs = parameter_attributes(module)
+
+    def forward_pre(self, module: nn.Module, args: Any) -> None:
+        observer = self.tracker.observer
+        if observer is None or not observer.accepting:
+            return
+        observer.on_module_enter(self.fqn, self.span_name, self.module_type, s.PHASE_FORWARD, self.static_attrs)
+        try:
+            if torch.is_grad_enabled():
+                inputs = _grad_tensors(args)
+                if inputs:
+                    with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
+                        register_multi_grad_hook(inputs, self.backward_done, mode="any")
+        except Exception as exc:
+            observer.on_fault("module_forward_pre", exc)
+
+    def forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        observer = self.tracker.observer
+        if observer is None or not observer.accepting:
+            return
+        error = sys.exc_info()[1]  # set when forward raised (always_call hooks run in its except block)
+        observer.on_module_exit(self.fqn, s.PHASE_FORWARD, error)
+        if error is not None:
+            return
+        try:
+            if torch.is_grad_enabled():
+                outputs = _grad_tensors(output)
+                if outputs:
+                    with torch._C.DisableTorchFunction():
+                        register_multi_grad_hook(outputs, self.backward_start, mode="any")
+        except Exception as exc:
+            observer.on_fault("module_forward_post", exc)
+
+    def backward_start(self, grad: Any) -> None:
+        observer = self.tracker.observer
+        if observer is None or not observer.accepting:
+            return
+        observer.on_module_enter(self.fqn, self.span_name, self.module_type, s.PHASE_BACKWARD)
+        try:
+            self.tracker.close_at_backward_end()
+        except Exception as exc:
+            observer.on_fault("module_backward_start", exc)
+
+    def backward_done(self, grad: Any) -> None:
+        observer = self.tracker.observer
+        if observer is not None and observer.accepting:
+            observer.on_module_exit(self.fqn, s.PHASE_BACKWARD)
+
+
+class TorchModuleTracker:
+    """Source of module enter/exit events for one `nn.Module` tree."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        self.observer: Observer | None = None
+        self._handles: list[RemovableHandle] = []
+        self._backward_end_queued = False
+
+    def install(self, observer: Observer) -> None:
+        self.observer = observer
+        self._backward_end_queued = False
+        for fqn, module in self.root.named_modules():
+            tracked = _TrackedModule(self, fqn, module)
+            self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
+            self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+
+    def uninstall(self) -> None:
+        self.observer = None
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+    def close_at_backward_end(self) -> None:
+        """Ask autograd to tell us when this backward pass ends (once per pass)."""
+        if self._backward_end_queued:
+            return
+        self._backward_end_queued = True
+
+        def backward_end() -> None:
+            self._backward_end_queued = False
+            observer = self.observer
+            if observer is not None:
+                observer.on_backward_end()
+
+        torch.autograd.Variable._execution_engine.queue_callback(backward_end)

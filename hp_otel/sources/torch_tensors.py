@@ -1,0 +1,51 @@
+"""TensorInfo snapshots of torch tensors and DTensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from hp_otel.records import TensorInfo
+
+_dtype_names: dict[torch.dtype, str] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype)
+    return name
+
+
+def placements_str(placements: Iterable[Any]) -> str:
+    """`Shard(dim=0)`; several mesh dims joined by `;`."""
+    return ";".join(repr(p) for p in placements)
+
+
+def tensor_info(t: torch.Tensor) -> TensorInfo:
+    if isinstance(t, DTensor):
+        spec = t._spec
+        return TensorInfo(
+            shape=tuple(spec.shape),
+            dtype=dtype_name(t.dtype),
+            is_dtensor=True,
+            placements=tuple(repr(p) for p in spec.placements),
+            mesh_shape=tuple(spec.mesh.shape),
+        )
+    return TensorInfo(shape=tuple(t.shape), dtype=dtype_name(t.dtype))
+
+
+def tensor_infos(*values: Any) -> list[TensorInfo]:
+    """Infos of the tensors among `values`, looking one level into lists, tuples and dicts."""
+    out: list[TensorInfo] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            out.append(tensor_info(value))
+        elif isinstance(value, (list, tuple)):
+            out.extend(tensor_info(v) for v in value if isinstance(v, torch.Tensor))
+        elif isinstance(value, dict):
+            out.extend(tensor_info(v) for v in value.values() if isinstance(v, torch.Tensor))
+    return out
