@@ -4,4 +4,4 @@ from hp_otel.mode import CommDebugMode
 from hp_otel.records import CollectiveInfo, TensorInfo
 from hp_otel.version import __version__
 
-__all__ = ["CommDebugMode", "CollectiveInfo", "TensorInfo", "__version__"]
+__all__ = ["CollectiveInfo", "CommDebugMode", "TensorInfo", "__version__"]

@@ -28,6 +28,8 @@ from hp_otel.telemetry import default_meter_provider, default_tracer_provider, g
 logger = logging.getLogger("hp_otel")
 
 DEFAULT_MAX_SPANS = 100_000
+# Deferred spans are built once this many events wait, so unbuilt events stay bounded too.
+_MAX_PENDING_EVENTS = 20_000
 # The innermost active mode of this context: a mode entered inside another suspends it.
 _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.ContextVar(
     "hp_otel_current_mode", default=None
@@ -62,6 +64,9 @@ class CommDebugMode:
             provider, read by an InMemoryMetricReader (`get_metric_reader()`).
         max_spans: spans kept in the local store; later ones are counted as dropped
             (`get_dropped_record_count()`) while the collective counts stay exact.
+        live_spans: build each span as its work happens (it reaches your processors at
+            once and is the current span meanwhile) instead of after the fact from
+            timestamped events. Default: live when you pass a `tracer_provider`.
     """
 
     def __init__(
@@ -71,15 +76,23 @@ class CommDebugMode:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         max_spans: int = DEFAULT_MAX_SPANS,
+        live_spans: bool | None = None,
     ) -> None:
         if module is not None and not _is_torch_module(module):
             raise TypeError(f"module must be a torch.nn.Module or None, got {type(module).__name__}")
         if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 0:
             raise ValueError(f"max_spans must be a non-negative int, got {max_spans!r}")
         if tracer_provider is not None and not hasattr(tracer_provider, "get_tracer"):
-            raise TypeError(f"tracer_provider must be an OpenTelemetry TracerProvider, got {type(tracer_provider).__name__}")
+            raise TypeError(
+                f"tracer_provider must be an OpenTelemetry TracerProvider, got {type(tracer_provider).__name__}"
+            )
         if meter_provider is not None and not hasattr(meter_provider, "get_meter"):
-            raise TypeError(f"meter_provider must be an OpenTelemetry MeterProvider, got {type(meter_provider).__name__}")
+            raise TypeError(
+                f"meter_provider must be an OpenTelemetry MeterProvider, got {type(meter_provider).__name__}"
+            )
+        if live_spans is not None and not isinstance(live_spans, bool):
+            raise TypeError(f"live_spans must be True, False or None, got {live_spans!r}")
+        live = live_spans if live_spans is not None else tracer_provider is not None
         self.module = module
         self._metric_reader: InMemoryMetricReader | None = None
         if tracer_provider is None:
@@ -87,7 +100,9 @@ class CommDebugMode:
         if meter_provider is None:
             meter_provider, self._metric_reader = default_meter_provider()
         self._store = BoundedInMemorySpanExporter(max_spans)
-        self._recorder = SpanRecorder(get_tracer(tracer_provider), get_instruments(meter_provider), self._store)
+        self._recorder = SpanRecorder(
+            get_tracer(tracer_provider), get_instruments(meter_provider), self._store, live, _MAX_PENDING_EVENTS
+        )
         self._sources: list[Source] = []
         self._installed: list[Source] = []
         self._token: contextvars.Token[CommDebugMode | None] | None = None
@@ -184,9 +199,13 @@ class CommDebugMode:
         return dict(self._recorder.fault_counts)
 
     def get_dropped_record_count(self) -> int:
+        """Spans turned away by the `max_spans` cap (the collective counts still include them)."""
+        self._recorder.materialise()
         return self._store.dropped_spans
 
     def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
+        """Every finished span the local store kept, in the order they ended."""
+        self._recorder.materialise()
         return self._store.get_finished_spans()
 
     def get_metric_reader(self) -> InMemoryMetricReader | None:
@@ -238,14 +257,14 @@ class CommDebugMode:
 
     def clear(self) -> None:
         """Forget every record and count (the OTel counters, being cumulative, keep theirs)."""
+        self._recorder.reset()
         self._store.clear()
-        self._recorder.reset_counts()
 
     def __repr__(self) -> str:
         state = "active" if self._token is not None else "inactive"
         return (
             f"CommDebugMode({state}, module={type(self.module).__name__ if self.module is not None else None}, "
-            f"collectives={self.get_total_counts()}, spans={len(self._store.get_finished_spans())}, "
+            f"collectives={self.get_total_counts()}, spans={len(self.get_finished_spans())}, "
             f"dropped={self.get_dropped_record_count()})"
         )
 

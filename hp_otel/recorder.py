@@ -1,68 +1,68 @@
-"""The recorder: observer events in, OpenTelemetry spans and counters out.
+"""The recorder: observer events in, exact counts, metrics and spans out.
 
-Module, op and redistribute events open spans that become the current span until
-their exit; a collective is a leaf span of the innermost open call.  The same
-collective events feed exact in-process counts and the OTel instruments.  Nothing
-here raises into the traced code: a fault is counted, logged once per kind, and
-recording goes on.
+The hot path (one call per module, op, redistribute or collective event) does the
+least it can: count collectives exactly, note which modules are open, and append a
+timestamped event.  Spans are built from those events by `SpanBuilder`:
+
+- deferred (default with hp_otel's own provider): when the spans are first read, or
+  when `max_pending` events have piled up — the training step pays for an append, not
+  for an SDK span (≈16-21 µs each here);
+- live (default with your `tracer_provider`): as events happen, so spans reach your
+  processors at once and are the current span while their work runs.
+
+Nothing here raises into the traced code: a fault is counted, logged once per kind,
+and recording goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import Span, Status, StatusCode, Tracer
+from opentelemetry.trace import Tracer
 
 from hp_otel import schema as s
+from hp_otel import span_builder as ev
 from hp_otel.exporter import BoundedInMemorySpanExporter
-from hp_otel.records import CollectiveInfo, TensorInfo, encode_collective, encode_tensor_infos
+from hp_otel.records import CollectiveInfo, TensorInfo
+from hp_otel.span_builder import SpanBuilder
 from hp_otel.telemetry import Instruments
 
 logger = logging.getLogger("hp_otel")
-
-
-class _Frame:
-    """One open call on the recorder's stack."""
-
-    __slots__ = ("kind", "key", "span", "ctx", "saved_ctx", "phase", "fqn")
-
-    def __init__(self, kind: str, key: Any, span: Span, ctx: Any, saved_ctx: Any, phase: str, fqn: str) -> None:
-        self.kind = kind
-        self.key = key
-        self.span = span
-        self.ctx = ctx
-        self.saved_ctx = saved_ctx
-        self.phase = phase
-        self.fqn = fqn
-
-
-def _mark_error(span: Span, error: BaseException) -> None:
-    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-    span.record_exception(error)
+_now = time.time_ns
 
 
 class SpanRecorder:
-    """Implements `hp_otel.observer.Observer` on top of an OTel tracer and meter."""
+    """Implements `hp_otel.observer.Observer`."""
 
-    def __init__(self, tracer: Tracer, instruments: Instruments, store: BoundedInMemorySpanExporter) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        instruments: Instruments,
+        store: BoundedInMemorySpanExporter,
+        live: bool,
+        max_pending: int,
+    ) -> None:
         self._tracer = tracer
         self._instruments = instruments
         self._store = store
-        self._stack: list[_Frame] = []
-        self._parent_ctx: Any = None
+        self.live = live
+        self._max_pending = max(max_pending, 1)
+        self._pending: list[tuple[Any, ...]] = []
+        self._builder: SpanBuilder | None = None
+        self._build_lock = threading.Lock()
+        self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
+        self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
         self.active = False
         self.suspended = 0  # > 0 while a nested mode records instead of this one
         self.comm_counts: dict[str, int] = {}
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
         self.fault_counts: dict[str, int] = {}
-        self._metric_attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self._collective_attrs: dict[CollectiveInfo, dict[str, Any]] = {}
 
     # --- lifecycle -----------------------------------------------------------
     @property
@@ -70,67 +70,52 @@ class SpanRecorder:
         return self.active and not self.suspended
 
     def start(self) -> None:
-        """Begin a window: new spans nest under whatever span is current now."""
-        self._parent_ctx = otel_context.get_current()
-        self._stack.clear()
+        """Begin a window: its spans nest under whatever span is current now."""
+        self.materialise()  # spans of an earlier window are built with that window's builder
+        self._builder = SpanBuilder(self._tracer, self._store, otel_context.get_current(), self.live)
+        self._modules.clear()
         self.active = True
 
     def stop(self, error: BaseException | None = None) -> None:
-        """End the window: close every span still open (with error status if the window raised)."""
+        """End the window: spans still open end now (with error status if the window raised)."""
         self.active = False
-        stack, self._stack = self._stack, []
-        for frame in reversed(stack):
-            try:
-                if error is not None:
-                    _mark_error(frame.span, error)
-                self._end(frame)
-            except Exception as exc:  # pragma: no cover - SDK failure while unwinding
-                self.on_fault("unwind", exc)
-        if self._parent_ctx is not None:
-            otel_context.attach(self._parent_ctx)
+        self._emit((ev.WINDOW_END, _now(), error))
+        self._modules.clear()
+        self._flush_metrics()
 
-    def reset_counts(self) -> None:
+    def reset(self) -> None:
+        """Forget counts and unbuilt events (the OTel counters, being cumulative, keep theirs)."""
+        with self._build_lock:
+            self._pending.clear()
         self.comm_counts.clear()
         self.comm_ops.clear()
         self.module_counts.clear()
 
-    # --- stack ----------------------------------------------------------------
-    def _push(self, kind: str, key: Any, name: str, attrs: dict[str, Any], phase: str, fqn: str) -> None:
-        stack = self._stack
-        parent_ctx = stack[-1].ctx if stack else self._parent_ctx
-        span = self._tracer.start_span(name, context=parent_ctx, attributes=attrs)
-        ctx = trace.set_span_in_context(span, parent_ctx)
-        stack.append(_Frame(kind, key, span, ctx, otel_context.get_current(), phase, fqn))
-        otel_context.attach(ctx)
+    def materialise(self) -> None:
+        """Build the spans of every event recorded so far."""
+        with self._build_lock:
+            pending, self._pending = self._pending, []
+            builder = self._builder
+            if builder is None:
+                return
+            for event in pending:
+                try:
+                    builder.feed(event)
+                except Exception as exc:
+                    self.on_fault("span_build", exc)
 
-    def _pop(self, kind: str, key: Any) -> _Frame | None:
-        """Remove the innermost open frame matching (kind, key), wherever it is on the stack.
-
-        Frames above it stay open: MindSpore's backward hooks close parents before
-        children, and a missing exit must not end someone else's span.
-        """
-        stack = self._stack
-        for i in range(len(stack) - 1, -1, -1):
-            frame = stack[i]
-            if frame.kind == kind and frame.key == key:
-                del stack[i]
-                if i == len(stack):  # it was the top: hand currency back to what was current before it
-                    otel_context.attach(frame.saved_ctx)
-                return frame
-        return None
-
-    def _end(self, frame: _Frame, end_time: int | None = None) -> None:
-        span = frame.span
-        span.end(end_time=end_time)
-        if isinstance(span, ReadableSpan):
-            self._store.export((span,))
-
-    def _phase(self, hint: str | None = None) -> tuple[str, str]:
-        """(phase, fqn) of the innermost open module, else the hint."""
-        for frame in reversed(self._stack):
-            if frame.kind == s.KIND_MODULE:
-                return frame.phase, frame.fqn
-        return hint or s.PHASE_FORWARD, ""
+    def _emit(self, event: tuple[Any, ...]) -> None:
+        if self.live:
+            builder = self._builder
+            if builder is not None:
+                try:
+                    builder.feed(event)
+                except Exception as exc:
+                    self.on_fault("span_build", exc)
+            return
+        self._pending.append(event)
+        if len(self._pending) >= self._max_pending:  # bound memory: build now, the store caps what it keeps
+            self.materialise()
 
     # --- observer: modules ----------------------------------------------------
     def on_module_enter(
@@ -139,10 +124,8 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            attrs = {s.CALL_KIND: s.KIND_MODULE, s.MODULE_FQN: fqn, s.MODULE_TYPE: module_type, s.PHASE: phase}
-            if static_attrs:
-                attrs.update(static_attrs)
-            self._push(s.KIND_MODULE, (fqn, phase), span_name, attrs, phase, fqn)
+            self._modules.append((fqn, phase))
+            self._emit((ev.MODULE_ENTER, _now(), fqn, span_name, module_type, phase, static_attrs))
         except Exception as exc:
             self.on_fault("module_enter", exc)
 
@@ -150,11 +133,13 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            frame = self._pop(s.KIND_MODULE, (fqn, phase))
-            if frame is not None:
-                if error is not None:
-                    _mark_error(frame.span, error)
-                self._end(frame)
+            modules = self._modules
+            key = (fqn, phase)
+            for i in range(len(modules) - 1, -1, -1):
+                if modules[i] == key:
+                    del modules[i]
+                    break
+            self._emit((ev.MODULE_EXIT, _now(), fqn, phase, error))
         except Exception as exc:
             self.on_fault("module_exit", exc)
 
@@ -162,70 +147,27 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            open_backward = [f for f in self._stack if f.kind == s.KIND_MODULE and f.phase == s.PHASE_BACKWARD]
-            for frame in reversed(open_backward):
-                self._pop(s.KIND_MODULE, frame.key)
-                self._end(frame)
+            self._modules = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]
+            self._emit((ev.BACKWARD_END, _now()))
         except Exception as exc:
             self.on_fault("backward_end", exc)
 
-    # --- observer: ops --------------------------------------------------------
+    # --- observer: ops and redistributes ------------------------------------------
     def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None:
-        if not self.accepting:
-            return
-        try:
-            phase, fqn = self._phase()
-            attrs = encode_tensor_infos(inputs, "input")
-            attrs[s.CALL_KIND] = s.KIND_OP
-            attrs[s.OP_NAME] = op_name
-            attrs[s.PHASE] = phase
-            self._push(s.KIND_OP, op_name, op_name, attrs, phase, fqn)
-        except Exception as exc:
-            self.on_fault("op_enter", exc)
+        if self.accepting:
+            self._emit((ev.OP_ENTER, _now(), op_name, inputs))
 
     def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None:
-        if not self.accepting:
-            return
-        try:
-            frame = self._pop(s.KIND_OP, op_name)
-            if frame is None:
-                return
-            if outputs:
-                frame.span.set_attributes(encode_tensor_infos(outputs, "output"))
-            if error is not None:
-                _mark_error(frame.span, error)
-            self._end(frame)
-        except Exception as exc:
-            self.on_fault("op_exit", exc)
+        if self.accepting:
+            self._emit((ev.OP_EXIT, _now(), op_name, outputs, error))
 
-    # --- observer: redistribute -------------------------------------------------
     def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None:
-        if not self.accepting:
-            return
-        try:
-            phase, fqn = self._phase()
-            attrs = {
-                s.CALL_KIND: s.KIND_REDISTRIBUTE,
-                s.REDISTRIBUTE_SRC_PLACEMENTS: src_placements,
-                s.REDISTRIBUTE_DST_PLACEMENTS: dst_placements,
-                s.TENSOR_SHAPE: shape,
-                s.PHASE: phase,
-            }
-            self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, fqn)
-        except Exception as exc:
-            self.on_fault("redistribute_enter", exc)
+        if self.accepting:
+            self._emit((ev.REDISTRIBUTE_ENTER, _now(), src_placements, dst_placements, shape))
 
     def on_redistribute_exit(self, error: BaseException | None = None) -> None:
-        if not self.accepting:
-            return
-        try:
-            frame = self._pop(s.KIND_REDISTRIBUTE, None)
-            if frame is not None:
-                if error is not None:
-                    _mark_error(frame.span, error)
-                self._end(frame)
-        except Exception as exc:
-            self.on_fault("redistribute_exit", exc)
+        if self.accepting:
+            self._emit((ev.REDISTRIBUTE_EXIT, _now(), error))
 
     # --- observer: collectives --------------------------------------------------
     def on_collective(
@@ -240,52 +182,47 @@ class SpanRecorder:
             return
         try:
             phase, fqn = self._count(info, phase)
-            key = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
-            metric_attrs = self._metric_attrs.get(key)
-            if metric_attrs is None:
-                metric_attrs = dict(zip(s.METRIC_ATTRIBUTE_KEYS, key, strict=True))
-                self._metric_attrs[key] = metric_attrs
-            inst = self._instruments
-            inst.calls.add(1, metric_attrs)
-            inst.bytes.add(info.bytes, metric_attrs)
-            inst.duration.record((end_ns - start_ns) / 1e9, metric_attrs)
+            self._measure(info, phase, fqn, end_ns - start_ns)
+            self._emit((ev.COLLECTIVE, start_ns, end_ns, info, error, phase))
         except Exception as exc:
-            self.on_fault("collective_metrics", exc)
-        try:
-            attrs = self._collective_attrs.get(info)
-            if attrs is None:
-                attrs = encode_collective(info)
-                self._collective_attrs[info] = attrs
-            stack = self._stack
-            parent_ctx = stack[-1].ctx if stack else self._parent_ctx
-            span = self._tracer.start_span(
-                info.op, context=parent_ctx, attributes={**attrs, s.PHASE: phase}, start_time=start_ns
-            )
-            if error is not None:
-                _mark_error(span, error)
-            span.end(end_time=end_ns)
-            if isinstance(span, ReadableSpan):
-                self._store.export((span,))
-        except Exception as exc:
-            self.on_fault("collective_span", exc)
+            self.on_fault("collective", exc)
 
     def _count(self, info: CollectiveInfo, phase_hint: str | None) -> tuple[str, str]:
-        """Exact counts, overall and per open module; returns the innermost module's (phase, fqn)."""
+        """Exact counts, overall and for each open module; returns the innermost module's (phase, fqn)."""
         name = info.name
         counts = self.comm_counts
         counts[name] = counts.get(name, 0) + 1
         self.comm_ops[name] = info.op
-        innermost: tuple[str, str] | None = None
-        seen: set[tuple[str, str]] = set()
-        for frame in reversed(self._stack):
-            if frame.kind != s.KIND_MODULE or (frame.fqn, frame.phase) in seen:
-                continue
-            seen.add((frame.fqn, frame.phase))
-            if innermost is None:
-                innermost = (frame.phase, frame.fqn)
-            per_phase = self.module_counts.setdefault(frame.fqn, {}).setdefault(frame.phase, {})
+        modules = self._modules
+        if not modules:
+            return phase_hint or s.PHASE_FORWARD, ""
+        for fqn, phase in set(modules):
+            per_phase = self.module_counts.setdefault(fqn, {}).setdefault(phase, {})
             per_phase[name] = per_phase.get(name, 0) + 1
-        return innermost or (phase_hint or s.PHASE_FORWARD, "")
+        fqn, phase = modules[-1]
+        return phase, fqn
+
+    def _measure(self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int) -> None:
+        key = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
+        self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
+        if self.live:
+            self._record_durations(key, (duration_ns,))
+        else:
+            self._pending_durations.setdefault(key, []).append(duration_ns)
+
+    def _flush_metrics(self) -> None:
+        pending, self._pending_durations = self._pending_durations, {}
+        for key, durations in pending.items():
+            try:
+                self._record_durations(key, durations)
+            except Exception as exc:
+                self.on_fault("metrics", exc)
+
+    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int]) -> None:
+        attrs = self._instruments.totals.attributes(key)
+        record = self._instruments.duration.record
+        for duration_ns in durations:
+            record(duration_ns / 1e9, attrs)
 
     # --- faults -------------------------------------------------------------------
     def on_fault(self, where: str, exc: BaseException) -> None:
@@ -295,12 +232,12 @@ class SpanRecorder:
             self.fault_counts[where] = self.fault_counts.get(where, 0) + 1
             if first:
                 logger.warning(
-                    "hp_otel: %s callback failed; tracing continues and the traced code is unaffected "
-                    "(further %s faults are counted, not logged)",
+                    "hp_otel: %s failed; tracing goes on and the traced code is unaffected "
+                    "(later %s faults are counted, not logged)",
                     where,
                     where,
                     exc_info=exc,
                 )
             self._instruments.callback_errors.add(1, {s.CALLBACK_NAME: where})
-        except Exception:  # pragma: no cover - logging itself failed; nothing more we can do safely
+        except Exception:  # pragma: no cover - logging itself failed; nothing more can be done safely
             pass

@@ -71,7 +71,13 @@ def _shape_from_str(text: str) -> tuple[int, ...]:
 def encode_tensor_infos(infos: Sequence[TensorInfo], direction: str) -> dict[str, Any]:
     """Parallel attribute arrays for op inputs or outputs (`direction` is input|output)."""
     if direction == "input":
-        keys = (s.OP_INPUT_SHAPES, s.OP_INPUT_DTYPES, s.OP_INPUT_IS_DTENSOR, s.OP_INPUT_PLACEMENTS, s.OP_INPUT_MESH_SHAPES)
+        keys = (
+            s.OP_INPUT_SHAPES,
+            s.OP_INPUT_DTYPES,
+            s.OP_INPUT_IS_DTENSOR,
+            s.OP_INPUT_PLACEMENTS,
+            s.OP_INPUT_MESH_SHAPES,
+        )
     else:
         keys = (
             s.OP_OUTPUT_SHAPES,
@@ -104,7 +110,9 @@ def decode_tensor_infos(attrs: Mapping[str, Any], direction: str) -> list[Tensor
                 shape=_shape_from_str(shape),
                 dtype=dtypes[i] if i < len(dtypes) else "",
                 is_dtensor=dtensor,
-                placements=tuple(placements[i].split(";")) if dtensor and i < len(placements) and placements[i] else None,
+                placements=tuple(placements[i].split(";"))
+                if dtensor and i < len(placements) and placements[i]
+                else None,
                 mesh_shape=_shape_from_str(meshes[i]) if dtensor and i < len(meshes) else None,
             )
         )

@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -83,28 +85,82 @@ def default_meter_provider() -> tuple[SdkMeterProvider, InMemoryMetricReader]:
         return _default_meter_provider, _default_metric_reader
 
 
+_tracers: weakref.WeakKeyDictionary[Any, Tracer] = weakref.WeakKeyDictionary()
+_instruments: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
+
+
+def _cache_key(provider: Any) -> Any:
+    return _Global if provider is None else provider
+
+
+class _Global:
+    """Weak-referenceable stand-in key for the global provider."""
+
+
 def get_tracer(tracer_provider: TracerProvider | None) -> Tracer:
-    return trace.get_tracer(s.INSTRUMENTATION_NAME, __version__, tracer_provider)
+    """hp_otel's tracer on a provider, made once per provider."""
+    key = _cache_key(tracer_provider)
+    with _lock:
+        tracer = _tracers.get(key)
+        if tracer is None:
+            tracer = _tracers[key] = trace.get_tracer(s.INSTRUMENTATION_NAME, __version__, tracer_provider)
+        return tracer
+
+
+class CollectiveTotals:
+    """Cumulative calls and bytes per metric attribute set, read by the observable counters.
+
+    The recorder adds to plain dicts on the hot path (no SDK call per collective);
+    the SDK reads them only when a metric reader collects.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[Any, ...], int] = {}
+        self.bytes: dict[tuple[Any, ...], int] = {}
+        self._attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def add(self, key: tuple[Any, ...], calls: int, nbytes: int) -> None:
+        self.calls[key] = self.calls.get(key, 0) + calls
+        self.bytes[key] = self.bytes.get(key, 0) + nbytes
+
+    def attributes(self, key: tuple[Any, ...]) -> dict[str, Any]:
+        attrs = self._attrs.get(key)
+        if attrs is None:
+            attrs = self._attrs[key] = dict(zip(s.METRIC_ATTRIBUTE_KEYS, key, strict=True))
+        return attrs
+
+    def observe_calls(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v, self.attributes(k)) for k, v in list(self.calls.items())]
+
+    def observe_bytes(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v, self.attributes(k)) for k, v in list(self.bytes.items())]
 
 
 @dataclass(frozen=True)
 class Instruments:
     """hp_otel's metric instruments on one meter."""
 
-    calls: Counter
-    bytes: Counter
+    totals: CollectiveTotals
     duration: Histogram
     callback_errors: Counter
 
     @classmethod
     def create(cls, meter: Meter) -> Instruments:
+        totals = CollectiveTotals()
+        meter.create_observable_counter(
+            s.METRIC_CALLS,
+            callbacks=[totals.observe_calls],
+            unit=s.METRIC_CALLS_UNIT,
+            description="Collective calls issued.",
+        )
+        meter.create_observable_counter(
+            s.METRIC_BYTES,
+            callbacks=[totals.observe_bytes],
+            unit=s.METRIC_BYTES_UNIT,
+            description="Bytes handed to collectives (input size).",
+        )
         return cls(
-            calls=meter.create_counter(
-                s.METRIC_CALLS, unit=s.METRIC_CALLS_UNIT, description="Collective calls issued."
-            ),
-            bytes=meter.create_counter(
-                s.METRIC_BYTES, unit=s.METRIC_BYTES_UNIT, description="Bytes handed to collectives (input size)."
-            ),
+            totals=totals,
             duration=meter.create_histogram(
                 s.METRIC_DURATION,
                 unit=s.METRIC_DURATION_UNIT,
@@ -119,17 +175,12 @@ class Instruments:
         )
 
 
-_instruments: dict[int, tuple[MeterProvider | None, Instruments]] = {}
-
-
 def get_instruments(meter_provider: MeterProvider | None) -> Instruments:
     """Instruments for a provider, made once per provider (creating them is not free)."""
-    key = id(meter_provider)
+    key = _cache_key(meter_provider)
     with _lock:
-        cached = _instruments.get(key)
-        if cached is not None and cached[0] is meter_provider:
-            return cached[1]
-        meter = metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider)
-        instruments = Instruments.create(meter)
-        _instruments[key] = (meter_provider, instruments)
+        instruments = _instruments.get(key)
+        if instruments is None:
+            meter = metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider)
+            instruments = _instruments[key] = Instruments.create(meter)
         return instruments

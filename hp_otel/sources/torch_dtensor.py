@@ -29,7 +29,11 @@ from hp_otel.observer import Observer
 from hp_otel.sources.torch_collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.torch_tensors import placements_str, tensor_infos
 
-_SKIPPED_FUNCTIONS = frozenset({"__get__", "__set__", "__delete__"})
+# Attribute access and hook registration: bookkeeping, not computation (torch's own
+# CommDebugMode registers grad hooks on DTensors while it runs).
+_SKIPPED_FUNCTIONS = frozenset(
+    {"__get__", "__set__", "__delete__", "register_hook", "register_post_accumulate_grad_hook"}
+)
 _in_backward: Callable[[], int] = torch._C._current_graph_task_id  # -1 outside autograd
 
 

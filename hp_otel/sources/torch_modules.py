@@ -12,6 +12,7 @@ ends.  Names are `named_modules()` names, the root is "(root)".
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -34,8 +35,24 @@ def _grad_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+_param_cache: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
 def parameter_attributes(module: nn.Module) -> dict[str, Any]:
-    """The module's own parameters (not its children's) as parallel span attribute arrays."""
+    """The module's own parameters (not its children's) as parallel span attribute arrays.
+
+    Cached per module while its parameter objects stay the same.
+    """
+    identity = tuple(map(id, module._parameters.values()))
+    cached = _param_cache.get(module)
+    if cached is not None and cached[0] == identity:
+        return cached[1]
+    attrs = _parameter_attributes(module)
+    _param_cache[module] = (identity, attrs)
+    return attrs
+
+
+def _parameter_attributes(module: nn.Module) -> dict[str, Any]:
     from torch.distributed.tensor import DTensor
 
     names, shapes, dtypes, placements = [], [], [], []
@@ -73,8 +90,7 @@ class _TrackedModule:
             if torch.is_grad_enabled():
                 inputs = _grad_tensors(args)
                 if inputs:
-                    with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
-                        register_multi_grad_hook(inputs, self.backward_done, mode="any")
+                    self.tracker.add_grad_hook(inputs, self.backward_done)
         except Exception as exc:
             observer.on_fault("module_forward_pre", exc)
 
@@ -90,12 +106,11 @@ class _TrackedModule:
             if torch.is_grad_enabled():
                 outputs = _grad_tensors(output)
                 if outputs:
-                    with torch._C.DisableTorchFunction():
-                        register_multi_grad_hook(outputs, self.backward_start, mode="any")
+                    self.tracker.add_grad_hook(outputs, self.backward_start)
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
 
-    def backward_start(self, grad: Any) -> None:
+    def backward_start(self) -> None:
         observer = self.tracker.observer
         if observer is None or not observer.accepting:
             return
@@ -105,7 +120,7 @@ class _TrackedModule:
         except Exception as exc:
             observer.on_fault("module_backward_start", exc)
 
-    def backward_done(self, grad: Any) -> None:
+    def backward_done(self) -> None:
         observer = self.tracker.observer
         if observer is not None and observer.accepting:
             observer.on_module_exit(self.fqn, s.PHASE_BACKWARD)
@@ -118,6 +133,10 @@ class TorchModuleTracker:
         self.root = root
         self.observer: Observer | None = None
         self._handles: list[RemovableHandle] = []
+        # Grad hooks live on tensors: those on tensors that outlive a step (leaves such as
+        # the batch or the parameters) are removed when the backward pass ends and on
+        # uninstall, so they never pile up; the others go away with the autograd graph.
+        self._grad_handles: list[RemovableHandle] = []
         self._backward_end_queued = False
 
     def install(self, observer: Observer) -> None:
@@ -133,6 +152,25 @@ class TorchModuleTracker:
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
+        self._remove_grad_hooks()
+
+    def add_grad_hook(self, tensors: list[torch.Tensor], callback: Any) -> None:
+        """Run `callback()` once, when the first gradient of `tensors` arrives."""
+        with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
+            if len(tensors) == 1:  # the common case, and a plain tensor hook is far cheaper
+                tensor = tensors[0]
+                handle = tensor.register_hook(lambda grad: callback())
+                persistent = tensor.grad_fn is None  # a leaf outlives the step
+            else:
+                handle = register_multi_grad_hook(tensors, lambda grads: callback(), mode="any")
+                persistent = True
+        if persistent:
+            self._grad_handles.append(handle)
+
+    def _remove_grad_hooks(self) -> None:
+        handles, self._grad_handles = self._grad_handles, []
+        for handle in handles:
+            handle.remove()
 
     def close_at_backward_end(self) -> None:
         """Ask autograd to tell us when this backward pass ends (once per pass)."""
@@ -145,5 +183,9 @@ class TorchModuleTracker:
             observer = self.observer
             if observer is not None:
                 observer.on_backward_end()
+                try:
+                    self._remove_grad_hooks()
+                except Exception as exc:
+                    observer.on_fault("module_grad_hook_cleanup", exc)
 
         torch.autograd.Variable._execution_engine.queue_callback(backward_end)

@@ -1,0 +1,87 @@
+"""`hp-otel bench`: what tracing costs a training step, against torch's own tools.
+
+Runs the TP-MLP step in one process over torch's fake process group (DTensor
+dispatches and calls the same collectives; they return at once), so the step is pure
+dispatch and ratios are stable run to run.  Variants run interleaved, round after
+round, and each timed block starts after `gc.collect()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def _fake_process_group(world_size: int) -> None:
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
+def _variants(model: Any) -> dict[str, Callable[[], contextlib.AbstractContextManager[Any]]]:
+    from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
+    from torch.utils._debug_mode import DebugMode
+
+    from hp_otel import CommDebugMode
+
+    return {
+        "untraced": contextlib.nullcontext,
+        "hp_otel": lambda: CommDebugMode(module=model),
+        "torch CommDebugMode": TorchCommDebugMode,
+        "torch DebugMode": DebugMode,
+        "untraced, hp_otel inactive": contextlib.nullcontext,
+    }
+
+
+def _time_block(step: Callable[[], Any], make_ctx: Callable[[], Any], steps: int) -> float:
+    """Median µs per step, each step in its own `with` block as a user would write it."""
+    gc.collect()
+    samples = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        with make_ctx():
+            step()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
+
+
+def run_bench(
+    rounds: int = 15, steps: int = 20, world_size: int = 2, hidden: int = 32, intermediate: int = 64
+) -> dict[str, float]:
+    import torch
+
+    from hp_otel import CommDebugMode
+    from hp_otel.tp_mlp import build_tp_mlp, train_step
+
+    _fake_process_group(world_size)
+    model = build_tp_mlp(world_size, hidden, intermediate)
+    x = torch.randn(8, hidden, requires_grad=True)
+
+    def step() -> None:
+        train_step(model, x)
+        model.zero_grad(set_to_none=True)
+
+    variants = _variants(model)
+    # "inactive": hp_otel imported and one mode entered and exited before; the variant itself is untraced.
+    with CommDebugMode(module=model):
+        step()
+    for make_ctx in variants.values():  # warm-up
+        _time_block(step, make_ctx, 3)
+    per_round: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, make_ctx in variants.items():
+            per_round[name].append(_time_block(step, make_ctx, steps))
+    return {name: statistics.median(values) for name, values in per_round.items()}
+
+
+def format_results(results: dict[str, float]) -> Iterator[str]:
+    base = results["untraced"]
+    yield f"{'variant':<30}{'median µs/step':>16}{'ratio':>9}"
+    for name, value in results.items():
+        yield f"{name:<30}{value:>16.0f}{value / base:>8.2f}x"

@@ -1,0 +1,196 @@
+"""Turns recorded call events into OpenTelemetry spans.
+
+Events carry their own timestamps, so the same builder serves both schedules of the
+recorder: fed as events happen (live: spans open and close around the work and are the
+current span meanwhile) or fed later from the event log (deferred: the step pays for
+an append, the SDK span is built when someone reads the spans).  Either way a module,
+op or redistribute event opens a span; a collective is a leaf span of the innermost
+open call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
+
+from hp_otel import schema as s
+from hp_otel.exporter import BoundedInMemorySpanExporter
+from hp_otel.records import CollectiveInfo, encode_collective, encode_tensor_infos
+
+# Event tags (the first item of every event tuple).
+MODULE_ENTER, MODULE_EXIT, OP_ENTER, OP_EXIT = "M+", "M-", "O+", "O-"
+REDISTRIBUTE_ENTER, REDISTRIBUTE_EXIT, COLLECTIVE, BACKWARD_END, WINDOW_END = "R+", "R-", "C", "B", "E"
+
+
+class _Frame:
+    """One open call."""
+
+    __slots__ = ("ctx", "key", "kind", "phase", "saved_ctx", "span")
+
+    def __init__(self, kind: str, key: Any, span: Span, ctx: Any, saved_ctx: Any, phase: str) -> None:
+        self.kind = kind
+        self.key = key
+        self.span = span
+        self.ctx = ctx
+        self.saved_ctx = saved_ctx
+        self.phase = phase
+
+
+def mark_error(span: Span, error: BaseException | str) -> None:
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    span.set_status(Status(StatusCode.ERROR, text))
+    if isinstance(error, BaseException):
+        span.record_exception(error)
+
+
+class SpanBuilder:
+    """Keeps the stack of open spans; `feed(event)` advances it by one event."""
+
+    def __init__(self, tracer: Tracer, store: BoundedInMemorySpanExporter, parent_ctx: Any, live: bool) -> None:
+        self._tracer = tracer
+        self._store = store
+        self._parent_ctx = parent_ctx
+        self._live = live  # live: make each open span the current span of this thread
+        self._stack: list[_Frame] = []
+        self._collective_attrs: dict[CollectiveInfo, dict[str, Any]] = {}
+        self._handlers: dict[str, Callable[[tuple[Any, ...]], None]] = {
+            MODULE_ENTER: self._module_enter,
+            MODULE_EXIT: self._module_exit,
+            OP_ENTER: self._op_enter,
+            OP_EXIT: self._op_exit,
+            REDISTRIBUTE_ENTER: self._redistribute_enter,
+            REDISTRIBUTE_EXIT: self._redistribute_exit,
+            COLLECTIVE: self._collective,
+            BACKWARD_END: self._backward_end,
+            WINDOW_END: self._window_end,
+        }
+
+    def feed(self, event: tuple[Any, ...]) -> None:
+        self._handlers[event[0]](event)
+
+    # --- stack ----------------------------------------------------------------
+    def _push(self, kind: str, key: Any, name: str, attrs: dict[str, Any], phase: str, time_ns: int) -> None:
+        parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
+        span = self._tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns)
+        ctx = trace.set_span_in_context(span, parent_ctx)
+        saved = None
+        if self._live:
+            saved = otel_context.get_current()
+            otel_context.attach(ctx)
+        self._stack.append(_Frame(kind, key, span, ctx, saved, phase))
+
+    def _pop(self, kind: str, key: Any) -> _Frame | None:
+        """Remove the innermost open frame matching (kind, key), wherever it is.
+
+        Frames above it stay open: MindSpore's backward hooks close parents before
+        children, and a missing exit must not end someone else's span.
+        """
+        stack = self._stack
+        for i in range(len(stack) - 1, -1, -1):
+            frame = stack[i]
+            if frame.kind == kind and frame.key == key:
+                del stack[i]
+                if self._live and i == len(stack):  # it was the top: restore what was current before it
+                    otel_context.attach(frame.saved_ctx)
+                return frame
+        return None
+
+    def _end(self, frame: _Frame, time_ns: int, error: Any = None) -> None:
+        if error is not None:
+            mark_error(frame.span, error)
+        frame.span.end(end_time=time_ns)
+        self._export(frame.span)
+
+    def _export(self, span: Span) -> None:
+        if isinstance(span, ReadableSpan):  # sampled out spans record nothing
+            self._store.export((span,))
+
+    def _phase(self) -> str:
+        for frame in reversed(self._stack):
+            if frame.kind == s.KIND_MODULE:
+                return frame.phase
+        return s.PHASE_FORWARD
+
+    # --- handlers -------------------------------------------------------------
+    def _module_enter(self, e: tuple[Any, ...]) -> None:
+        _, t, fqn, span_name, module_type, phase, static_attrs = e
+        attrs = {s.CALL_KIND: s.KIND_MODULE, s.MODULE_FQN: fqn, s.MODULE_TYPE: module_type, s.PHASE: phase}
+        if static_attrs:
+            attrs.update(static_attrs)
+        self._push(s.KIND_MODULE, (fqn, phase), span_name, attrs, phase, t)
+
+    def _module_exit(self, e: tuple[Any, ...]) -> None:
+        _, t, fqn, phase, error = e
+        frame = self._pop(s.KIND_MODULE, (fqn, phase))
+        if frame is not None:
+            self._end(frame, t, error)
+
+    def _backward_end(self, e: tuple[Any, ...]) -> None:
+        t = e[1]
+        for frame in [f for f in reversed(self._stack) if f.kind == s.KIND_MODULE and f.phase == s.PHASE_BACKWARD]:
+            self._pop(frame.kind, frame.key)
+            self._end(frame, t)
+
+    def _op_enter(self, e: tuple[Any, ...]) -> None:
+        _, t, name, inputs = e
+        attrs = encode_tensor_infos(inputs, "input")
+        attrs[s.CALL_KIND] = s.KIND_OP
+        attrs[s.OP_NAME] = name
+        phase = self._phase()
+        attrs[s.PHASE] = phase
+        self._push(s.KIND_OP, name, name, attrs, phase, t)
+
+    def _op_exit(self, e: tuple[Any, ...]) -> None:
+        _, t, name, outputs, error = e
+        frame = self._pop(s.KIND_OP, name)
+        if frame is None:
+            return
+        if outputs:
+            frame.span.set_attributes(encode_tensor_infos(outputs, "output"))
+        self._end(frame, t, error)
+
+    def _redistribute_enter(self, e: tuple[Any, ...]) -> None:
+        _, t, src, dst, shape = e
+        phase = self._phase()
+        attrs = {
+            s.CALL_KIND: s.KIND_REDISTRIBUTE,
+            s.REDISTRIBUTE_SRC_PLACEMENTS: src,
+            s.REDISTRIBUTE_DST_PLACEMENTS: dst,
+            s.TENSOR_SHAPE: shape,
+            s.PHASE: phase,
+        }
+        self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, t)
+
+    def _redistribute_exit(self, e: tuple[Any, ...]) -> None:
+        _, t, error = e
+        frame = self._pop(s.KIND_REDISTRIBUTE, None)
+        if frame is not None:
+            self._end(frame, t, error)
+
+    def _collective(self, e: tuple[Any, ...]) -> None:
+        _, start, end, info, error, phase = e
+        attrs = self._collective_attrs.get(info)
+        if attrs is None:
+            attrs = self._collective_attrs[info] = encode_collective(info)
+        parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
+        span = self._tracer.start_span(
+            info.op, context=parent_ctx, attributes={**attrs, s.PHASE: phase}, start_time=start
+        )
+        if error is not None:
+            mark_error(span, error)
+        span.end(end_time=end)
+        self._export(span)
+
+    def _window_end(self, e: tuple[Any, ...]) -> None:
+        """Close every span still open, with error status if the window raised."""
+        _, t, error = e
+        stack, self._stack = self._stack, []
+        for frame in reversed(stack):
+            self._end(frame, t, error)
+        if self._live and stack and stack[0].saved_ctx is not None:
+            otel_context.attach(stack[0].saved_ctx)
