@@ -21,7 +21,7 @@ from opentelemetry.trace import TracerProvider
 
 from hp_otel import render
 from hp_otel.exporter import BoundedInMemorySpanExporter
-from hp_otel.observer import Source
+from hp_otel.observer import Observer, Source
 from hp_otel.recorder import SpanRecorder
 from hp_otel.telemetry import default_meter_provider, default_tracer_provider, get_instruments, get_tracer
 
@@ -155,6 +155,11 @@ class CommDebugMode:
 
             self._sources = default_sources(self.module)
         return self._sources
+
+    @property
+    def observer(self) -> Observer:
+        """The observer interface that sources feed (also the way to drive the mode from tests or a new engine)."""
+        return self._recorder
 
     # --- counts ------------------------------------------------------------------
     def get_comm_counts(self, normalized: bool = False) -> dict[str, int]:

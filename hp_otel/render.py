@@ -260,3 +260,14 @@ def write_text_atomically(path: str | os.PathLike[str], write: Any) -> None:
 
 def write_json(path: str | os.PathLike[str], payload: Any) -> None:
     write_text_atomically(path, lambda handle: json.dump(payload, handle, indent=2))
+
+
+def count_collectives(spans: Iterable[ReadableSpan]) -> dict[str, int]:
+    """Collective counts read back from spans (exact only while no span was dropped)."""
+    counts: dict[str, int] = {}
+    for span in spans:
+        attrs = span.attributes or {}
+        if attrs.get(s.CALL_KIND) == s.KIND_COLLECTIVE:
+            name = str(attrs.get(s.COLLECTIVE_NAME, span.name))
+            counts[name] = counts.get(name, 0) + 1
+    return counts

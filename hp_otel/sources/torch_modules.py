@@ -137,6 +137,8 @@ class TorchModuleTracker:
         # the batch or the parameters) are removed when the backward pass ends and on
         # uninstall, so they never pile up; the others go away with the autograd graph.
         self._grad_handles: list[RemovableHandle] = []
+        # id(tensor) -> (weak ref, callbacks): tensors compare elementwise, so no WeakKeyDictionary
+        self._tensor_callbacks: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
         self._backward_end_queued = False
 
     def install(self, observer: Observer) -> None:
@@ -155,19 +157,38 @@ class TorchModuleTracker:
         self._remove_grad_hooks()
 
     def add_grad_hook(self, tensors: list[torch.Tensor], callback: Any) -> None:
-        """Run `callback()` once, when the first gradient of `tensors` arrives."""
-        with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
-            if len(tensors) == 1:  # the common case, and a plain tensor hook is far cheaper
-                tensor = tensors[0]
-                handle = tensor.register_hook(lambda grad: callback())
-                persistent = tensor.grad_fn is None  # a leaf outlives the step
-            else:
-                handle = register_multi_grad_hook(tensors, lambda grads: callback(), mode="any")
-                persistent = True
-        if persistent:
+        """Run `callback()` once, when the first gradient of `tensors` arrives.
+
+        Nested modules often share a tensor (the root's output is fc2's output; fc1's
+        input is the root's input).  One hook per tensor runs the callbacks in reverse
+        order of registration, so the outer module's backward opens first and the inner
+        one's closes first whatever order autograd keeps for same-tensor hooks.
+        """
+        if len(tensors) != 1:
+            with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
+                self._grad_handles.append(register_multi_grad_hook(tensors, lambda grads: callback(), mode="any"))
+            return
+        tensor = tensors[0]
+        entry = self._tensor_callbacks.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            entry[1].append(callback)
+            return
+        if len(self._tensor_callbacks) > 1024:  # forward-only steps leave entries behind
+            self._tensor_callbacks = {k: v for k, v in self._tensor_callbacks.items() if v[0]() is not None}
+        callbacks = [callback]
+        self._tensor_callbacks[id(tensor)] = (weakref.ref(tensor), callbacks)
+
+        def hook(grad: Any) -> None:
+            for pending in reversed(callbacks):
+                pending()
+
+        with torch._C.DisableTorchFunction():
+            handle = tensor.register_hook(hook)
+        if tensor.grad_fn is None:  # a leaf outlives the step: remove its hook after backward
             self._grad_handles.append(handle)
 
     def _remove_grad_hooks(self) -> None:
+        self._tensor_callbacks = {}
         handles, self._grad_handles = self._grad_handles, []
         for handle in handles:
             handle.remove()

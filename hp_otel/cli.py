@@ -1,0 +1,70 @@
+"""The `hp-otel` command: demo | bench | render."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _noise_level(text: str) -> int:
+    from hp_otel.render import NOISE_LEVELS
+
+    if not text.isdigit() or int(text) not in NOISE_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, NOISE_LEVELS))}")
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hp-otel", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="2-process CPU tensor-parallel MLP step under CommDebugMode")
+    demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
+    demo.add_argument("--noise-level", type=_noise_level, default=2)
+
+    bench = sub.add_parser("bench", help="overhead against the untraced step and torch's own debug modes")
+    bench.add_argument("--rounds", type=_positive, default=15, help="interleaved rounds (median over rounds)")
+    bench.add_argument("--steps", type=_positive, default=20, help="steps per variant per round (median per block)")
+
+    render = sub.add_parser("render", help="re-render the table and counts from a spans file (OTLP/JSON)")
+    render.add_argument("file", type=Path)
+    render.add_argument("--noise-level", type=_noise_level, default=1)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from hp_otel.demo import DemoConfig, run_demo
+
+        run_demo(DemoConfig(out_dir=args.out, noise_level=args.noise_level))
+        return 0
+    if args.command == "bench":
+        from hp_otel.bench import format_results, run_bench
+
+        results = run_bench(rounds=args.rounds, steps=args.steps)
+        print("\n".join(format_results(results)))
+        return 0
+    from hp_otel.otlp_json import SpanFileError, read_spans
+    from hp_otel.render import count_collectives, render_table
+
+    try:
+        spans = read_spans(args.file)
+    except SpanFileError as exc:
+        print(f"hp-otel render: {exc}", file=sys.stderr)
+        return 2
+    print(f"collective counts: {count_collectives(spans)}")
+    print(render_table(spans, args.noise_level))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Spans to and from OTLP/JSON files (the OTLP protobuf JSON mapping, ids in hex).
+
+Writing uses the OTLP exporter's own protobuf encoder, so a file holds exactly what an
+OTLP exporter would send; reading rebuilds SDK ReadableSpans, so the table and counts
+can be rendered again later (`hp-otel render FILE`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict, ParseDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from hp_otel.render import write_text_atomically
+
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+
+
+class SpanFileError(ValueError):
+    """A spans file that is missing, not JSON, or not OTLP/JSON traces."""
+
+
+def _ids(obj: Any, convert: Any) -> Any:
+    """Apply `convert` to every trace/span id field, recursively."""
+    if isinstance(obj, dict):
+        return {k: (convert(v) if k in _ID_FIELDS and isinstance(v, str) else _ids(v, convert)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_ids(v, convert) for v in obj]
+    return obj
+
+
+def _b64_to_hex(value: str) -> str:
+    import base64
+
+    return base64.b64decode(value).hex()
+
+
+def _hex_to_b64(value: str) -> str:
+    import base64
+
+    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+
+
+def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    message = encode_spans(spans)
+    return _ids(MessageToDict(message), _b64_to_hex)
+
+
+def write_spans(path: str | os.PathLike[str], spans: Sequence[ReadableSpan]) -> None:
+    payload = spans_to_otlp_json(spans)
+    write_text_atomically(path, lambda handle: json.dump(payload, handle))
+
+
+def _any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(_any_value(v) for v in value.array_value.values)
+    if kind is None:
+        return None
+    return getattr(value, kind)
+
+
+def read_spans(path: str | os.PathLike[str]) -> list[ReadableSpan]:
+    """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            payload = json.load(handle)
+    except FileNotFoundError as exc:
+        raise SpanFileError(f"spans file {os.fspath(path)!r} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpanFileError(f"spans file {os.fspath(path)!r} cannot be read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise SpanFileError(f"spans file {os.fspath(path)!r} is not JSON: {exc}") from exc
+    if not isinstance(payload, dict) or "resourceSpans" not in payload:
+        raise SpanFileError(f"spans file {os.fspath(path)!r} is not OTLP/JSON traces (no 'resourceSpans' key)")
+    try:
+        message = ParseDict(_ids(payload, _hex_to_b64), ExportTraceServiceRequest())
+    except Exception as exc:
+        raise SpanFileError(f"spans file {os.fspath(path)!r} is not valid OTLP/JSON traces: {exc}") from exc
+    spans: list[ReadableSpan] = []
+    for resource_spans in message.resource_spans:
+        resource = Resource({kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes})
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                trace_id = int.from_bytes(span.trace_id, "big")
+                context = SpanContext(trace_id, int.from_bytes(span.span_id, "big"), True, TraceFlags(1))
+                parent = (
+                    SpanContext(trace_id, int.from_bytes(span.parent_span_id, "big"), True, TraceFlags(1))
+                    if span.parent_span_id
+                    else None
+                )
+                status = (
+                    Status(StatusCode.ERROR, span.status.message or None)
+                    if span.status.code == 2
+                    else Status(StatusCode.UNSET)
+                )
+                spans.append(
+                    ReadableSpan(
+                        name=span.name,
+                        context=context,
+                        parent=parent,
+                        resource=resource,
+                        attributes={kv.key: _any_value(kv.value) for kv in span.attributes},
+                        kind=SpanKind.INTERNAL,
+                        status=status,
+                        start_time=span.start_time_unix_nano,
+                        end_time=span.end_time_unix_nano,
+                    )
+                )
+    return spans

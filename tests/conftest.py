@@ -1,0 +1,28 @@
+"""Shared fixtures: a one-process fake process group for fast DTensor tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def fake_world():
+    """A 2-rank world in this process over torch's fake process group (collectives return at once)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    yield 2
+
+
+@pytest.fixture
+def tp_mlp(fake_world):
+    """A fresh TP MLP (fc1 colwise, fc2 rowwise) and an input that requires grad."""
+    import torch
+
+    from hp_otel.tp_mlp import build_tp_mlp
+
+    model = build_tp_mlp(fake_world)
+    x = torch.randn(4, 16, requires_grad=True)
+    return model, x
