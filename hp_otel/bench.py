@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ def _variants(model: Any) -> dict[str, Callable[[], contextlib.AbstractContextMa
         "hp_otel": lambda: CommDebugMode(module=model),
         "torch CommDebugMode": TorchCommDebugMode,
         "torch DebugMode": DebugMode,
-        "untraced, hp_otel inactive": contextlib.nullcontext,
+        "hp_otel imported, inactive": contextlib.nullcontext,
     }
 
 
@@ -59,12 +60,16 @@ def run_bench(
     from hp_otel import CommDebugMode
     from hp_otel.tp_mlp import build_tp_mlp, train_step
 
+    torch.set_num_threads(1)  # intra-op threads only add noise to a dispatch-bound step
     _fake_process_group(world_size)
     model = build_tp_mlp(world_size, hidden, intermediate)
-    x = torch.randn(8, hidden, requires_grad=True)
+    batch = torch.randn(8, hidden)
 
     def step() -> None:
-        train_step(model, x)
+        # A new leaf each step, as with a new batch: torch's CommDebugMode leaves a grad
+        # hook on its window's inputs, and on a reused input those hooks would pile up
+        # and slow every later variant.
+        train_step(model, batch.detach().requires_grad_(True))
         model.zero_grad(set_to_none=True)
 
     variants = _variants(model)
@@ -74,9 +79,12 @@ def run_bench(
     for make_ctx in variants.values():  # warm-up
         _time_block(step, make_ctx, 3)
     per_round: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for name, make_ctx in variants.items():
-            per_round[name].append(_time_block(step, make_ctx, steps))
+        shuffle(order)  # no variant always runs right after another
+        for name in order:
+            per_round[name].append(_time_block(step, variants[name], steps))
     return {name: statistics.median(values) for name, values in per_round.items()}
 
 

@@ -57,8 +57,9 @@ class SpanRecorder:
         self._build_lock = threading.Lock()
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
         self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
-        self.active = False
-        self.suspended = 0  # > 0 while a nested mode records instead of this one
+        self._active = False
+        self._suspended = 0  # > 0 while a nested mode records instead of this one
+        self.accepting = False  # active and not suspended: the one flag the hot path reads
         self.comm_counts: dict[str, int] = {}
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
@@ -66,8 +67,22 @@ class SpanRecorder:
 
     # --- lifecycle -----------------------------------------------------------
     @property
-    def accepting(self) -> bool:
-        return self.active and not self.suspended
+    def active(self) -> bool:
+        return self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._active = value
+        self.accepting = value and not self._suspended
+
+    @property
+    def suspended(self) -> int:
+        return self._suspended
+
+    @suspended.setter
+    def suspended(self, value: int) -> None:
+        self._suspended = value
+        self.accepting = self._active and not value
 
     def start(self) -> None:
         """Begin a window: its spans nest under whatever span is current now."""

@@ -101,7 +101,12 @@ def _group_info(group: Any) -> _GroupInfo:
         return cached
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    pg = _resolve_process_group(group) if isinstance(group, str) else group
+    if isinstance(group, str):
+        pg = _resolve_process_group(group)
+    elif isinstance(group, dist.ProcessGroup):
+        pg = group
+    else:  # eager c10d ops get the group boxed as a TorchScript object
+        pg = dist.ProcessGroup.unbox(group)
     try:
         ranks = tuple(dist.get_process_group_ranks(pg))
     except Exception:  # a group the default-group registry does not know
@@ -113,11 +118,14 @@ def _group_info(group: Any) -> _GroupInfo:
 
 
 def _reduce_name(value: Any) -> str:
+    """ "sum" from a functional op's string, a ReduceOp, or the TorchScript ReduceOp of eager c10d ops."""
     if value is None:
         return ""
     if isinstance(value, str):
         return value.lower()
-    op = getattr(value, "op", value)
+    if isinstance(value, torch.ScriptObject):
+        value = dist.ReduceOp.RedOpType(value.op())  # its only accessor is the `op()` method
+    op = getattr(value, "op", value) if isinstance(value, dist.ReduceOp) else value
     return str(getattr(op, "name", op)).lower()
 
 

@@ -26,6 +26,7 @@ from hp_otel.sources.torch_tensors import dtype_name, placements_str
 
 
 def _grad_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in `value` (nested lists, tuples, dicts) that will receive gradients."""
     if isinstance(value, torch.Tensor):
         return [value] if value.requires_grad else []
     if isinstance(value, (list, tuple)):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -20,9 +19,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def placements_str(placements: Iterable[Any]) -> str:
-    """`Shard(dim=0)`; several mesh dims joined by `;`."""
-    return ";".join(repr(p) for p in placements)
+_placements_text: dict[tuple[Any, ...], str] = {}
+
+
+def placements_str(placements: tuple[Any, ...]) -> str:
+    """`Shard(dim=0)`; several mesh dims joined by `;` (cached: placements repeat every step)."""
+    text = _placements_text.get(placements)
+    if text is None:
+        if len(_placements_text) >= 1024:
+            _placements_text.clear()
+        text = _placements_text[placements] = ";".join(repr(p) for p in placements)
+    return text
 
 
 # DTensorSpec -> TensorInfo: specs hash once and are shared by every step's parameters

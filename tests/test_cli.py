@@ -1,0 +1,69 @@
+"""The hp-otel command: demo (a real 2-process gloo run), render, bench."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hp_otel.cli import main
+
+
+def _hp_otel(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hp_otel.cli", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    result = _hp_otel("demo", "--out", str(out))
+    return out, result
+
+
+def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
+    out, result = demo_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "collective counts (rank 0): {'_c10d_functional.all_reduce': 2}" in result.stdout
+    assert "Module((root)) [enter]" in result.stdout
+    assert "Collective(_c10d_functional.all_reduce) group_size=2" in result.stdout
+    for rank in (0, 1):
+        dump = json.loads((out / f"comm_rank{rank}.json").read_text())
+        assert dump["total_counts"] == 2
+        spans = json.loads((out / f"spans_rank{rank}.json").read_text())
+        assert spans["resourceSpans"][0]["scopeSpans"][0]["scope"]["name"] == "hp_otel"
+
+
+def test_render_rebuilds_the_table_from_a_spans_file(demo_run, capsys) -> None:
+    out, _ = demo_run
+    assert main(["render", str(out / "spans_rank0.json"), "--noise-level", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "collective counts: {'_c10d_functional.all_reduce': 2}" in printed
+    assert "  Module             Module(fc2) [enter]" in printed
+
+
+def test_render_reports_missing_and_malformed_files(tmp_path, capsys) -> None:
+    assert main(["render", str(tmp_path / "nope.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    assert main(["render", str(bad)]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+def test_bad_noise_level_is_rejected_by_the_parser(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["render", "x.json", "--noise-level", "7"])
+    assert exc.value.code == 2
+    assert "must be one of 0, 1, 2, 3" in capsys.readouterr().err
+
+
+def test_bench_runs_every_variant() -> None:
+    result = _hp_otel("bench", "--rounds", "1", "--steps", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    for variant in ("untraced", "hp_otel", "torch CommDebugMode", "torch DebugMode", "hp_otel imported, inactive"):
+        assert any(line.startswith(variant) for line in lines), result.stdout
