@@ -14,6 +14,7 @@ def fake_world():
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     yield 2
+    dist.destroy_process_group()
 
 
 @pytest.fixture
