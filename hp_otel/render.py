@@ -25,6 +25,8 @@ _TYPE_COLUMN = 21
 HEADER = "Type".ljust(_TYPE_COLUMN) + "Detail"
 RULE = "-" * 80
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_UMASK = os.umask(0o022)  # read once (reading it means setting it), then put it back
+os.umask(_UMASK)
 
 
 def check_noise_level(noise_level: Any) -> int:
@@ -249,6 +251,7 @@ def write_text_atomically(path: str | os.PathLike[str], write: Any) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, target)
     except BaseException:
         try:

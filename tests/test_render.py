@@ -164,3 +164,15 @@ def test_malformed_span_files_get_clear_errors(tmp_path, content: str | None, me
         path.write_text(content)
     with pytest.raises(SpanFileError, match=message):
         read_spans(path)
+
+
+def test_written_files_get_the_usual_permissions(design_mode: CommDebugMode, tmp_path) -> None:
+    import os
+    import stat
+
+    path = tmp_path / "dump.json"
+    design_mode.generate_json_dump(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert [p.name for p in tmp_path.iterdir()] == ["dump.json"]  # no temporary file left behind

@@ -90,15 +90,13 @@ class _GroupInfo:
     ranks: tuple[int, ...]
 
 
-_groups: dict[Any, _GroupInfo] = {}
+# ProcessGroup (kept alive here, so its id cannot be reused) -> info.  Keyed by the group
+# object, not its name: names are reused when a process group is destroyed and re-created.
+_groups: dict[int, tuple[Any, _GroupInfo]] = {}
 
 
 def _group_info(group: Any) -> _GroupInfo:
     """Size, name and ranks of a group given by name (functional ops) or ProcessGroup (c10d ops)."""
-    key = group if isinstance(group, str) else id(group)
-    cached = _groups.get(key)
-    if cached is not None:
-        return cached
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     if isinstance(group, str):
@@ -107,13 +105,15 @@ def _group_info(group: Any) -> _GroupInfo:
         pg = group
     else:  # eager c10d ops get the group boxed as a TorchScript object
         pg = dist.ProcessGroup.unbox(group)
+    cached = _groups.get(id(pg))
+    if cached is not None and cached[0] is pg:
+        return cached[1]
     try:
         ranks = tuple(dist.get_process_group_ranks(pg))
     except Exception:  # a group the default-group registry does not know
         ranks = ()
     info = _GroupInfo(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks)
-    if isinstance(group, str):  # ProcessGroup objects are keyed by id: do not pin a stale id
-        _groups[key] = info
+    _groups[id(pg)] = (pg, info)
     return info
 
 

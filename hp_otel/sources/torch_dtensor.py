@@ -202,10 +202,12 @@ class TorchDTensorSource:
     def install(self, observer: Observer) -> None:
         self._token = _redistribute_observer.set(observer)
         _patch_redistribute()
-        self._collective_mode = _CollectiveMode(observer, self._specs)
-        self._collective_mode.__enter__()
-        self._op_mode = _OpMode(observer)
-        self._op_mode.__enter__()
+        collective_mode = _CollectiveMode(observer, self._specs)
+        collective_mode.__enter__()
+        self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
+        op_mode = _OpMode(observer)
+        op_mode.__enter__()
+        self._op_mode = op_mode
 
     def uninstall(self) -> None:
         """Undo install in reverse order; every step runs even if an earlier one fails."""
