@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hp_otel.config import PROTOCOLS
+
 
 def _noise_level(text: str) -> int:
     from hp_otel.render import NOISE_LEVELS
@@ -22,6 +24,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError("must be a port number 0-65535")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hp-otel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -29,10 +37,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="2-process CPU tensor-parallel MLP step under CommDebugMode")
     demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
     demo.add_argument("--noise-level", type=_noise_level, default=2)
+    demo.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics over OTLP to this endpoint")
+    demo.add_argument(
+        "--otlp-protocol", choices=PROTOCOLS, help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)"
+    )
+    demo.add_argument(
+        "--prometheus-port", type=_port, metavar="N", help="serve /metrics on N + local rank (0: any free port)"
+    )
+    demo.add_argument("--steps", type=_positive, default=1, help="training steps, one trace each across ranks")
+    demo.add_argument("--linger", type=float, default=0.0, metavar="S", help="keep /metrics up S seconds at the end")
+    demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (default: random)")
 
     bench = sub.add_parser("bench", help="overhead against the untraced step and torch's own debug modes")
     bench.add_argument("--rounds", type=_positive, default=15, help="interleaved rounds (median over rounds)")
     bench.add_argument("--steps", type=_positive, default=20, help="steps per variant per round (median per block)")
+    bench.add_argument(
+        "--export-down",
+        action="store_true",
+        help="cost of exporting to a refused or blackholed OTLP endpoint, against no export",
+    )
 
     render = sub.add_parser("render", help="re-render the table and counts from a spans file (OTLP/JSON)")
     render.add_argument("file", type=Path)
@@ -45,7 +68,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from hp_otel.demo import DemoConfig, run_demo
 
-        run_demo(DemoConfig(out_dir=args.out, noise_level=args.noise_level))
+        run_demo(
+            DemoConfig(
+                out_dir=args.out,
+                noise_level=args.noise_level,
+                otlp_endpoint=args.otlp_endpoint,
+                otlp_protocol=args.otlp_protocol,
+                prometheus_port=args.prometheus_port,
+                steps=args.steps,
+                linger_s=args.linger,
+                run_id=args.run_id,
+            )
+        )
+        return 0
+    if args.command == "bench" and args.export_down:
+        from hp_otel.bench_export import main as bench_export
+
+        print("\n".join(bench_export(args.rounds, args.steps)))
         return 0
     if args.command == "bench":
         from hp_otel.bench import format_results, run_bench

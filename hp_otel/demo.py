@@ -6,9 +6,12 @@ JSON dump and its spans (OTLP/JSON); rank 0 prints the counts and the tables.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -20,6 +23,16 @@ class DemoConfig:
     world_size: int = 2
     noise_level: int = 2
     port: int = 0
+    otlp_endpoint: str | None = None  # export spans and metrics over OTLP (hp_otel.configure)
+    otlp_protocol: str | None = None  # grpc | http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)
+    prometheus_port: int | None = None  # base port: rank r serves /metrics on base + r
+    steps: int = 1
+    linger_s: float = 0.0  # keep /metrics up this long after the last step (for a scraper)
+    run_id: str = ""
+
+    @property
+    def exporting(self) -> bool:
+        return self.otlp_endpoint is not None or self.prometheus_port is not None
 
 
 def free_port() -> int:
@@ -43,23 +56,53 @@ def _rank_main(rank: int, config: DemoConfig) -> None:
     import torch
     import torch.distributed as dist
 
+    import hp_otel
     from hp_otel import CommDebugMode
     from hp_otel.otlp_json import write_spans
     from hp_otel.tp_mlp import build_tp_mlp, train_step
 
     init_gloo(rank, config.world_size, config.port)
+    telemetry = None
+    if config.exporting:
+        telemetry = hp_otel.configure(
+            endpoint=config.otlp_endpoint,
+            protocol=config.otlp_protocol,
+            prometheus_port=config.prometheus_port,
+            prometheus_host="127.0.0.1",
+            run_id=config.run_id or None,
+            metric_export_interval_ms=1000,
+        )
     try:
         model = build_tp_mlp(config.world_size)
         x = torch.randn(4, 16, requires_grad=True)
-        with CommDebugMode(module=model) as mode:
-            train_step(model, x)
+        for step in range(config.steps):
+            with hp_otel.step(step), CommDebugMode(module=model) as mode:
+                train_step(model, x)
+        if telemetry is not None:
+            _report_export(rank, telemetry, config)
         mode.generate_json_dump(config.out_dir / f"comm_rank{rank}.json", noise_level=3)
         write_spans(config.out_dir / f"spans_rank{rank}.json", mode.get_finished_spans())
         if rank == 0:
             _report(mode, config, sys.stdout)
         dist.barrier()
+        if config.linger_s:
+            time.sleep(config.linger_s)
     finally:
+        if telemetry is not None:
+            hp_otel.shutdown()
         dist.destroy_process_group()
+
+
+def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
+    from hp_otel.export import Telemetry
+
+    assert isinstance(telemetry, Telemetry)
+    parts = [f"rank {rank}: run id {telemetry.config.run_id}"]
+    if telemetry.config.traces_endpoint:
+        parts.append(f"spans -> {telemetry.config.traces_endpoint} ({telemetry.config.traces_protocol})")
+    if telemetry.prometheus_port is not None:
+        parts.append(f"metrics at http://127.0.0.1:{telemetry.prometheus_port}/metrics")
+    print("; ".join(parts), flush=True)
 
 
 def _report(mode: object, config: DemoConfig, out: TextIO) -> None:
@@ -86,5 +129,7 @@ def run_demo(config: DemoConfig) -> None:
 
     config.out_dir.mkdir(parents=True, exist_ok=True)
     if not config.port:
-        config = DemoConfig(config.out_dir, config.world_size, config.noise_level, free_port())
+        config = dataclasses.replace(config, port=free_port())
+    if not config.run_id:  # one id for all ranks of this run: their step traces share it
+        config = dataclasses.replace(config, run_id=os.environ.get("HP_OTEL_RUN_ID") or f"demo-{uuid.uuid4().hex[:12]}")
     mp.spawn(_rank_main, args=(config,), nprocs=config.world_size, join=True)

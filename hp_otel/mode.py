@@ -23,7 +23,13 @@ from hp_otel import render
 from hp_otel.exporter import BoundedInMemorySpanExporter
 from hp_otel.observer import Observer, Source
 from hp_otel.recorder import SpanRecorder
-from hp_otel.telemetry import default_meter_provider, default_tracer_provider, get_instruments, get_tracer
+from hp_otel.telemetry import (
+    default_meter_provider,
+    default_tracer_provider,
+    get_instruments,
+    get_tracer,
+    is_internal_tracer_provider,
+)
 
 logger = logging.getLogger("hp_otel")
 
@@ -67,6 +73,8 @@ class CommDebugMode:
         live_spans: build each span as its work happens (it reaches your processors at
             once and is the current span meanwhile) instead of after the fact from
             timestamped events. Default: live when you pass a `tracer_provider`.
+        record_spans: False counts collectives (counts, metrics) but builds no spans —
+            what an unsampled step of the always-on instrumentor does.
     """
 
     def __init__(
@@ -77,6 +85,7 @@ class CommDebugMode:
         meter_provider: MeterProvider | None = None,
         max_spans: int = DEFAULT_MAX_SPANS,
         live_spans: bool | None = None,
+        record_spans: bool = True,
     ) -> None:
         if module is not None and not _is_torch_module(module):
             raise TypeError(f"module must be a torch.nn.Module or None, got {type(module).__name__}")
@@ -99,10 +108,15 @@ class CommDebugMode:
             tracer_provider = default_tracer_provider()
         if meter_provider is None:
             meter_provider, self._metric_reader = default_meter_provider()
+        if not isinstance(record_spans, bool):
+            raise TypeError(f"record_spans must be True or False, got {record_spans!r}")
+        # Deferred spans meant for real processors (an exporter) are built when the window ends.
+        self._build_on_exit = not live and not is_internal_tracer_provider(tracer_provider)
         self._store = BoundedInMemorySpanExporter(max_spans)
         self._recorder = SpanRecorder(
             get_tracer(tracer_provider), get_instruments(meter_provider), self._store, live, _MAX_PENDING_EVENTS
         )
+        self._recorder.spans_enabled = record_spans
         self._sources: list[Source] = []
         self._installed: list[Source] = []
         self._token: contextvars.Token[CommDebugMode | None] | None = None
@@ -133,6 +147,8 @@ class CommDebugMode:
             while self._installed:
                 self._uninstall_one(self._installed.pop())
         self._recorder.stop(exc)
+        if self._build_on_exit:
+            self._recorder.materialise()
         if self._outer is not None:
             self._outer._recorder.suspended -= 1
             self._outer = None

@@ -60,6 +60,7 @@ class SpanRecorder:
         self._active = False
         self._suspended = 0  # > 0 while a nested mode records instead of this one
         self.accepting = False  # active and not suspended: the one flag the hot path reads
+        self.spans_enabled = True  # False: counts and metrics only (an unsampled step)
         self.comm_counts: dict[str, int] = {}
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
@@ -120,6 +121,8 @@ class SpanRecorder:
                     self.on_fault("span_build", exc)
 
     def _emit(self, event: tuple[Any, ...]) -> None:
+        if not self.spans_enabled:
+            return
         if self.live:
             builder = self._builder
             if builder is not None:

@@ -114,3 +114,8 @@ METRIC_ATTRIBUTE_KEYS: Final = (
     PHASE,
     MODULE_FQN,
 )
+
+# --- steps: one trace per step across ranks (steps.py) ---------------------
+STEP: Final = "hp.step"  # the step number (or debug window name) every rank shares
+STEP_ROOT_SPAN_NAME: Final = "step"  # one per step, emitted by rank 0, id derived from run id + step
+RANK_STEP_SPAN_NAME: Final = "rank_step"  # one per rank and step, child of the step root

@@ -46,16 +46,18 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
 
     `Resource.create` also applies OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
     """
+    from hp_otel.config import run_id_from_env
+
     attrs: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
     for key, names in (
-        (s.RESOURCE_RANK, ("RANK", "RANK_ID")),
+        (s.RESOURCE_RANK, ("RANK", "RANK_ID", "MS_NODE_ID")),
         (s.RESOURCE_LOCAL_RANK, ("LOCAL_RANK", "DEVICE_ID")),
-        (s.RESOURCE_WORLD_SIZE, ("WORLD_SIZE", "RANK_SIZE")),
+        (s.RESOURCE_WORLD_SIZE, ("WORLD_SIZE", "RANK_SIZE", "MS_WORKER_NUM")),
     ):
         value = _int_env(*names)
         if value is not None:
             attrs[key] = value
-    run_id = os.environ.get("HP_OTEL_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
+    run_id = run_id_from_env()
     if run_id:
         attrs[s.RESOURCE_RUN_ID] = run_id
     if extra:
@@ -65,16 +67,37 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
     return Resource.create(attrs)
 
 
-def default_tracer_provider() -> SdkTracerProvider:
+# Providers installed by `hp_otel.configure()` (export.py); they replace the in-memory defaults.
+_configured_tracer_provider: TracerProvider | None = None
+_configured_meter_provider: MeterProvider | None = None
+
+
+def set_default_providers(tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None) -> None:
+    """Make these the providers CommDebugMode uses when given none (None: back to the in-memory defaults)."""
+    global _configured_tracer_provider, _configured_meter_provider
+    with _lock:
+        _configured_tracer_provider, _configured_meter_provider = tracer_provider, meter_provider
+
+
+def is_internal_tracer_provider(provider: Any) -> bool:
+    """True for hp_otel's processor-less default provider (its spans go nowhere but the local store)."""
+    return provider is not None and provider is _default_tracer_provider
+
+
+def default_tracer_provider() -> TracerProvider:
     global _default_tracer_provider
+    if _configured_tracer_provider is not None:
+        return _configured_tracer_provider
     with _lock:
         if _default_tracer_provider is None:
             _default_tracer_provider = SdkTracerProvider(resource=build_resource())
         return _default_tracer_provider
 
 
-def default_meter_provider() -> tuple[SdkMeterProvider, InMemoryMetricReader]:
+def default_meter_provider() -> tuple[MeterProvider, InMemoryMetricReader | None]:
     global _default_meter_provider, _default_metric_reader
+    if _configured_meter_provider is not None:
+        return _configured_meter_provider, None
     with _lock:
         if _default_meter_provider is None:
             _default_metric_reader = InMemoryMetricReader()

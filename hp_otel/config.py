@@ -1,0 +1,239 @@
+"""Export settings, read the way OpenTelemetry's own SDK reads them.
+
+Environment variables follow OTel's conventions (`OTEL_SERVICE_NAME`,
+`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPORTER_OTLP_*`, `OTEL_TRACES_SAMPLER(_ARG)`,
+`OTEL_EXPORTER_PROMETHEUS_HOST/PORT`); arguments to `hp_otel.configure(...)` win over
+them.  The OTLP exporter classes ignore `OTEL_EXPORTER_OTLP_PROTOCOL` (only the SDK's
+auto-configurator reads it), so it is resolved here, together with the per-signal
+endpoints (HTTP appends `/v1/traces` to a base endpoint, gRPC uses it as is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOLS = ("grpc", "http/protobuf")
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+DEFAULT_PROTOCOL = "http/protobuf"  # the OTel specification's default
+DEFAULT_PROMETHEUS_PORT = 9464  # OTel's default for OTEL_EXPORTER_PROMETHEUS_PORT
+_DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318"}
+_HTTP_PATHS = {"traces": "/v1/traces", "metrics": "/v1/metrics"}
+
+
+class ConfigError(ValueError):
+    """A setting (argument or environment variable) with a value hp_otel cannot use."""
+
+
+def _env(name: str, environ: Mapping[str, str]) -> str | None:
+    value = environ.get(name)
+    return value.strip() if value is not None and value.strip() else None
+
+
+def _exporter_names(name: str, environ: Mapping[str, str]) -> set[str] | None:
+    value = _env(name, environ)
+    return None if value is None else {part.strip().lower() for part in value.split(",") if part.strip()}
+
+
+def check_protocol(protocol: str, source: str) -> str:
+    value = protocol.strip().lower()
+    if value not in PROTOCOLS:
+        raise ConfigError(f"{source} must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    return value
+
+
+def _port(value: Any, source: str) -> int:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise ConfigError(f"{source} must be a port number 0-65535, got {value!r}")
+    return int(text)
+
+
+def signal_endpoint(signal: str, protocol: str, base: str | None, specific: str | None) -> str:
+    """Where one signal goes: the per-signal endpoint as is, else the base one (+ `/v1/<signal>` for HTTP)."""
+    if specific:
+        return specific
+    root = base or _DEFAULT_ENDPOINTS[protocol]
+    if protocol == "grpc":
+        return root
+    return root.rstrip("/") + _HTTP_PATHS[signal]
+
+
+def run_id_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+    """A run id that every rank of one job reads alike, without talking to the others.
+
+    `HP_OTEL_RUN_ID`, else torchrun's `TORCHELASTIC_RUN_ID` (unless its placeholder
+    `none`), else one derived from the rendezvous address all ranks share
+    (`MASTER_ADDR:MASTER_PORT` for torch, `MS_SCHED_HOST:MS_SCHED_PORT` for MindSpore) —
+    two runs on the same address and port then share ids, so set `HP_OTEL_RUN_ID` when
+    runs repeat.
+    """
+    explicit = _env("HP_OTEL_RUN_ID", environ)
+    if explicit:
+        return explicit
+    elastic = _env("TORCHELASTIC_RUN_ID", environ)
+    if elastic and elastic.lower() != "none":
+        return elastic
+    for host_var, port_var in (("MASTER_ADDR", "MASTER_PORT"), ("MS_SCHED_HOST", "MS_SCHED_PORT")):
+        host, port = _env(host_var, environ), _env(port_var, environ)
+        if host and port:
+            digest = hashlib.sha256(f"{host}:{port}".encode()).hexdigest()[:16]
+            return f"rdzv-{digest}"
+    return None
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Everything `hp_otel.configure()` needs; build it with `ExportConfig.resolve(...)`."""
+
+    service_name: str | None = None
+    resource_attributes: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+    traces_endpoint: str | None = None  # None: no OTLP span export
+    metrics_endpoint: str | None = None  # None: no OTLP metric export
+    traces_protocol: str = DEFAULT_PROTOCOL
+    metrics_protocol: str = DEFAULT_PROTOCOL
+    headers: dict[str, str] = field(default_factory=dict)
+    prometheus_host: str = "localhost"
+    prometheus_port: int | None = None  # the base port; each rank serves base + local rank
+    sampler: str | None = None  # None: the SDK reads OTEL_TRACES_SAMPLER itself
+    sampler_arg: float | None = None
+    max_queue_size: int = 2048
+    schedule_delay_ms: int = 1000
+    export_timeout_s: float = 5.0
+    metric_export_interval_ms: int = 10_000
+    shutdown_timeout_s: float = 5.0
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        service_name: str | None = None,
+        resource_attributes: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        endpoint: str | None = None,
+        traces_endpoint: str | None = None,
+        metrics_endpoint: str | None = None,
+        protocol: str | None = None,
+        prometheus_port: int | None = None,
+        prometheus_host: str | None = None,
+        sampler: str | None = None,
+        sampler_arg: float | None = None,
+        max_queue_size: int | None = None,
+        export_timeout_s: float | None = None,
+        metric_export_interval_ms: int | None = None,
+        shutdown_timeout_s: float | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> ExportConfig:
+        """Arguments first, then OTel's environment variables, then OTel's defaults.
+
+        OTLP export is on when an endpoint is set (argument or `OTEL_EXPORTER_OTLP_*ENDPOINT`)
+        and `OTEL_TRACES_EXPORTER` / `OTEL_METRICS_EXPORTER` do not say `none`; a
+        Prometheus endpoint when a port is set (argument or `OTEL_EXPORTER_PROMETHEUS_PORT`)
+        or `OTEL_METRICS_EXPORTER` names `prometheus` (port 9464).
+        """
+        base_protocol = protocol or _env("OTEL_EXPORTER_OTLP_PROTOCOL", environ)
+        protocols = {}
+        for signal in ("traces", "metrics"):
+            name = f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL"
+            chosen = protocol or _env(name, environ) or base_protocol or DEFAULT_PROTOCOL
+            source = "protocol" if protocol else (name if _env(name, environ) else "OTEL_EXPORTER_OTLP_PROTOCOL")
+            protocols[signal] = check_protocol(chosen, source)
+
+        base = endpoint or _env("OTEL_EXPORTER_OTLP_ENDPOINT", environ)
+        traces_exporters = _exporter_names("OTEL_TRACES_EXPORTER", environ)
+        metrics_exporters = _exporter_names("OTEL_METRICS_EXPORTER", environ)
+        endpoints: dict[str, str | None] = {}
+        for signal, specific_arg, exporters in (
+            ("traces", traces_endpoint, traces_exporters),
+            ("metrics", metrics_endpoint, metrics_exporters),
+        ):
+            specific = specific_arg or _env(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", environ)
+            wanted = bool(base or specific) or (exporters is not None and "otlp" in exporters)
+            if exporters is not None and "otlp" not in exporters and not (specific_arg or endpoint):
+                wanted = False  # OTEL_<SIGNAL>_EXPORTER=none (or prometheus only) turns OTLP off
+            endpoints[signal] = signal_endpoint(signal, protocols[signal], base, specific) if wanted else None
+
+        port_value: Any = prometheus_port
+        port_source = "prometheus_port"
+        if port_value is None and _env("OTEL_EXPORTER_PROMETHEUS_PORT", environ):
+            port_value, port_source = _env("OTEL_EXPORTER_PROMETHEUS_PORT", environ), "OTEL_EXPORTER_PROMETHEUS_PORT"
+        if port_value is None and metrics_exporters and "prometheus" in metrics_exporters:
+            port_value = DEFAULT_PROMETHEUS_PORT
+        port = _port(port_value, port_source) if port_value is not None else None
+
+        chosen_sampler = sampler
+        if chosen_sampler is not None and chosen_sampler not in SAMPLERS:
+            raise ConfigError(f"sampler must be one of {', '.join(SAMPLERS)}, got {chosen_sampler!r}")
+        if sampler_arg is not None and not (isinstance(sampler_arg, (int, float)) and 0.0 <= sampler_arg <= 1.0):
+            raise ConfigError(f"sampler_arg must be a ratio between 0 and 1, got {sampler_arg!r}")
+
+        headers = _parse_pairs(_env("OTEL_EXPORTER_OTLP_HEADERS", environ) or "", "OTEL_EXPORTER_OTLP_HEADERS")
+        defaults = cls()
+        return cls(
+            service_name=service_name,
+            resource_attributes=dict(resource_attributes or {}),
+            run_id=run_id or run_id_from_env(environ),
+            traces_endpoint=endpoints["traces"],
+            metrics_endpoint=endpoints["metrics"],
+            traces_protocol=protocols["traces"],
+            metrics_protocol=protocols["metrics"],
+            headers=headers,
+            prometheus_host=prometheus_host or _env("OTEL_EXPORTER_PROMETHEUS_HOST", environ) or "localhost",
+            prometheus_port=port,
+            sampler=chosen_sampler,
+            sampler_arg=sampler_arg,
+            max_queue_size=_positive(max_queue_size, "max_queue_size", defaults.max_queue_size),
+            export_timeout_s=_positive(export_timeout_s, "export_timeout_s", defaults.export_timeout_s),
+            metric_export_interval_ms=_positive(
+                metric_export_interval_ms, "metric_export_interval_ms", defaults.metric_export_interval_ms
+            ),
+            shutdown_timeout_s=_positive(shutdown_timeout_s, "shutdown_timeout_s", defaults.shutdown_timeout_s),
+        )
+
+
+def _positive(value: Any, name: str, default: Any) -> Any:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, got {value!r}")
+    return type(default)(value)
+
+
+def _parse_pairs(text: str, source: str) -> dict[str, str]:
+    """`k1=v1,k2=v2` (the format of OTEL_EXPORTER_OTLP_HEADERS)."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{source} must be comma-separated key=value pairs, got {part!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def local_rank(environ: Mapping[str, str] = os.environ) -> int:
+    """This process's rank on its host (torchrun `LOCAL_RANK`, MindSpore `DEVICE_ID`), 0 if unknown."""
+    for name in ("LOCAL_RANK", "DEVICE_ID"):
+        value = _env(name, environ)
+        if value is not None and value.isdigit():
+            return int(value)
+    return 0
+
+
+def global_rank(environ: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank in the job (torchrun `RANK`, MindSpore `RANK_ID` / `MS_NODE_ID`), None if unknown."""
+    for name in ("RANK", "RANK_ID", "MS_NODE_ID"):
+        value = _env(name, environ)
+        if value is not None and value.isdigit():
+            return int(value)
+    return None

@@ -1,0 +1,344 @@
+"""Real SDK providers that send hp_otel's spans and metrics out, without holding training back.
+
+- Spans: a `BatchSpanProcessor` (bounded queue; the step only appends to it) in front
+  of the OTLP exporter the protocol asks for. When the queue is full the oldest span
+  is dropped; drops are counted here and logged once.
+- Metrics: a `PeriodicExportingMetricReader` with the OTLP exporter, and/or a
+  `PrometheusMetricReader` behind a `/metrics` HTTP endpoint on base port + local rank.
+- Shutdown flushes within `shutdown_timeout_s`, also when the endpoint is down or
+  blackholed: it runs on a helper thread that is abandoned past the deadline.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import sampling as otel_sampling
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from hp_otel.config import ExportConfig, local_rank
+from hp_otel.telemetry import build_resource
+
+logger = logging.getLogger("hp_otel")
+
+
+class CountingSpanExporter(SpanExporter):
+    """Wraps the real exporter to count what it was handed, sent, and failed to send."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+        self.handed = 0
+        self.exported = 0
+        self.failed = 0
+        self._failure_logged = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.handed += len(spans)
+        try:
+            result = self.exporter.export(spans)
+        except Exception as exc:  # an exporter fault must not kill the batch thread
+            result = SpanExportResult.FAILURE
+            logger.debug("hp_otel: span exporter raised", exc_info=exc)
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            self.failed += len(spans)
+            if not self._failure_logged:
+                self._failure_logged = True
+                logger.warning(
+                    "hp_otel: exporting spans failed (is the OTLP endpoint up?); "
+                    "training goes on, later failures are counted, not logged"
+                )
+        return result
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+
+class DropCountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's BatchSpanProcessor, counting the spans its bounded queue drops (logged once).
+
+    The queue holds what was emitted and not yet handed to the exporter, so a span that
+    arrives while it is full pushes the oldest one out.
+    """
+
+    def __init__(self, exporter: SpanExporter, max_queue_size: int, schedule_delay_millis: float) -> None:
+        self.counting = CountingSpanExporter(exporter)
+        self.max_queue_size = max_queue_size
+        self.emitted = 0
+        self.dropped = 0
+        self._drop_logged = False
+        super().__init__(
+            self.counting,
+            max_queue_size=max_queue_size,
+            schedule_delay_millis=schedule_delay_millis,
+            max_export_batch_size=min(512, max_queue_size),
+        )
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not (span.context and span.context.trace_flags.sampled):
+            return
+        if self.emitted - self.counting.handed >= self.max_queue_size:
+            self.dropped += 1
+            if not self._drop_logged:
+                self._drop_logged = True
+                logger.warning(
+                    "hp_otel: span export queue full (%d spans), dropping the oldest; training is not slowed. "
+                    "Later drops are counted (Telemetry.dropped_spans), not logged",
+                    self.max_queue_size,
+                )
+        else:
+            self.emitted += 1
+        super().on_end(span)
+
+
+def make_sampler(name: str | None, arg: float | None) -> otel_sampling.Sampler | None:
+    """An SDK sampler by its OTEL_TRACES_SAMPLER name; None lets the SDK read the environment."""
+    if name is None:
+        return None
+    ratio = 1.0 if arg is None else float(arg)
+    return {
+        "always_on": lambda: otel_sampling.ALWAYS_ON,
+        "always_off": lambda: otel_sampling.ALWAYS_OFF,
+        "traceidratio": lambda: otel_sampling.TraceIdRatioBased(ratio),
+        "parentbased_always_on": lambda: otel_sampling.ParentBased(otel_sampling.ALWAYS_ON),
+        "parentbased_always_off": lambda: otel_sampling.ParentBased(otel_sampling.ALWAYS_OFF),
+        "parentbased_traceidratio": lambda: otel_sampling.ParentBased(otel_sampling.TraceIdRatioBased(ratio)),
+    }[name]()
+
+
+def make_span_exporter(config: ExportConfig) -> SpanExporter:
+    """The OTLP span exporter of the configured protocol (the classes do not read OTEL_EXPORTER_OTLP_PROTOCOL)."""
+    headers = dict(config.headers) or None
+    if config.traces_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
+        return GrpcSpanExporter(endpoint=config.traces_endpoint, headers=headers, timeout=config.export_timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+
+    return HttpSpanExporter(endpoint=config.traces_endpoint, headers=headers, timeout=config.export_timeout_s)
+
+
+def make_metric_exporter(config: ExportConfig) -> Any:
+    headers = dict(config.headers) or None
+    if config.metrics_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
+
+        return GrpcMetricExporter(endpoint=config.metrics_endpoint, headers=headers, timeout=config.export_timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
+
+    return HttpMetricExporter(endpoint=config.metrics_endpoint, headers=headers, timeout=config.export_timeout_s)
+
+
+def prometheus_port_for_this_rank(base_port: int) -> int:
+    """The port rule: base port + local rank, so the ranks of one host never collide (base 0: any free port)."""
+    return 0 if base_port == 0 else base_port + local_rank()
+
+
+def start_prometheus(host: str, base_port: int) -> tuple[MetricReader, Any, int]:
+    """A PrometheusMetricReader and the prometheus_client HTTP server exposing it; returns (reader, server, port)."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import start_http_server
+
+    port = prometheus_port_for_this_rank(base_port)
+    reader = PrometheusMetricReader()
+    server, _thread = start_http_server(port, addr=host)
+    return reader, server, int(server.server_port)
+
+
+@dataclass
+class Telemetry:
+    """What `hp_otel.configure()` installed: providers to use, counts to watch, a bounded shutdown."""
+
+    config: ExportConfig
+    resource: Resource
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+    span_processor: DropCountingBatchSpanProcessor | None = None
+    prometheus_port: int | None = None
+    _prometheus_server: Any = None
+    _shut_down: bool = field(default=False, repr=False)
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans the bounded export queue dropped (the local tables and counts are unaffected)."""
+        return self.span_processor.dropped if self.span_processor else 0
+
+    @property
+    def failed_spans(self) -> int:
+        """Spans the exporter could not deliver (endpoint down, refused, timed out)."""
+        return self.span_processor.counting.failed if self.span_processor else 0
+
+    @property
+    def exported_spans(self) -> int:
+        return self.span_processor.counting.exported if self.span_processor else 0
+
+    def force_flush(self, timeout_s: float | None = None) -> bool:
+        """Send what is queued now, waiting at most `timeout_s` (default: the shutdown timeout)."""
+        return _bounded(
+            lambda: self.tracer_provider.force_flush() and self.meter_provider.force_flush(),
+            timeout_s or self.config.shutdown_timeout_s,
+            "flush",
+        )
+
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Flush and stop exporting within `timeout_s`; True if everything finished in time."""
+        if self._shut_down:
+            return True
+        self._shut_down = True
+        budget = timeout_s or self.config.shutdown_timeout_s
+
+        def stop() -> bool:
+            self.tracer_provider.shutdown()
+            self.meter_provider.shutdown(timeout_millis=budget * 1000)
+            return True
+
+        done = _bounded(stop, budget, "shutdown")
+        if self._prometheus_server is not None:
+            self._prometheus_server.shutdown()
+            self._prometheus_server.server_close()
+        return done
+
+
+def _bounded(work: Any, timeout_s: float, what: str) -> bool:
+    """Run `work` on a daemon thread and wait at most `timeout_s`; past that, give up on it (logged)."""
+    result: list[bool] = []
+
+    def run() -> None:
+        try:
+            result.append(bool(work()))
+        except Exception as exc:
+            logger.warning("hp_otel: %s failed", what, exc_info=exc)
+            result.append(False)
+
+    thread = threading.Thread(target=run, name=f"hp_otel-{what}", daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        logger.warning(
+            "hp_otel: telemetry %s did not finish within %.1f s (endpoint down?); not waiting longer", what, timeout_s
+        )
+        return False
+    logger.debug("hp_otel: telemetry %s took %.3f s", what, time.monotonic() - started)
+    return bool(result and result[0])
+
+
+def build_telemetry(config: ExportConfig) -> Telemetry:
+    """SDK tracer and meter providers wired as the config says (no global state touched)."""
+    extra = dict(config.resource_attributes)
+    if config.service_name:
+        extra["service.name"] = config.service_name
+    if config.run_id:
+        extra.setdefault("hp.run.id", config.run_id)
+    resource = build_resource(extra)
+
+    # shutdown_on_exit=False: the SDK's own atexit hook would wait up to 30 s on a dead endpoint.
+    tracer_provider = TracerProvider(
+        resource=resource, sampler=make_sampler(config.sampler, config.sampler_arg), shutdown_on_exit=False
+    )
+    processor = None
+    if config.traces_endpoint:
+        processor = DropCountingBatchSpanProcessor(
+            make_span_exporter(config), config.max_queue_size, config.schedule_delay_ms
+        )
+        tracer_provider.add_span_processor(processor)
+
+    readers: list[MetricReader] = []
+    if config.metrics_endpoint:
+        readers.append(
+            PeriodicExportingMetricReader(
+                make_metric_exporter(config),
+                export_interval_millis=config.metric_export_interval_ms,
+                export_timeout_millis=config.export_timeout_s * 1000,
+            )
+        )
+    prometheus_server = None
+    prometheus_port = None
+    if config.prometheus_port is not None:
+        prometheus_reader, prometheus_server, prometheus_port = start_prometheus(
+            config.prometheus_host, config.prometheus_port
+        )
+        readers.append(prometheus_reader)
+    meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    return Telemetry(
+        config=config,
+        resource=resource,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        span_processor=processor,
+        prometheus_port=prometheus_port,
+        _prometheus_server=prometheus_server,
+    )
+
+
+_lock = threading.Lock()
+_configured: Telemetry | None = None
+
+
+def configure(
+    *,
+    set_global: bool = False,
+    **settings: Any,
+) -> Telemetry:
+    """Install real SDK providers (OTLP and/or Prometheus export) as hp_otel's defaults.
+
+    Settings are `ExportConfig.resolve`'s keywords (`service_name`, `endpoint`,
+    `protocol`, `prometheus_port`, `sampler`, `run_id`, ...); unset ones come from OTel's
+    environment variables. From then on `CommDebugMode()`, `hp_otel.step()` and the
+    instrumentor use these providers unless given others. Calling it again shuts the
+    previous ones down first. `set_global=True` also makes them OpenTelemetry's global
+    providers (for your own spans and metrics).
+    """
+    global _configured
+    from hp_otel import telemetry
+
+    config = ExportConfig.resolve(**settings)
+    with _lock:
+        previous, _configured = _configured, None
+    if previous is not None:
+        previous.shutdown()
+    result = build_telemetry(config)
+    with _lock:
+        _configured = result
+    telemetry.set_default_providers(result.tracer_provider, result.meter_provider)
+    if set_global:
+        from opentelemetry import metrics, trace
+
+        trace.set_tracer_provider(result.tracer_provider)
+        metrics.set_meter_provider(result.meter_provider)
+    return result
+
+
+def configured() -> Telemetry | None:
+    """The telemetry `configure()` installed, if any."""
+    return _configured
+
+
+def shutdown(timeout_s: float | None = None) -> bool:
+    """Flush and stop what `configure()` installed (bounded); hp_otel falls back to its in-memory defaults."""
+    global _configured
+    from hp_otel import telemetry
+
+    with _lock:
+        current, _configured = _configured, None
+    if current is None:
+        return True
+    telemetry.set_default_providers(None, None)
+    return current.shutdown(timeout_s)
+
+
+atexit.register(shutdown)
