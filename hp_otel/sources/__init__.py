@@ -12,8 +12,11 @@ ENGINES = ("auto", "torch", "hyper_parallel", "mindspore")
 
 
 def check_engine(engine: Any) -> str:
+    """A valid engine name whose framework is importable, or a clear error."""
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
+    if engine != "auto" and not _importable(engine):
+        raise ImportError(f"engine={engine!r} needs the {engine!r} package, which is not importable here")
     return engine
 
 
