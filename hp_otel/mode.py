@@ -44,12 +44,20 @@ _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.Contex
 _install_lock = threading.RLock()
 
 
-def _is_torch_module(module: Any) -> bool:
-    try:
-        from torch import nn
-    except ImportError:
-        return False
-    return isinstance(module, nn.Module)
+def _check_module(module: Any, engine: str) -> None:
+    """A torch `nn.Module` or a MindSpore `Cell`, matching an explicit engine."""
+    from hp_otel.sources import is_mindspore_cell, is_torch_module
+
+    if module is None:
+        return
+    if is_torch_module(module):
+        if engine == "mindspore":
+            raise TypeError("module must be a mindspore.nn.Cell for engine='mindspore', got a torch.nn.Module")
+    elif is_mindspore_cell(module):
+        if engine == "torch":
+            raise TypeError("module must be a torch.nn.Module for engine='torch', got a mindspore.nn.Cell")
+    else:
+        raise TypeError(f"module must be a torch.nn.Module, a mindspore.nn.Cell or None, got {type(module).__name__}")
 
 
 class CommDebugMode:
@@ -63,7 +71,13 @@ class CommDebugMode:
     ```
 
     Args:
-        module: optional `nn.Module` whose submodules are tracked (forward and backward).
+        module: optional torch `nn.Module` or MindSpore `Cell` whose submodules are
+            tracked (forward and backward).
+        engine: which framework's hooks to install: "torch" (PyTorch DTensor),
+            "hyper_parallel" (its OpDispatcher and platform collectives, torch or
+            MindSpore), "mindspore" (Cell hooks and `mint.distributed` collectives), or
+            "auto" (default): hyper_parallel if importable, else mindspore for a `Cell`
+            or without torch, else torch.
         tracer_provider: spans also go to this provider's processors (e.g. OTLP); the
             table still renders from the mode's local store. Default: hp_otel's own SDK provider.
         meter_provider: where the collective counters go. Default: hp_otel's own SDK
@@ -81,14 +95,17 @@ class CommDebugMode:
         self,
         module: Any = None,
         *,
+        engine: str = "auto",
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         max_spans: int = DEFAULT_MAX_SPANS,
         live_spans: bool | None = None,
         record_spans: bool = True,
     ) -> None:
-        if module is not None and not _is_torch_module(module):
-            raise TypeError(f"module must be a torch.nn.Module or None, got {type(module).__name__}")
+        from hp_otel.sources import check_engine
+
+        self.engine = check_engine(engine)
+        _check_module(module, self.engine)
         if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 0:
             raise ValueError(f"max_spans must be a non-negative int, got {max_spans!r}")
         if tracer_provider is not None and not hasattr(tracer_provider, "get_tracer"):
@@ -169,7 +186,7 @@ class CommDebugMode:
         if not self._sources:
             from hp_otel.sources import default_sources
 
-            self._sources = default_sources(self.module)
+            self._sources = default_sources(self.module, self.engine)
         return self._sources
 
     @property

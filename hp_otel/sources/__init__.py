@@ -2,17 +2,81 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any
 
 from hp_otel.observer import Source
 
+ENGINES = ("auto", "torch", "hyper_parallel", "mindspore")
 
-def default_sources(module: Any = None) -> list[Source]:
-    """The sources for what is installed: PyTorch DTensor, plus module tracking when a module is given."""
-    from hp_otel.sources.torch_dtensor import TorchDTensorSource
+
+def check_engine(engine: Any) -> str:
+    """A valid engine name whose framework is importable, or a clear error."""
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
+    if engine != "auto" and not _importable(engine):
+        raise ImportError(f"engine={engine!r} needs the {engine!r} package, which is not importable here")
+    return engine
+
+
+def _importable(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def is_torch_module(module: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(module, torch.nn.Module)
+
+
+def is_mindspore_cell(module: Any) -> bool:
+    nn = sys.modules.get("mindspore.nn")
+    return nn is not None and isinstance(module, nn.Cell)
+
+
+def resolve_engine(engine: str, module: Any = None) -> str:
+    """ "auto": hyper-parallel if importable; else MindSpore for a Cell or without torch; else torch."""
+    if engine != "auto":
+        return engine
+    if _importable("hyper_parallel"):
+        return "hyper_parallel"
+    if is_mindspore_cell(module) or not _importable("torch"):
+        return "mindspore"
+    return "torch"
+
+
+def module_tracker(module: Any) -> Source:
+    """The module tracker for a torch `nn.Module` or a MindSpore `Cell`."""
+    if is_mindspore_cell(module):
+        from hp_otel.sources.mindspore_cells import MindSporeCellTracker
+
+        return MindSporeCellTracker(module)
     from hp_otel.sources.torch_modules import TorchModuleTracker
 
-    sources: list[Source] = [TorchDTensorSource()]
+    return TorchModuleTracker(module)
+
+
+def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
+    """The sources for the engine (see `resolve_engine`), plus module tracking when a module is given."""
+    engine = resolve_engine(check_engine(engine), module)
+    sources: list[Source]
+    if engine == "hyper_parallel":
+        from hp_otel.sources.hyper_parallel import HyperParallelSource
+
+        sources = [HyperParallelSource()]
+    elif engine == "mindspore":
+        from hp_otel.sources.mindspore import MindSporeCollectiveSource
+
+        sources = [MindSporeCollectiveSource()]
+    else:
+        from hp_otel.sources.torch_dtensor import TorchDTensorSource
+
+        sources = [TorchDTensorSource()]
     if module is not None:
-        sources.append(TorchModuleTracker(module))
+        sources.append(module_tracker(module))
     return sources

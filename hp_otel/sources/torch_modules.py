@@ -61,7 +61,9 @@ def _parameter_attributes(module: nn.Module) -> dict[str, Any]:
         names.append(name)
         shapes.append(",".join(map(str, param.shape)))
         dtypes.append(dtype_name(param.dtype))
-        placements.append(placements_str(param.placements) if isinstance(param, DTensor) else "")
+        # torch's DTensor, or another framework's (hyper-parallel) with the same `placements` property
+        param_placements = param.placements if isinstance(param, DTensor) else getattr(param, "placements", None)
+        placements.append(placements_str(tuple(param_placements)) if param_placements is not None else "")
     if not names:
         return {}
     return {

@@ -24,7 +24,10 @@ _placements_text: dict[tuple[Any, ...], str] = {}
 
 def placements_str(placements: tuple[Any, ...]) -> str:
     """`Shard(dim=0)`; several mesh dims joined by `;` (cached: placements repeat every step)."""
-    text = _placements_text.get(placements)
+    try:
+        text = _placements_text.get(placements)
+    except TypeError:  # unhashable placements (another framework's): format without the cache
+        return ";".join(repr(p) for p in placements)
     if text is None:
         if len(_placements_text) >= 1024:
             _placements_text.clear()

@@ -1,0 +1,138 @@
+"""Restorable patches of framework functions, shared by every active mode.
+
+Frameworks without a hook point (hyper-parallel's platform collectives, MindSpore's
+communication functions) are traced by replacing a function on its class or module.
+Three rules keep that safe:
+
+- the object stored in the owner's `__dict__` (a `staticmethod` descriptor on a class)
+  is saved and put back as is, so `owner.__dict__[name] is saved` after restore;
+- the wrappers are installed once while any mode needs them (reference counted) and
+  find the observer to report to at call time (`ObserverSlot`), so nested modes and
+  modes on several threads never stack wrappers on wrappers;
+- only the owner's own attributes are replaced: a subclass that inherits a function
+  reaches the patched one through its base.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from hp_otel.observer import Observer
+
+
+class ObserverSlot:
+    """The observer that wrapped framework functions report to.
+
+    The context's own observer when it has one (a mode entered on this thread);
+    otherwise the most recently installed one, so calls from threads the framework
+    starts itself (backward, communication threads) are still attributed.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._var: contextvars.ContextVar[Observer | None] = contextvars.ContextVar(name, default=None)
+        self._installed: list[Observer] = []
+        self._lock = threading.Lock()
+
+    def push(self, observer: Observer) -> contextvars.Token[Observer | None]:
+        with self._lock:
+            self._installed.append(observer)
+        return self._var.set(observer)
+
+    def pop(self, observer: Observer, token: contextvars.Token[Observer | None]) -> None:
+        with self._lock:
+            for i in range(len(self._installed) - 1, -1, -1):
+                if self._installed[i] is observer:
+                    del self._installed[i]
+                    break
+        try:
+            self._var.reset(token)
+        except ValueError:  # exited in another context than entered: leave that context alone
+            pass
+
+    def current(self) -> Observer | None:
+        observer = self._var.get()
+        if observer is None and self._installed:
+            observer = self._installed[-1]
+        return observer
+
+
+class AttributePatch:
+    """One function replaced on a class or module; `restore()` puts the saved object back."""
+
+    def __init__(self, owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        self.owner = owner
+        self.name = name
+        self.saved = owner.__dict__[name]  # the descriptor itself, not what attribute access returns
+        self._is_class = isinstance(owner, type)
+        if isinstance(self.saved, (staticmethod, classmethod)):
+            self.function = self.saved.__func__
+            installed: Any = type(self.saved)(wrap(self.function))
+        else:
+            self.function = self.saved
+            installed = wrap(self.saved)
+        self._set(installed)
+
+    def _set(self, value: Any) -> None:
+        if self._is_class:
+            type.__setattr__(self.owner, self.name, value)
+        else:
+            setattr(self.owner, self.name, value)
+
+    def restore(self) -> None:
+        self._set(self.saved)
+
+
+class SharedPatches:
+    """Patches installed while at least one user holds them; `plan()` makes them on first use."""
+
+    def __init__(self, plan: Callable[[], list[AttributePatch]]) -> None:
+        self._plan = plan
+        self._lock = threading.Lock()
+        self._users = 0
+        self._patches: list[AttributePatch] = []
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._patches = self._plan()
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                return
+            self._users -= 1
+            if self._users > 0:
+                return
+            patches, self._patches = self._patches, []
+        errors: list[BaseException] = []
+        for patch in reversed(patches):
+            try:
+                patch.restore()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    @property
+    def patches(self) -> list[AttributePatch]:
+        return list(self._patches)
+
+
+def patch_owned(
+    owner: Any, names: Any, wrap_for: Callable[[str], Callable[[Callable[..., Any]], Callable[..., Any]]]
+) -> list[AttributePatch]:
+    """Patch each of `names` that `owner` defines itself (missing ones are skipped); all or none."""
+    patches: list[AttributePatch] = []
+    try:
+        for name in names:
+            if name in vars(owner):
+                patches.append(AttributePatch(owner, name, wrap_for(name)))
+    except BaseException:
+        for patch in reversed(patches):
+            patch.restore()
+        raise
+    return patches
