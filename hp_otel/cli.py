@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="overhead against the untraced step and torch's own debug modes")
     bench.add_argument("--rounds", type=_positive, default=15, help="interleaved rounds (median over rounds)")
     bench.add_argument("--steps", type=_positive, default=20, help="steps per variant per round (median per block)")
+    bench.add_argument("--scale", action="store_true", help="memory per span and table/JSON time for a long window")
+    bench.add_argument("--spans", type=_positive, default=100_000, help="spans in the --scale window")
 
     render = sub.add_parser("render", help="re-render the table and counts from a spans file (OTLP/JSON)")
     render.add_argument("file", type=Path)
@@ -46,6 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hp_otel.demo import DemoConfig, run_demo
 
         run_demo(DemoConfig(out_dir=args.out, noise_level=args.noise_level))
+        return 0
+    if args.command == "bench" and args.scale:
+        from hp_otel.bench_scale import format_scale_results, run_scale_bench
+
+        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans))))
         return 0
     if args.command == "bench":
         from hp_otel.bench import format_results, run_bench

@@ -251,14 +251,16 @@ class CommDebugMode:
         """Write the design's JSON structure (counts, sharding info, nested records) to a file, atomically."""
         _check_path("file_name", file_name)
         level = render.check_noise_level(noise_level)
-        payload = render.build_json_dump(
+        from hp_otel.json_dump import write_json_dump
+
+        write_json_dump(
+            file_name,
             self.get_finished_spans(),
             level,
             self.get_comm_counts(),
             self.get_comm_module_counts(),
             self.get_dropped_record_count(),
         )
-        render.write_json(file_name, payload)
 
     def clear(self) -> None:
         """Forget every record and count (the OTel counters, being cumulative, keep theirs)."""

@@ -225,5 +225,5 @@ class SpanBuilder:
                 except Exception as exc:  # one span failing must not leave the others open
                     self._on_fault("span_build", exc)
         finally:
-            if self._live and stack and stack[0].saved_ctx is not None:
-                otel_context.attach(stack[0].saved_ctx)
+            if self._live:  # the context of the window's start, whatever order the spans closed in
+                otel_context.attach(self._parent_ctx)
