@@ -148,6 +148,7 @@ def write_json_dump(
     comm_counts: Mapping[str, int],
     comm_module_counts: Mapping[str, Any],
     dropped_records: int,
+    argument: str = "path",
 ) -> None:
     """Stream the dump into `path` atomically (a temporary file renamed at the end)."""
     pieces = iter_json_dump(spans, noise_level, comm_counts, comm_module_counts, dropped_records)
@@ -164,4 +165,4 @@ def write_json_dump(
                 size = 0
         handle.write("".join(buffer))
 
-    render.write_text_atomically(path, write)
+    render.write_text_atomically(path, write, argument=argument)

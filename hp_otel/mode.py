@@ -167,6 +167,8 @@ class CommDebugMode:
 
         With `normalized=True`, by normalised op instead (`all_reduce`, `all_gather`, ...).
         """
+        if not isinstance(normalized, bool):
+            raise TypeError(f"normalized must be True or False, got {normalized!r}")
         counts = self._recorder.comm_counts
         if not normalized:
             return dict(counts)
@@ -201,6 +203,7 @@ class CommDebugMode:
 
     def get_callback_error_counts(self) -> dict[str, int]:
         """Faults inside hp_otel's own callbacks, by where they happened; the traced code never saw them."""
+        self._recorder.materialise()  # deferred spans are built now: faults building them count too
         return dict(self._recorder.fault_counts)
 
     def get_dropped_record_count(self) -> int:
@@ -243,7 +246,7 @@ class CommDebugMode:
         """Write the table (ANSI codes stripped) to a file, atomically."""
         _check_path("file_name", file_name)
         table = render.strip_ansi(self.generate_comm_debug_tracing_table(noise_level))
-        render.write_text_atomically(file_name, lambda handle: handle.write(table + "\n"))
+        render.write_text_atomically(file_name, lambda handle: handle.write(table + "\n"), argument="file_name")
 
     def generate_json_dump(
         self, file_name: str | os.PathLike[str] = "comm_mode_log.json", noise_level: int | None = None
@@ -255,11 +258,12 @@ class CommDebugMode:
 
         write_json_dump(
             file_name,
-            self.get_finished_spans(),
-            level,
-            self.get_comm_counts(),
-            self.get_comm_module_counts(),
-            self.get_dropped_record_count(),
+            argument="file_name",
+            spans=self.get_finished_spans(),
+            noise_level=level,
+            comm_counts=self.get_comm_counts(),
+            comm_module_counts=self.get_comm_module_counts(),
+            dropped_records=self.get_dropped_record_count(),
         )
 
     def clear(self) -> None:

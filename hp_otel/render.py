@@ -122,6 +122,7 @@ def describe(record: CallRecord, noise_level: int) -> tuple[str, str]:
 
 
 def render_table(spans: Iterable[ReadableSpan], noise_level: int) -> str:
+    noise_level = check_noise_level(noise_level)
     roots = build_call_tree(spans)
     if not roots:
         return EMPTY_TABLE
@@ -263,15 +264,26 @@ def build_json_dump(
     }
 
 
-def write_text_atomically(path: str | os.PathLike[str], write: Any) -> None:
-    """Write through a temporary file in the same folder, then rename: no partial file on failure."""
+def write_text_atomically(path: str | os.PathLike[str], write: Any, argument: str = "path") -> None:
+    """Write through a temporary file in the same folder, then rename: no partial file on failure.
+
+    A path that cannot be written raises the OSError's own type, naming `argument`.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"{argument} must be a non-empty path (str or os.PathLike), got {path!r}")
     target = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(prefix=".hp_otel.", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".hp_otel.", dir=folder)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror})") from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror})") from exc
     except BaseException:
         try:
             os.unlink(tmp)

@@ -46,7 +46,7 @@ def test_json_is_written_in_bounded_chunks(monkeypatch, tmp_path) -> None:
     writes: list[int] = []
     original = render.write_text_atomically
 
-    def recording(path, write):
+    def recording(path, write, **kwargs):
         class Handle:
             def __init__(self, handle):
                 self._handle = handle
@@ -55,7 +55,7 @@ def test_json_is_written_in_bounded_chunks(monkeypatch, tmp_path) -> None:
                 writes.append(len(text))
                 return self._handle.write(text)
 
-        return original(path, lambda handle: write(Handle(handle)))
+        return original(path, lambda handle: write(Handle(handle)), **kwargs)
 
     monkeypatch.setattr(render, "write_text_atomically", recording)
     path = tmp_path / "dump.json"
