@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="cost of exporting to a refused or blackholed OTLP endpoint, against no export",
     )
+    bench.add_argument("--scale", action="store_true", help="memory per span and table/JSON time for a long window")
+    bench.add_argument("--spans", type=_positive, default=100_000, help="spans in the --scale window")
 
     render = sub.add_parser("render", help="re-render the table and counts from a spans file (OTLP/JSON)")
     render.add_argument("file", type=Path)
@@ -85,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hp_otel.bench_export import main as bench_export
 
         print("\n".join(bench_export(args.rounds, args.steps)))
+        return 0
+    if args.command == "bench" and args.scale:
+        from hp_otel.bench_scale import format_scale_results, run_scale_bench
+
+        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans))))
         return 0
     if args.command == "bench":
         from hp_otel.bench import format_results, run_bench

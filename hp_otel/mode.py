@@ -200,6 +200,8 @@ class CommDebugMode:
 
         With `normalized=True`, by normalised op instead (`all_reduce`, `all_gather`, ...).
         """
+        if not isinstance(normalized, bool):
+            raise TypeError(f"normalized must be True or False, got {normalized!r}")
         counts = self._recorder.comm_counts
         if not normalized:
             return dict(counts)
@@ -234,6 +236,7 @@ class CommDebugMode:
 
     def get_callback_error_counts(self) -> dict[str, int]:
         """Faults inside hp_otel's own callbacks, by where they happened; the traced code never saw them."""
+        self._recorder.materialise()  # deferred spans are built now: faults building them count too
         return dict(self._recorder.fault_counts)
 
     def get_dropped_record_count(self) -> int:
@@ -276,7 +279,7 @@ class CommDebugMode:
         """Write the table (ANSI codes stripped) to a file, atomically."""
         _check_path("file_name", file_name)
         table = render.strip_ansi(self.generate_comm_debug_tracing_table(noise_level))
-        render.write_text_atomically(file_name, lambda handle: handle.write(table + "\n"))
+        render.write_text_atomically(file_name, lambda handle: handle.write(table + "\n"), argument="file_name")
 
     def generate_json_dump(
         self, file_name: str | os.PathLike[str] = "comm_mode_log.json", noise_level: int | None = None
@@ -284,14 +287,17 @@ class CommDebugMode:
         """Write the design's JSON structure (counts, sharding info, nested records) to a file, atomically."""
         _check_path("file_name", file_name)
         level = render.check_noise_level(noise_level)
-        payload = render.build_json_dump(
-            self.get_finished_spans(),
-            level,
-            self.get_comm_counts(),
-            self.get_comm_module_counts(),
-            self.get_dropped_record_count(),
+        from hp_otel.json_dump import write_json_dump
+
+        write_json_dump(
+            file_name,
+            argument="file_name",
+            spans=self.get_finished_spans(),
+            noise_level=level,
+            comm_counts=self.get_comm_counts(),
+            comm_module_counts=self.get_comm_module_counts(),
+            dropped_records=self.get_dropped_record_count(),
         )
-        render.write_json(file_name, payload)
 
     def clear(self) -> None:
         """Forget every record and count (the OTel counters, being cumulative, keep theirs)."""

@@ -56,8 +56,17 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 
 
 def write_spans(path: str | os.PathLike[str], spans: Sequence[ReadableSpan]) -> None:
+    _check_path(path)
+    spans = tuple(spans) if not isinstance(spans, (str, bytes)) and hasattr(spans, "__iter__") else spans
+    if not isinstance(spans, tuple) or not all(isinstance(span, ReadableSpan) for span in spans):
+        raise TypeError(f"spans must be a sequence of finished spans (ReadableSpan), got {type(spans).__name__}")
     payload = spans_to_otlp_json(spans)
     write_text_atomically(path, lambda handle: json.dump(payload, handle))
+
+
+def _check_path(path: Any) -> None:
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
 
 
 def _any_value(value: AnyValue) -> Any:
@@ -71,6 +80,7 @@ def _any_value(value: AnyValue) -> Any:
 
 def read_spans(path: str | os.PathLike[str]) -> list[ReadableSpan]:
     """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong."""
+    _check_path(path)  # an int would be read as an open file descriptor
     try:
         with open(path, encoding="utf-8") as handle:
             payload = json.load(handle)

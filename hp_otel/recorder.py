@@ -88,14 +88,18 @@ class SpanRecorder:
     def start(self) -> None:
         """Begin a window: its spans nest under whatever span is current now."""
         self.materialise()  # spans of an earlier window are built with that window's builder
-        self._builder = SpanBuilder(self._tracer, self._store, otel_context.get_current(), self.live)
+        self._builder = SpanBuilder(self._tracer, self._store, otel_context.get_current(), self.live, self.on_fault)
+        self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
         self.active = True
 
     def stop(self, error: BaseException | None = None) -> None:
         """End the window: spans still open end now (with error status if the window raised)."""
         self.active = False
-        self._emit((ev.WINDOW_END, _now(), error))
+        try:
+            self._emit((ev.WINDOW_END, _now(), error))
+        except Exception as exc:
+            self.on_fault("window_end", exc)
         self._modules.clear()
         self._flush_metrics()
 
@@ -172,20 +176,36 @@ class SpanRecorder:
 
     # --- observer: ops and redistributes ------------------------------------------
     def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None:
-        if self.accepting:
+        if not self.accepting:
+            return
+        try:
             self._emit((ev.OP_ENTER, _now(), op_name, inputs))
+        except Exception as exc:
+            self.on_fault("op_enter", exc)
 
     def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None:
-        if self.accepting:
+        if not self.accepting:
+            return
+        try:
             self._emit((ev.OP_EXIT, _now(), op_name, outputs, error))
+        except Exception as exc:
+            self.on_fault("op_exit", exc)
 
     def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None:
-        if self.accepting:
+        if not self.accepting:
+            return
+        try:
             self._emit((ev.REDISTRIBUTE_ENTER, _now(), src_placements, dst_placements, shape))
+        except Exception as exc:
+            self.on_fault("redistribute_enter", exc)
 
     def on_redistribute_exit(self, error: BaseException | None = None) -> None:
-        if self.accepting:
+        if not self.accepting:
+            return
+        try:
             self._emit((ev.REDISTRIBUTE_EXIT, _now(), error))
+        except Exception as exc:
+            self.on_fault("redistribute_exit", exc)
 
     # --- observer: collectives --------------------------------------------------
     def on_collective(

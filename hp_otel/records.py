@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import StatusCode
 
 from hp_otel import schema as s
 
@@ -95,13 +96,45 @@ def encode_tensor_infos(infos: Sequence[TensorInfo], direction: str) -> dict[str
     }
 
 
+_INFO_KEYS = {
+    direction: tuple(
+        f"hp.op.{direction}_{field}" for field in ("shapes", "dtypes", "is_dtensor", "placements", "mesh_shapes")
+    )
+    for direction in ("input", "output")
+}
+# Decoded infos by their attribute arrays: a step repeats the same few shapes, so a long
+# window decodes each once (rendering 100 000 spans is dominated by this otherwise).
+_decoded: dict[tuple[Any, ...], tuple[TensorInfo, ...]] = {}
+_DECODED_LIMIT = 4096
+
+
+def tensor_info_key(attrs: Mapping[str, Any], direction: str) -> tuple[Any, ...]:
+    """The attribute arrays that describe an op's inputs or outputs (hashable: a cache key)."""
+    get = attrs.get
+    k = _INFO_KEYS[direction]
+    return (get(k[0], ()), get(k[1], ()), get(k[2], ()), get(k[3], ()), get(k[4], ()))
+
+
 def decode_tensor_infos(attrs: Mapping[str, Any], direction: str) -> list[TensorInfo]:
-    prefix = f"hp.op.{direction}_"
-    shapes = attrs.get(prefix + "shapes", ())
-    dtypes = attrs.get(prefix + "dtypes", ())
-    is_dt = attrs.get(prefix + "is_dtensor", ())
-    placements = attrs.get(prefix + "placements", ())
-    meshes = attrs.get(prefix + "mesh_shapes", ())
+    key = tensor_info_key(attrs, direction)
+    try:
+        infos = _decoded.get(key)
+    except TypeError:  # list-valued attributes (spans made elsewhere): nothing to cache by
+        return _decode_tensor_infos(*key)
+    if infos is None:
+        if len(_decoded) >= _DECODED_LIMIT:
+            _decoded.clear()
+        infos = _decoded[key] = tuple(_decode_tensor_infos(*key))
+    return list(infos)
+
+
+def _decode_tensor_infos(
+    shapes: Sequence[str],
+    dtypes: Sequence[str],
+    is_dt: Sequence[bool],
+    placements: Sequence[str],
+    meshes: Sequence[str],
+) -> list[TensorInfo]:
     out = []
     for i, shape in enumerate(shapes):
         dtensor = bool(is_dt[i]) if i < len(is_dt) else False
@@ -139,7 +172,7 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
 # --- typed views over finished spans ----------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRecord:
     """One node of the call tree, read back from a finished span."""
 
@@ -173,10 +206,24 @@ class CallRecord:
             yield from child.walk()
 
 
-def _record_from_span(span: ReadableSpan) -> CallRecord:
-    attrs = span.attributes or {}
+def span_attributes(span: ReadableSpan) -> Mapping[str, Any]:
+    """The span's attributes as a plain dict where the SDK keeps one (read-only use).
+
+    `span.attributes` wraps them in a new mapping proxy over a lock-guarded mapping on
+    every access; reading 100 000 spans that way costs more than rendering them.
+    """
+    raw = getattr(span, "_attributes", None)
+    inner = getattr(raw, "_dict", None)  # the SDK's BoundedAttributes
+    if isinstance(inner, dict):
+        return inner
+    if isinstance(raw, dict):  # a ReadableSpan built from a file
+        return raw
+    return span.attributes or {}
+
+
+def _record_from_span(span: ReadableSpan, attrs: Mapping[str, Any]) -> CallRecord:
     status = span.status
-    error = status.description or "error" if status is not None and not status.is_ok else None
+    error = (status.description or "error") if status is not None and status.status_code is StatusCode.ERROR else None
     return CallRecord(
         kind=str(attrs.get(s.CALL_KIND, "")),
         name=span.name,
@@ -195,23 +242,28 @@ def build_call_tree(spans: Iterable[ReadableSpan]) -> list[CallRecord]:
     Siblings are ordered by start time.
     """
     nodes: dict[int, CallRecord] = {}
-    parents: dict[int, int | None] = {}
-    order: list[int] = []
+    links: list[tuple[CallRecord, int | None]] = []
+    kinds = s.CALL_KINDS
     for span in spans:
-        attrs = span.attributes or {}
-        if attrs.get(s.CALL_KIND) not in s.CALL_KINDS or span.context is None:
+        attrs = span_attributes(span)
+        context = span.context
+        if attrs.get(s.CALL_KIND) not in kinds or context is None:
             continue
-        span_id = span.context.span_id
-        nodes[span_id] = _record_from_span(span)
-        parents[span_id] = span.parent.span_id if span.parent is not None else None
-        order.append(span_id)
+        record = nodes[context.span_id] = _record_from_span(span, attrs)
+        parent = span.parent
+        links.append((record, parent.span_id if parent is not None else None))
     roots: list[CallRecord] = []
-    for span_id in order:
-        parent_id = parents[span_id]
-        parent = nodes.get(parent_id) if parent_id is not None else None
-        (parent.children if parent is not None else roots).append(nodes[span_id])
-    key = lambda r: r.start_ns  # noqa: E731 - stable sort keeps export order on ties
+    get = nodes.get
+    for record, parent_id in links:
+        parent = get(parent_id) if parent_id is not None else None
+        (parent.children if parent is not None and parent is not record else roots).append(record)
+    key = _start_time  # stable sort keeps export order on ties
     for node in nodes.values():
-        node.children.sort(key=key)
+        if len(node.children) > 1:
+            node.children.sort(key=key)
     roots.sort(key=key)
     return roots
+
+
+def _start_time(record: CallRecord) -> int:
+    return record.start_ns

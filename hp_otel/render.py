@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel import schema as s
-from hp_otel.records import CallRecord, build_call_tree
+from hp_otel.records import CallRecord, build_call_tree, decode_tensor_infos, tensor_info_key
 
 NOISE_LEVELS = (0, 1, 2, 3)
 DEFAULT_NOISE_LEVEL = 1
@@ -54,6 +54,9 @@ def _shown(record: CallRecord, noise_level: int) -> bool:
     return _structural(record, noise_level)
 
 
+shown = _shown  # whether a record is a line of the table / a node of the JSON dump at a noise level
+
+
 def visible(roots: Iterable[CallRecord], noise_level: int, depth: int = 0) -> Iterator[tuple[CallRecord, int]]:
     """(record, depth) in tree order for the lines of a table at this noise level."""
     for record in roots:
@@ -69,6 +72,23 @@ def _shape(values: Iterable[int]) -> str:
     return repr(tuple(values))
 
 
+_label_cache: dict[tuple[Any, ...], str] = {}
+
+
+def _labels(attrs: Any, direction: str) -> str:
+    """`DTensor[4, 16], DTensor[32, 16]` for an op's inputs or outputs (cached: steps repeat shapes)."""
+    key = (direction, *tensor_info_key(attrs, direction))
+    try:
+        text = _label_cache.get(key)
+    except TypeError:  # unhashable (list-valued) attributes
+        return ", ".join(i.label() for i in decode_tensor_infos(attrs, direction))
+    if text is None:
+        if len(_label_cache) >= 4096:
+            _label_cache.clear()
+        text = _label_cache[key] = ", ".join(i.label() for i in decode_tensor_infos(attrs, direction))
+    return text
+
+
 def describe(record: CallRecord, noise_level: int) -> tuple[str, str]:
     """(type word, detail) of one table line."""
     a = record.attributes
@@ -77,8 +97,8 @@ def describe(record: CallRecord, noise_level: int) -> tuple[str, str]:
         detail = f"Module({record.fqn}) [{event}]"
         kind = "Module"
     elif record.kind == s.KIND_OP:
-        inputs = ", ".join(i.label() for i in record.inputs)
-        outputs = ", ".join(o.label() for o in record.outputs)
+        inputs = _labels(a, "input")
+        outputs = _labels(a, "output")
         detail = f"Op({a.get(s.OP_NAME, record.name)}) inputs=[{inputs}] outputs=[{outputs}]"
         kind = "Op"
     elif record.kind == s.KIND_COLLECTIVE:
@@ -104,6 +124,7 @@ def describe(record: CallRecord, noise_level: int) -> tuple[str, str]:
 
 
 def render_table(spans: Iterable[ReadableSpan], noise_level: int) -> str:
+    noise_level = check_noise_level(noise_level)
     roots = build_call_tree(spans)
     if not roots:
         return EMPTY_TABLE
@@ -185,7 +206,18 @@ def records_to_json(roots: Iterable[CallRecord], noise_level: int) -> list[dict[
 
 def sharding_info(roots: Iterable[CallRecord]) -> dict[str, str]:
     """`{"fc2.weight": "Shard(dim=1)"}` for DTensor parameters, from module span attributes."""
-    return {name: info["placements"] for name, info in _parameters(roots).items() if info["placements"]}
+    return sharding_from_parameters(parameter_info(roots))
+
+
+def sharding_from_parameters(parameters: dict[str, dict[str, dict[str, Any]]]) -> dict[str, str]:
+    """`sharding_info` from an already computed `parameter_info` (one walk of the tree, not two)."""
+    flat: dict[str, str] = {}
+    for fqn, params in parameters.items():
+        prefix = "" if fqn == s.ROOT_MODULE_FQN else fqn + "."
+        for name, info in params.items():
+            if info["placements"]:
+                flat[prefix + name] = info["placements"]
+    return flat
 
 
 def parameter_info(roots: Iterable[CallRecord]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -205,15 +237,6 @@ def parameter_info(roots: Iterable[CallRecord]) -> dict[str, dict[str, dict[str,
                 "placements": placements[i] if i < len(placements) else "",
             }
     return {fqn: params for fqn, params in out.items() if params}
-
-
-def _parameters(roots: Iterable[CallRecord]) -> dict[str, dict[str, Any]]:
-    flat: dict[str, dict[str, Any]] = {}
-    for fqn, params in parameter_info(roots).items():
-        prefix = "" if fqn == s.ROOT_MODULE_FQN else fqn + "."
-        for name, info in params.items():
-            flat[prefix + name] = info
-    return flat
 
 
 def _module_records(roots: Iterable[CallRecord]) -> Iterator[CallRecord]:
@@ -243,16 +266,27 @@ def build_json_dump(
     }
 
 
-def write_text_atomically(path: str | os.PathLike[str], write: Any) -> None:
-    """Write through a temporary file in the same folder, then rename: no partial file on failure."""
+def write_text_atomically(path: str | os.PathLike[str], write: Any, argument: str = "path") -> None:
+    """Write through a temporary file in the same folder, then rename: no partial file on failure.
+
+    A path that cannot be written raises the OSError's own type, naming `argument`.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"{argument} must be a non-empty path (str or os.PathLike), got {path!r}")
     target = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(prefix=".hp_otel.", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".hp_otel.", dir=folder)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror})") from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror})") from exc
     except BaseException:
         try:
             os.unlink(tmp)

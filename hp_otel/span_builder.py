@@ -27,6 +27,13 @@ MODULE_ENTER, MODULE_EXIT, OP_ENTER, OP_EXIT = "M+", "M-", "O+", "O-"
 REDISTRIBUTE_ENTER, REDISTRIBUTE_EXIT, COLLECTIVE, BACKWARD_END, WINDOW_END = "R+", "R-", "C", "B", "E"
 
 
+_LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+
+
+def _ignore_fault(where: str, exc: BaseException) -> None:
+    pass
+
+
 class _Frame:
     """One open call."""
 
@@ -51,8 +58,18 @@ def mark_error(span: Span, error: BaseException | str) -> None:
 class SpanBuilder:
     """Keeps the stack of open spans; `feed(event)` advances it by one event."""
 
-    def __init__(self, tracer: Tracer, store: BoundedInMemorySpanExporter, parent_ctx: Any, live: bool) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        store: BoundedInMemorySpanExporter,
+        parent_ctx: Any,
+        live: bool,
+        on_fault: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
         self._tracer = tracer
+        # A user's span processor raising inside start/end: counted here, and the span
+        # still reaches the local store (the SDK sets the end time before the processors run).
+        self._on_fault = on_fault or _ignore_fault
         self._store = store
         self._parent_ctx = parent_ctx
         self._live = live  # live: make each open span the current span of this thread
@@ -76,8 +93,9 @@ class SpanBuilder:
     # --- stack ----------------------------------------------------------------
     def _push(self, kind: str, key: Any, name: str, attrs: dict[str, Any], phase: str, time_ns: int) -> None:
         parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
-        span = self._tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns)
-        ctx = trace.set_span_in_context(span, parent_ctx)
+        span = self._start_span(name, parent_ctx, attrs, time_ns)
+        # A span that failed to start is invisible: its children attach to its parent.
+        ctx = parent_ctx if span is _LOST_SPAN else trace.set_span_in_context(span, parent_ctx)
         saved = None
         if self._live:
             saved = otel_context.get_current()
@@ -103,8 +121,21 @@ class SpanBuilder:
     def _end(self, frame: _Frame, time_ns: int, error: Any = None) -> None:
         if error is not None:
             mark_error(frame.span, error)
-        frame.span.end(end_time=time_ns)
-        self._export(frame.span)
+        self._end_span(frame.span, time_ns)
+
+    def _end_span(self, span: Span, time_ns: int) -> None:
+        try:
+            span.end(end_time=time_ns)
+        except Exception as exc:  # a span processor's on_end raised
+            self._on_fault("span_processor", exc)
+        self._export(span)
+
+    def _start_span(self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int) -> Span:
+        try:
+            return self._tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns)
+        except Exception as exc:  # a span processor's on_start raised: the SDK span is lost to us
+            self._on_fault("span_processor", exc)
+            return _LOST_SPAN
 
     def _export(self, span: Span) -> None:
         if isinstance(span, ReadableSpan):  # sampled out spans record nothing
@@ -178,19 +209,21 @@ class SpanBuilder:
         if attrs is None:
             attrs = self._collective_attrs[info] = encode_collective(info)
         parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
-        span = self._tracer.start_span(
-            info.op, context=parent_ctx, attributes={**attrs, s.PHASE: phase}, start_time=start
-        )
+        span = self._start_span(info.op, parent_ctx, {**attrs, s.PHASE: phase}, start)
         if error is not None:
             mark_error(span, error)
-        span.end(end_time=end)
-        self._export(span)
+        self._end_span(span, end)
 
     def _window_end(self, e: tuple[Any, ...]) -> None:
         """Close every span still open, with error status if the window raised."""
         _, t, error = e
         stack, self._stack = self._stack, []
-        for frame in reversed(stack):
-            self._end(frame, t, error)
-        if self._live and stack and stack[0].saved_ctx is not None:
-            otel_context.attach(stack[0].saved_ctx)
+        try:
+            for frame in reversed(stack):
+                try:
+                    self._end(frame, t, error)
+                except Exception as exc:  # one span failing must not leave the others open
+                    self._on_fault("span_build", exc)
+        finally:
+            if self._live:  # the context of the window's start, whatever order the spans closed in
+                otel_context.attach(self._parent_ctx)

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,10 +141,17 @@ class CollectiveTotals:
         self.calls: dict[tuple[Any, ...], int] = {}
         self.bytes: dict[tuple[Any, ...], int] = {}
         self._attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # Where a fault inside the callbacks is counted (the recorder of the latest window);
+        # the SDK would otherwise swallow it with a log line and drop both counters.
+        self._fault_sink: weakref.WeakMethod[Callable[[str, BaseException], None]] | None = None
 
     def add(self, key: tuple[Any, ...], calls: int, nbytes: int) -> None:
         self.calls[key] = self.calls.get(key, 0) + calls
         self.bytes[key] = self.bytes.get(key, 0) + nbytes
+
+    def set_fault_sink(self, on_fault: Callable[[str, BaseException], None]) -> None:
+        """Count callback faults with this (bound) method; held weakly, so no mode is kept alive."""
+        self._fault_sink = weakref.WeakMethod(on_fault)  # type: ignore[arg-type]
 
     def attributes(self, key: tuple[Any, ...]) -> dict[str, Any]:
         attrs = self._attrs.get(key)
@@ -153,10 +160,22 @@ class CollectiveTotals:
         return attrs
 
     def observe_calls(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, self.attributes(k)) for k, v in list(self.calls.items())]
+        return self._observe(self.calls)
 
     def observe_bytes(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, self.attributes(k)) for k, v in list(self.bytes.items())]
+        return self._observe(self.bytes)
+
+    def _observe(self, totals: dict[tuple[Any, ...], int]) -> list[Observation]:
+        """Observations of every key that can be described; a failing key is skipped and counted."""
+        out = []
+        for key, value in list(totals.items()):
+            try:
+                out.append(Observation(value, self.attributes(key)))
+            except Exception as exc:
+                sink = self._fault_sink() if self._fault_sink is not None else None
+                if sink is not None:
+                    sink("metric_observe", exc)
+        return out
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Tests that abort a step on purpose leave functional collectives unwaited; torch then
+# prints a C++ warning per thread at exit, after pytest's summary line. Set before torch loads.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 @pytest.fixture(scope="session")

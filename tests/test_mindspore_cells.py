@@ -97,7 +97,11 @@ def test_construct_that_raises_ends_spans_with_error_and_removes_hooks() -> None
 def test_auto_engine_for_a_cell_and_engine_mismatch() -> None:
     net = Net()
     sources = default_sources(net)
-    assert [type(s).__name__ for s in sources] == ["MindSporeCollectiveSource", "MindSporeCellTracker"]
+    assert [type(s).__name__ for s in sources] == [
+        "MindSporeCollectiveSource",
+        "MindSporeCellTracker",
+        "GraphModeWatch",
+    ]
     with pytest.raises(TypeError, match="engine='torch'"):
         CommDebugMode(module=net, engine="torch")
     with pytest.raises(ValueError, match="engine must be one of 'auto', 'torch', 'hyper_parallel', 'mindspore'"):

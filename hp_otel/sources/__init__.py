@@ -62,7 +62,9 @@ def module_tracker(module: Any) -> Source:
 
 
 def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
-    """The sources for the engine (see `resolve_engine`), plus module tracking when a module is given."""
+    """The sources for the engine (see `resolve_engine`), module tracking when a module is given, graph-mode watch."""
+    from hp_otel.sources.graph_mode import GraphModeWatch
+
     engine = resolve_engine(check_engine(engine), module)
     sources: list[Source]
     if engine == "hyper_parallel":
@@ -79,4 +81,5 @@ def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
         sources = [TorchDTensorSource()]
     if module is not None:
         sources.append(module_tracker(module))
+    sources.append(GraphModeWatch())  # says once when the window met graph-mode code it cannot trace
     return sources

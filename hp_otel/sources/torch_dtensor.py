@@ -58,8 +58,14 @@ class _OpMode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         observer = self._observer
-        name = getattr(func, "__name__", None)
-        if name is None or name in _SKIPPED_FUNCTIONS or not observer.accepting or not _has_dtensor(args, kwargs):
+        try:
+            name = getattr(func, "__name__", None)
+            traced = name is not None and name not in _SKIPPED_FUNCTIONS and observer.accepting
+            traced = traced and _has_dtensor(args, kwargs)
+        except Exception as exc:  # our check failed: run the user's call untraced
+            observer.on_fault("op_before", exc)
+            traced = False
+        if not traced:
             return func(*args, **kwargs)
         try:
             inputs = tensor_infos(*args, *kwargs.values())
@@ -94,8 +100,13 @@ class _CollectiveMode(TorchDispatchMode):
             return NotImplemented  # let DTensor unwrap; its local ops come back here
         if kwargs is None:
             kwargs = {}
-        spec = self._specs.get(func)
-        if spec is None or not self._observer.accepting:  # nearly every op: pass straight through
+        try:
+            spec = self._specs.get(func)
+            traced = spec is not None and self._observer.accepting
+        except Exception as exc:  # our lookup failed: run the user's op untraced
+            self._observer.on_fault("collective_before", exc)
+            traced = False
+        if not traced:  # nearly every op: pass straight through
             return func(*args, **kwargs)
         start = time.time_ns()
         try:
@@ -114,8 +125,11 @@ class _CollectiveMode(TorchDispatchMode):
         except Exception as exc:
             observer.on_fault("collective_describe", exc)
             return
-        phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
-        observer.on_collective(info, start, end, error, phase)
+        try:
+            phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+            observer.on_collective(info, start, end, error, phase)
+        except Exception as exc:
+            observer.on_fault("collective_after", exc)
 
 
 # --- redistribute_local_tensor, patched once for all active modes -------------------

@@ -169,7 +169,9 @@ class TorchModuleTracker:
         """
         if len(tensors) != 1:
             with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
-                self._grad_handles.append(register_multi_grad_hook(tensors, lambda grads: callback(), mode="any"))
+                self._grad_handles.append(
+                    register_multi_grad_hook(tensors, lambda grads: self._run_safely(callback), mode="any")
+                )
             return
         tensor = tensors[0]
         entry = self._tensor_callbacks.get(id(tensor))
@@ -183,12 +185,21 @@ class TorchModuleTracker:
 
         def hook(grad: Any) -> None:
             for pending in reversed(callbacks):
-                pending()
+                self._run_safely(pending)
 
         with torch._C.DisableTorchFunction():
             handle = tensor.register_hook(hook)
         if tensor.grad_fn is None:  # a leaf outlives the step: remove its hook after backward
             self._grad_handles.append(handle)
+
+    def _run_safely(self, callback: Any) -> None:
+        """Run one of our grad-hook callbacks; a fault is counted, never raised into autograd."""
+        try:
+            callback()
+        except Exception as exc:
+            observer = self.observer
+            if observer is not None:
+                observer.on_fault("module_grad_hook", exc)
 
     def _remove_grad_hooks(self) -> None:
         self._tensor_callbacks = {}

@@ -1,0 +1,46 @@
+"""The pytest plugin, as a user's test session sees it (pytester runs a session inline)."""
+
+from __future__ import annotations
+
+pytest_plugins = ("pytester",)
+
+USER_TESTS = """
+from hp_otel.records import CollectiveInfo
+from hp_otel.testing import assert_collective_counts, assert_span_tree
+
+AR = CollectiveInfo("_c10d_functional.all_reduce", "all_reduce", 2)
+
+
+def test_counts_and_tree(comm_debug_mode, hp_span_exporter, hp_metric_reader):
+    with comm_debug_mode as mode:
+        mode.observer.on_op_enter("linear", [])
+        mode.observer.on_collective(AR, 1, 2)
+        mode.observer.on_op_exit("linear", [])
+    assert_collective_counts(hp_span_exporter, {"all_reduce": 1}, normalized=True)
+    assert_span_tree(hp_span_exporter, "linear\\n  all_reduce")
+    names = {m.name for rm in hp_metric_reader.get_metrics_data().resource_metrics
+             for sm in rm.scope_metrics for m in sm.metrics}
+    assert "hp.collective.calls" in names
+
+
+def test_wrong_count_fails_readably(comm_debug_mode):
+    with comm_debug_mode as mode:
+        mode.observer.on_collective(AR, 1, 2)
+    assert_collective_counts(mode, {"_c10d_functional.all_reduce": 5})
+
+
+def test_left_active(make_comm_debug_mode):
+    make_comm_debug_mode().__enter__()
+"""
+
+
+def test_plugin_fixtures_and_helpers_in_a_user_session(pytester) -> None:
+    pytester.makepyfile(test_user=USER_TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*1 CommDebugMode window(s) were left active by the test*",
+            "*_c10d_functional.all_reduce  expected 5, got 1*",
+        ]
+    )
