@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -147,6 +148,7 @@ _redistribute_observer: contextvars.ContextVar[Observer | None] = contextvars.Co
 _patch_lock = threading.Lock()
 _patch_users = 0
 _patched: list[tuple[ModuleType, Callable[..., Any]]] = []
+_wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
 
 
 def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -183,10 +185,12 @@ def _patch_redistribute() -> None:
         _patch_users += 1
         if _patch_users > 1:
             return
-        original = getattr(importlib.import_module(_REDISTRIBUTE_MODULES[0]), _REDISTRIBUTE_ATTR)
-        wrapper = _wrap_redistribute(original)
-        for module_name in _REDISTRIBUTE_MODULES:
-            module = importlib.import_module(module_name)
+        modules = [sys.modules.get(name) or importlib.import_module(name) for name in _REDISTRIBUTE_MODULES]
+        original = getattr(modules[0], _REDISTRIBUTE_ATTR)
+        wrapper = _wrappers.get(original)
+        if wrapper is None:
+            wrapper = _wrappers[original] = _wrap_redistribute(original)
+        for module in modules:
             current = getattr(module, _REDISTRIBUTE_ATTR, None)
             if current is original:
                 _patched.append((module, current))
