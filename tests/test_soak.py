@@ -189,7 +189,7 @@ def _thread_state() -> tuple:
         torch._C._len_torch_function_stack(),
         len(_get_current_dispatch_mode_stack()),
         mode_module._current_mode.get(),
-        torch_dtensor._redistribute_observer.get(),
+        torch_dtensor._redistribute_slot.in_context(),
         otel_context.get_current(),
     )
 
@@ -240,7 +240,7 @@ def test_soak_leaves_nothing_behind(fake_world) -> None:
     assert [_module_hooks(model) for model in models] == own_hooks
     now = [importlib.import_module(m).redistribute_local_tensor for m in REDISTRIBUTE_MODULES]
     assert all(a is b for a, b in zip(now, originals, strict=True))
-    assert torch_dtensor._patch_users == 0 and torch_dtensor._patched == []
+    assert torch_dtensor._redistribute_patches.patches == []
 
 
 def test_memory_after_clear_is_bounded(fake_world) -> None:

@@ -187,7 +187,7 @@ def test_modes_on_several_threads_restore_everything(fake_world) -> None:
     assert all(a is b for a, b in zip(_redistribute_functions(), before, strict=True))
     from hp_otel.sources import torch_dtensor
 
-    assert torch_dtensor._patch_users == 0
+    assert torch_dtensor._redistribute_patches.patches == []
 
 
 def test_memory_stays_bounded_over_many_steps(tp_mlp) -> None:

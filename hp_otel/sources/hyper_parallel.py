@@ -37,7 +37,7 @@ from hp_otel.sources.function_collectives import (
     shape_of,
     wrap_collective,
 )
-from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned
+from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned, run_every
 
 logger = logging.getLogger("hp_otel")
 
@@ -316,14 +316,7 @@ class HyperParallelSource:
 
     def uninstall(self) -> None:
         """Undo install in reverse order; every step runs even if an earlier one fails."""
-        errors: list[BaseException] = []
-        for step in (self._reset_observer_slot, self._unpatch_dispatch, self._unpatch_collectives):
-            try:
-                step()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        run_every((self._reset_observer_slot, self._unpatch_dispatch, self._unpatch_collectives))
 
     def _reset_observer_slot(self) -> None:
         variable, token = self._observer_var, self._observer_token

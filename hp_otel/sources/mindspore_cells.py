@@ -16,6 +16,7 @@ from typing import Any
 
 from hp_otel import schema as s
 from hp_otel.observer import Observer
+from hp_otel.sources.patching import run_every
 
 
 def parameter_attributes(cell: Any) -> dict[str, Any]:
@@ -93,11 +94,4 @@ class MindSporeCellTracker:
     def uninstall(self) -> None:
         self.observer = None
         handles, self._handles = self._handles, []
-        errors: list[BaseException] = []
-        for handle in handles:
-            try:
-                handle.remove()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        run_every(handle.remove for handle in handles)

@@ -17,10 +17,26 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hp_otel.observer import Observer
+
+
+def run_every(steps: Iterable[Callable[[], Any]]) -> None:
+    """Run every undo step even if an earlier one fails, then raise the first failure.
+
+    Restoring is all-or-nothing for the user: one hook that cannot be removed must not
+    leave the others installed.
+    """
+    errors: list[BaseException] = []
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 class ObserverSlot:
@@ -51,6 +67,10 @@ class ObserverSlot:
             self._var.reset(token)
         except ValueError:  # exited in another context than entered: leave that context alone
             pass
+
+    def in_context(self) -> Observer | None:
+        """This context's own observer only (no fallback to another thread's)."""
+        return self._var.get()
 
     def current(self) -> Observer | None:
         observer = self._var.get()
@@ -108,14 +128,7 @@ class SharedPatches:
             if self._users > 0:
                 return
             patches, self._patches = self._patches, []
-        errors: list[BaseException] = []
-        for patch in reversed(patches):
-            try:
-                patch.restore()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        run_every(patch.restore for patch in reversed(patches))
 
     @property
     def patches(self) -> list[AttributePatch]:
@@ -134,5 +147,17 @@ def patch_owned(
     except BaseException:
         for patch in reversed(patches):
             patch.restore()
+        raise
+    return patches
+
+
+def patch_owned_all(owners: Iterable[Any], name: str, wrapper: Callable[..., Any]) -> list[AttributePatch]:
+    """Install one `wrapper` as `name` on each owner (a function imported by name into several modules)."""
+    patches: list[AttributePatch] = []
+    try:
+        for owner in owners:
+            patches.append(AttributePatch(owner, name, lambda _original: wrapper))
+    except BaseException:
+        run_every(patch.restore for patch in reversed(patches))
         raise
     return patches

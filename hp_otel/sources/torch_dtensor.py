@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib
 import sys
-import threading
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hp_otel import schema as s
 from hp_otel.observer import Observer
+from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
 from hp_otel.sources.torch_collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.torch_tensors import placements_str, tensor_infos
 
@@ -141,20 +141,15 @@ _REDISTRIBUTE_MODULES = (
     "torch.distributed.tensor._api",
 )
 _REDISTRIBUTE_ATTR = "redistribute_local_tensor"
-# The observer that redistribute events go to, per thread/context.
-_redistribute_observer: contextvars.ContextVar[Observer | None] = contextvars.ContextVar(
-    "hp_otel_redistribute_observer", default=None
-)
-_patch_lock = threading.Lock()
-_patch_users = 0
-_patched: list[tuple[ModuleType, Callable[..., Any]]] = []
+# Where redistribute events go: this context's mode, else the latest one (autograd threads).
+_redistribute_slot = ObserverSlot("hp_otel_redistribute_observer")
 _wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
 
 
 def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def redistribute_local_tensor(local_tensor, current_spec, target_spec, *args, **kwargs):  # type: ignore[no-untyped-def]
-        observer = _redistribute_observer.get()
+        observer = _redistribute_slot.current()
         if observer is None or not observer.accepting:
             return original(local_tensor, current_spec, target_spec, *args, **kwargs)
         try:
@@ -177,35 +172,18 @@ def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
     return redistribute_local_tensor
 
 
-def _patch_redistribute() -> None:
-    global _patch_users
-    import importlib
-
-    with _patch_lock:
-        _patch_users += 1
-        if _patch_users > 1:
-            return
-        modules = [sys.modules.get(name) or importlib.import_module(name) for name in _REDISTRIBUTE_MODULES]
-        original = getattr(modules[0], _REDISTRIBUTE_ATTR)
-        wrapper = _wrappers.get(original)
-        if wrapper is None:
-            wrapper = _wrappers[original] = _wrap_redistribute(original)
-        for module in modules:
-            current = getattr(module, _REDISTRIBUTE_ATTR, None)
-            if current is original:
-                _patched.append((module, current))
-                setattr(module, _REDISTRIBUTE_ATTR, wrapper)
+def _plan_redistribute_patches() -> list[AttributePatch]:
+    """One wrapper, installed in every module that imported the original by name."""
+    modules = [sys.modules.get(name) or importlib.import_module(name) for name in _REDISTRIBUTE_MODULES]
+    original = vars(modules[0])[_REDISTRIBUTE_ATTR]
+    wrapper = _wrappers.get(original)
+    if wrapper is None:
+        wrapper = _wrappers[original] = _wrap_redistribute(original)
+    owners = [module for module in modules if vars(module).get(_REDISTRIBUTE_ATTR) is original]
+    return patch_owned_all(owners, _REDISTRIBUTE_ATTR, wrapper)
 
 
-def _unpatch_redistribute() -> None:
-    global _patch_users
-    with _patch_lock:
-        _patch_users -= 1
-        if _patch_users > 0:
-            return
-        while _patched:
-            module, original = _patched.pop()
-            setattr(module, _REDISTRIBUTE_ATTR, original)
+_redistribute_patches = SharedPatches(_plan_redistribute_patches)
 
 
 class TorchDTensorSource:
@@ -215,11 +193,13 @@ class TorchDTensorSource:
         self._specs = collective_specs()
         self._op_mode: _OpMode | None = None
         self._collective_mode: _CollectiveMode | None = None
+        self._observer: Observer | None = None
         self._token: contextvars.Token[Observer | None] | None = None
 
     def install(self, observer: Observer) -> None:
-        self._token = _redistribute_observer.set(observer)
-        _patch_redistribute()
+        self._observer = observer
+        self._token = _redistribute_slot.push(observer)
+        _redistribute_patches.acquire()
         collective_mode = _CollectiveMode(observer, self._specs)
         collective_mode.__enter__()
         self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
@@ -229,14 +209,7 @@ class TorchDTensorSource:
 
     def uninstall(self) -> None:
         """Undo install in reverse order; every step runs even if an earlier one fails."""
-        errors: list[BaseException] = []
-        for step in (self._exit_op_mode, self._exit_collective_mode, self._unpatch):
-            try:
-                step()
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+        run_every((self._exit_op_mode, self._exit_collective_mode, self._unpatch))
 
     def _exit_op_mode(self) -> None:
         mode, self._op_mode = self._op_mode, None
@@ -251,5 +224,7 @@ class TorchDTensorSource:
     def _unpatch(self) -> None:
         token, self._token = self._token, None
         if token is not None:
-            _unpatch_redistribute()
-            _redistribute_observer.reset(token)
+            try:
+                _redistribute_patches.release()
+            finally:
+                _redistribute_slot.pop(self._observer, token)
