@@ -139,6 +139,7 @@ def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
 
         # cleanup: no hook left on the model
         assert [(dict(m._forward_pre_hooks), dict(m._forward_hooks)) for m in model.modules()] == hooks_before
+        dist.barrier()  # no rank tears gloo down while its peer still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -191,5 +192,6 @@ def eager_collectives_worker(rank: int, world_size: int, port: int) -> None:
         assert spans["c10d._reduce_scatter_base_"][schema.COLLECTIVE_OP] == "reduce_scatter"
         assert spans["c10d.barrier"][schema.COLLECTIVE_OP] == "barrier"
         assert all(a[schema.COLLECTIVE_GROUP_SIZE] == world_size for a in spans.values())
+        dist.barrier()  # no rank tears gloo down while its peer still talks to it
     finally:
         dist.destroy_process_group()

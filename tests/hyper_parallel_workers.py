@@ -156,5 +156,6 @@ def hyper_parallel_worker(rank: int, world_size: int, port: int) -> None:
             with hyper_parallel_release(release):
                 _design_mlp(rank, world_size, release)
                 _redistributions(rank, world_size, release)
+        dist.barrier()  # no rank tears gloo down while its peer still talks to it
     finally:
         dist.destroy_process_group()
