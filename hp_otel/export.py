@@ -33,17 +33,35 @@ logger = logging.getLogger("hp_otel")
 
 
 class CountingSpanExporter(SpanExporter):
-    """Wraps the real exporter to count what it was handed, sent, and failed to send."""
+    """Wraps the real exporter: counts what it was handed, sent and failed to send, and
+    stops calling it for a while after a failure.
 
-    def __init__(self, exporter: SpanExporter) -> None:
+    Encoding a batch of spans to OTLP costs CPU in this process whether or not anyone
+    listens; with the endpoint down that work is wasted and competes with training for
+    the interpreter. So after a failed export, batches fail at once (counted as failed)
+    until a cool-down passes, doubling per consecutive failure up to `max_cooldown_s`;
+    one success resets it.
+    """
+
+    def __init__(self, exporter: SpanExporter, first_cooldown_s: float = 1.0, max_cooldown_s: float = 30.0) -> None:
         self.exporter = exporter
         self.handed = 0
         self.exported = 0
         self.failed = 0
+        self.skipped = 0  # failed without trying: the endpoint was cooling down
+        self.first_cooldown_s = first_cooldown_s
+        self.max_cooldown_s = max_cooldown_s
+        self._cooldown_s = 0.0
+        self._retry_at = 0.0
         self._failure_logged = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self.handed += len(spans)
+        now = time.monotonic()
+        if now < self._retry_at:
+            self.failed += len(spans)
+            self.skipped += len(spans)
+            return SpanExportResult.FAILURE
         try:
             result = self.exporter.export(spans)
         except Exception as exc:  # an exporter fault must not kill the batch thread
@@ -51,14 +69,18 @@ class CountingSpanExporter(SpanExporter):
             logger.debug("hp_otel: span exporter raised", exc_info=exc)
         if result is SpanExportResult.SUCCESS:
             self.exported += len(spans)
-        else:
-            self.failed += len(spans)
-            if not self._failure_logged:
-                self._failure_logged = True
-                logger.warning(
-                    "hp_otel: exporting spans failed (is the OTLP endpoint up?); "
-                    "training goes on, later failures are counted, not logged"
-                )
+            self._cooldown_s = 0.0
+            return result
+        self.failed += len(spans)
+        self._cooldown_s = min(max(self._cooldown_s * 2, self.first_cooldown_s), self.max_cooldown_s)
+        self._retry_at = time.monotonic() + self._cooldown_s
+        if not self._failure_logged:
+            self._failure_logged = True
+            logger.warning(
+                "hp_otel: exporting spans failed (is the OTLP endpoint up?); training goes on, "
+                "exports pause up to %.0f s between tries, later failures are counted, not logged",
+                self.max_cooldown_s,
+            )
         return result
 
     def shutdown(self) -> None:

@@ -12,7 +12,12 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from hp_otel import schema
 from hp_otel.bench_export import Blackhole, closed_port
 from hp_otel.config import ConfigError, ExportConfig, run_id_from_env
-from hp_otel.export import DropCountingBatchSpanProcessor, build_telemetry, prometheus_port_for_this_rank
+from hp_otel.export import (
+    CountingSpanExporter,
+    DropCountingBatchSpanProcessor,
+    build_telemetry,
+    prometheus_port_for_this_rank,
+)
 from hp_otel.telemetry import build_resource
 
 
@@ -155,3 +160,47 @@ def test_a_dead_endpoint_neither_blocks_steps_nor_shutdown(endpoint_kind) -> Non
     finally:
         if blackhole:
             blackhole.close()
+
+
+class _RefusingExporter(SpanExporter):
+    """Counts the batches it was asked to send and fails them all, as a down endpoint does."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.succeed = False
+
+    def export(self, spans) -> SpanExportResult:
+        self.calls += 1
+        return SpanExportResult.SUCCESS if self.succeed else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_failing_endpoint_is_left_alone_for_a_growing_cool_down(monkeypatch) -> None:
+    from hp_otel import export
+
+    now = [1000.0]
+    monkeypatch.setattr(export.time, "monotonic", lambda: now[0])
+    inner = _RefusingExporter()
+    counting = CountingSpanExporter(inner, first_cooldown_s=1.0, max_cooldown_s=4.0)
+    batch = [_span(i) for i in range(3)]
+
+    assert counting.export(batch) is SpanExportResult.FAILURE
+    assert counting.export(batch) is SpanExportResult.FAILURE  # within the 1 s cool-down: not tried
+    assert (inner.calls, counting.failed, counting.skipped) == (1, 6, 3)
+    now[0] += 1.01
+    counting.export(batch)  # tried again, fails: the cool-down doubles to 2 s
+    assert inner.calls == 2
+    now[0] += 1.5
+    counting.export(batch)
+    assert inner.calls == 2
+    now[0] += 0.6
+    counting.export(batch)  # fails again: 4 s, the maximum
+    now[0] += 4.01
+    inner.succeed = True
+    assert counting.export(batch) is SpanExportResult.SUCCESS
+    assert (inner.calls, counting.exported) == (4, 3)
+    assert counting.export(batch) is SpanExportResult.SUCCESS  # a success resets the cool-down
+    assert inner.calls == 5
+    assert counting.handed == counting.exported + counting.failed == 7 * 3

@@ -33,9 +33,13 @@ def scraped(tmp_path_factory):
         def counts_by_rank() -> dict[str, float] | None:
             if child.poll() is not None:
                 raise AssertionError(f"the demo exited early: {child.communicate()[1][-3000:]}")
-            result = servers.prometheus_query(url, by_rank("hp_collective_calls_total"))
-            counts = {r["metric"].get("hp_rank"): float(r["value"][1]) for r in result}
-            return counts if counts == expected else None
+            # calls count as they happen; durations are recorded when each step's window
+            # ends, so a scrape can fall between the two: wait until both are complete
+            counts = {}
+            for metric in ("hp_collective_calls_total", "hp_collective_duration_seconds_count"):
+                result = servers.prometheus_query(url, by_rank(metric))
+                counts[metric] = {r["metric"].get("hp_rank"): float(r["value"][1]) for r in result}
+            return counts if all(c == expected for c in counts.values()) else None
 
         servers.wait_for(counts_by_rank, 60, f"Prometheus to see {expected} calls by rank")
         yield url, base
