@@ -37,7 +37,26 @@ def _variants(model: Any) -> dict[str, Callable[[], contextlib.AbstractContextMa
         "torch CommDebugMode": TorchCommDebugMode,
         "torch DebugMode": DebugMode,
         "hp_otel imported, inactive": contextlib.nullcontext,
+        "floor: bare torch modes": _bare_torch_modes,
     }
+
+
+class _Idle:
+    """An observer that accepts nothing: the modes pass every call straight through."""
+
+    accepting = False
+
+
+@contextlib.contextmanager
+def _bare_torch_modes() -> Iterator[None]:
+    """hp_otel's torch function mode and dispatch mode with nothing recorded: the cost any
+    mode-based tracer of user-level ops and dispatch-level collectives pays on torch 2.13."""
+    from hp_otel.sources.torch_collectives import collective_specs
+    from hp_otel.sources.torch_dtensor import _CollectiveMode, _OpMode
+
+    idle = _Idle()
+    with _CollectiveMode(idle, collective_specs()), _OpMode(idle):  # type: ignore[arg-type]
+        yield
 
 
 def _time_block(step: Callable[[], Any], make_ctx: Callable[[], Any], steps: int) -> float:

@@ -65,5 +65,12 @@ def test_bench_runs_every_variant() -> None:
     result = _hp_otel("bench", "--rounds", "1", "--steps", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    for variant in ("untraced", "hp_otel", "torch CommDebugMode", "torch DebugMode", "hp_otel imported, inactive"):
+    for variant in (
+        "untraced",
+        "hp_otel",
+        "torch CommDebugMode",
+        "torch DebugMode",
+        "hp_otel imported, inactive",
+        "floor",
+    ):
         assert any(line.startswith(variant) for line in lines), result.stdout
