@@ -73,7 +73,8 @@ def test_reason_list_stays_bounded() -> None:
 
 @pytest.mark.parametrize("mode_value, warns", [(0, True), (1, False)])
 def test_mindspore_graph_mode_is_reported(monkeypatch, mode_value: int, warns: bool) -> None:
-    # MindSpore is not installed here: a stand-in with its context API (GRAPH_MODE == 0, PYNATIVE_MODE == 1)
+    # both context values through a stand-in of the context API (GRAPH_MODE == 0, PYNATIVE_MODE == 1); the real
+    # MindSpore GRAPH_MODE case is in test_mindspore_cells.py
     stand_in = types.SimpleNamespace(GRAPH_MODE=0, PYNATIVE_MODE=1, get_context=lambda key: mode_value)
     monkeypatch.setitem(sys.modules, "mindspore", stand_in)
     watch = GraphModeWatch()

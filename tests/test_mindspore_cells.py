@@ -123,3 +123,27 @@ def test_collective_functions_are_patched_and_restored_exactly() -> None:
     assert {"mindspore.mint.distributed.all_reduce", "mindspore.ops.communication.barrier"} <= hooked
     assert all(vars(m)[n] is f for (m, n), f in before.items())
     assert ms_source.hooked_functions() == []
+
+
+def test_real_graph_mode_is_reported_once() -> None:
+    import warnings
+
+    net = Net()
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with CommDebugMode(module=net) as mode:
+                pass
+    finally:
+        ms.set_context(mode=previous)
+    graph_warnings = [w for w in caught if "GRAPH_MODE" in str(w.message)]
+    assert len(graph_warnings) == 1
+    assert "PYNATIVE_MODE" in str(graph_warnings[0].message)
+    assert mode.get_total_counts() == 0
+    with warnings.catch_warnings(record=True) as caught:  # back in PyNative: nothing to say
+        warnings.simplefilter("always")
+        with CommDebugMode(module=net):
+            pass
+    assert not [w for w in caught if "GRAPH_MODE" in str(w.message)]
