@@ -23,6 +23,7 @@ __all__ = [
     "assert_no_callback_errors",
     "assert_span_tree",
     "collective_counts",
+    "metric_points",
     "span_outline",
 ]
 
@@ -165,3 +166,24 @@ def assert_no_callback_errors(mode: Any) -> None:
 def spans_named(source: Any, name: str) -> Sequence[ReadableSpan]:
     """The finished spans with this name, in the order they ended."""
     return [span for span in _spans(source) if span.name == name]
+
+
+def metric_points(reader: Any, name: str) -> list[Any]:
+    """The data points of metric `name` (e.g. `hp.collective.calls`) that a metric reader collects now.
+
+    `reader` is an SDK `InMemoryMetricReader` (the plugin's `hp_metric_reader`, or
+    `CommDebugMode.get_metric_reader()` with the default providers).
+    """
+    if not hasattr(reader, "get_metrics_data"):
+        raise TypeError(f"reader must be an InMemoryMetricReader, got {type(reader).__name__}")
+    data = reader.get_metrics_data()
+    if data is None:
+        return []
+    return [
+        point
+        for resource_metrics in data.resource_metrics
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]

@@ -13,6 +13,8 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+from hp_otel.testing import metric_points
+
 
 def _eq(actual: object, expected: object) -> None:
     """assert ==, with both sides in the message (pytest does not rewrite asserts in spawned workers)."""
@@ -21,17 +23,6 @@ def _eq(actual: object, expected: object) -> None:
 
 def _short(name: object) -> str:
     return str(name).rsplit(".", 1)[-1]
-
-
-def _metric_points(reader, name: str) -> list:
-    return [
-        p
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == name
-        for p in m.data.data_points
-    ]
 
 
 def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
@@ -87,10 +78,10 @@ def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
 
         # metrics from the same events
         calls = {(p.attributes[schema.PHASE], p.attributes[schema.MODULE_FQN]): p.value
-                 for p in _metric_points(reader, schema.METRIC_CALLS)}  # fmt: skip
+                 for p in metric_points(reader, schema.METRIC_CALLS)}  # fmt: skip
         assert calls == {("forward", "fc2"): 1, ("backward", "fc1"): 1}
-        assert sum(p.value for p in _metric_points(reader, schema.METRIC_BYTES)) == 2 * 256
-        assert sum(p.count for p in _metric_points(reader, schema.METRIC_DURATION)) == 2
+        assert sum(p.value for p in metric_points(reader, schema.METRIC_BYTES)) == 2 * 256
+        assert sum(p.count for p in metric_points(reader, schema.METRIC_DURATION)) == 2
 
         # the table at each noise level
         table0 = mode.generate_comm_debug_tracing_table(noise_level=0).splitlines()

@@ -16,20 +16,11 @@ import torch
 import torch.distributed as dist
 from stand_in import RELEASES, hyper_parallel_release
 
+from hp_otel.testing import metric_points
+
 
 def _eq(actual: object, expected: object) -> None:
     assert actual == expected, f"\nactual:   {actual!r}\nexpected: {expected!r}"
-
-
-def _points(reader, name: str) -> list:
-    return [
-        p
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == name
-        for p in m.data.data_points
-    ]
 
 
 def _slots() -> dict:
@@ -61,7 +52,7 @@ def _design_mlp(rank: int, world_size: int, release: str) -> None:
     for level, expected in hp_mlp.TABLES.items():
         _eq(mode.generate_comm_debug_tracing_table(noise_level=level).splitlines(), expected)
     _eq(mode.get_callback_error_counts(), {})
-    calls = [(dict(p.attributes), p.value) for p in _points(reader, schema.METRIC_CALLS)]
+    calls = [(dict(p.attributes), p.value) for p in metric_points(reader, schema.METRIC_CALLS)]
     _eq(
         calls,
         [
@@ -78,7 +69,7 @@ def _design_mlp(rank: int, world_size: int, release: str) -> None:
             )
         ],
     )
-    _eq(sum(p.value for p in _points(reader, schema.METRIC_BYTES)), 4 * 16 * 4)
+    _eq(sum(p.value for p in metric_points(reader, schema.METRIC_BYTES)), 4 * 16 * 4)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "dump.json")
         mode.generate_json_dump(path, noise_level=2)

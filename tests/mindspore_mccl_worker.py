@@ -34,19 +34,11 @@ WORLD = get_group_size()
 WORLD_GROUP = GlobalComm.WORLD_COMM_GROUP
 
 
+from hp_otel.testing import metric_points  # noqa: E402
+
+
 def _eq(actual: object, expected: object) -> None:
     assert actual == expected, f"rank {RANK}\nactual:   {actual!r}\nexpected: {expected!r}"
-
-
-def _points(reader, name: str) -> list:
-    return [
-        p
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == name
-        for p in m.data.data_points
-    ]
 
 
 class RowParallelDense(nn.Cell):
@@ -132,11 +124,11 @@ def mindspore_collectives() -> dict:
             "    Module           Module(fc2.dense) [enter]",
         ],
     )
-    calls = {p.attributes[schema.COLLECTIVE_NAME]: 0 for p in _points(reader, schema.METRIC_CALLS)}
-    for p in _points(reader, schema.METRIC_CALLS):
+    calls = {p.attributes[schema.COLLECTIVE_NAME]: 0 for p in metric_points(reader, schema.METRIC_CALLS)}
+    for p in metric_points(reader, schema.METRIC_CALLS):
         calls[p.attributes[schema.COLLECTIVE_NAME]] += p.value
     _eq(calls, counts)
-    _eq(sum(p.count for p in _points(reader, schema.METRIC_DURATION)), 7)
+    _eq(sum(p.count for p in metric_points(reader, schema.METRIC_DURATION)), 7)
     return {"counts": mode.get_comm_counts(), "spans": len(spans)}
 
 

@@ -28,7 +28,7 @@ from hp_otel import CommDebugMode, schema
 from hp_otel import span_builder as ev
 from hp_otel.recorder import SpanRecorder
 from hp_otel.telemetry import CollectiveTotals
-from hp_otel.testing import assert_collective_counts, assert_no_callback_errors
+from hp_otel.testing import assert_collective_counts, assert_no_callback_errors, metric_points
 from hp_otel.tp_mlp import build_tp_mlp, train_step
 
 STEPS = 2  # the second step shows that a kind is logged once, not once per occurrence
@@ -200,14 +200,7 @@ def _make_mode(fault: Fault, model, meter_provider) -> tuple[CommDebugMode, InMe
 
 
 def _error_metric(reader) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for rm in reader.get_metrics_data().resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name == schema.METRIC_CALLBACK_ERRORS:
-                    for point in metric.data.data_points:
-                        out[point.attributes[schema.CALLBACK_NAME]] = point.value
-    return out
+    return {p.attributes[schema.CALLBACK_NAME]: p.value for p in metric_points(reader, schema.METRIC_CALLBACK_ERRORS)}
 
 
 @pytest.fixture(scope="module")

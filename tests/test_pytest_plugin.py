@@ -6,9 +6,9 @@ pytest_plugins = ("pytester",)
 
 USER_TESTS = """
 from hp_otel.records import CollectiveInfo
-from hp_otel.testing import assert_collective_counts, assert_span_tree
+from hp_otel.testing import assert_collective_counts, assert_span_tree, metric_points
 
-AR = CollectiveInfo("_c10d_functional.all_reduce", "all_reduce", 2)
+AR = CollectiveInfo("_c10d_functional.all_reduce", "all_reduce", 2, bytes=64)
 
 
 def test_counts_and_tree(comm_debug_mode, hp_span_exporter, hp_metric_reader):
@@ -18,9 +18,9 @@ def test_counts_and_tree(comm_debug_mode, hp_span_exporter, hp_metric_reader):
         mode.observer.on_op_exit("linear", [])
     assert_collective_counts(hp_span_exporter, {"all_reduce": 1}, normalized=True)
     assert_span_tree(hp_span_exporter, "linear\\n  all_reduce")
-    names = {m.name for rm in hp_metric_reader.get_metrics_data().resource_metrics
-             for sm in rm.scope_metrics for m in sm.metrics}
-    assert "hp.collective.calls" in names
+    assert [p.value for p in metric_points(hp_metric_reader, "hp.collective.calls")] == [1]
+    assert [p.value for p in metric_points(hp_metric_reader, "hp.collective.bytes")] == [64]
+    assert metric_points(hp_metric_reader, "no.such.metric") == []
 
 
 def test_wrong_count_fails_readably(comm_debug_mode):
@@ -44,3 +44,12 @@ def test_plugin_fixtures_and_helpers_in_a_user_session(pytester) -> None:
             "*_c10d_functional.all_reduce  expected 5, got 1*",
         ]
     )
+
+
+def test_metric_points_names_a_wrong_reader() -> None:
+    import pytest
+
+    from hp_otel.testing import metric_points
+
+    with pytest.raises(TypeError, match="reader must be an InMemoryMetricReader, got list"):
+        metric_points([], "hp.collective.calls")

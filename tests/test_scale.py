@@ -15,7 +15,7 @@ from hp_otel import CommDebugMode, json_dump, render, schema
 from hp_otel import mode as mode_module
 from hp_otel.bench_scale import format_scale_results, mlp_forward_events, record_window, run_scale_bench
 from hp_otel.cli import main
-from hp_otel.testing import assert_collective_counts
+from hp_otel.testing import assert_collective_counts, metric_points
 
 
 def test_cap_holds_and_counts_stay_exact_past_the_build_threshold(monkeypatch) -> None:
@@ -29,14 +29,7 @@ def test_cap_holds_and_counts_stay_exact_past_the_build_threshold(monkeypatch) -
     assert mode.get_dropped_record_count() == 500 * 7 - 100
     assert_collective_counts(mode, {"_c10d_functional.all_reduce": 500})
     assert mode.get_comm_module_counts()["fc2"] == {"forward": {"_c10d_functional.all_reduce": 500}}
-    calls = [
-        m
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == schema.METRIC_CALLS
-    ]
-    assert sum(p.value for p in calls[0].data.data_points) == 500
+    assert sum(p.value for p in metric_points(reader, schema.METRIC_CALLS)) == 500
     dump_table = mode.generate_comm_debug_tracing_table(0)
     assert dump_table.count("Collective(") == len(mode.get_finished_spans()) // 7  # the kept spans only
 
