@@ -28,7 +28,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-from hp_otel.steps import StepSpans, begin_step
+from hp_otel.steps import StepSpans, begin_step, running
 
 logger = logging.getLogger("hp_otel")
 
@@ -109,17 +109,12 @@ class StepSession:
             return
         spans = begin_step(step, run_id=run_id, rank=rank, tracer_provider=self.tracer_provider)
         mode = self._open_window(spans, module)
-        token = otel_context.attach(spans.context)
-        error: BaseException | None = None
-        try:
-            yield spans
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            otel_context.detach(token)
+
+        def close_window(error: BaseException | None) -> None:
             mode.__exit__(type(error) if error else None, error, None)
-            spans.end(error)
+
+        with running(spans, before_end=close_window):
+            yield spans
 
     # --- implicit steps: optimizer.step() boundaries ---------------------------------
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -23,7 +23,7 @@ import logging
 import os
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,7 +251,16 @@ def step(
         with session.explicit_step(step, run_id=run_id, rank=rank, module=module) as spans:
             yield spans
         return
-    spans = begin_step(step, run_id=run_id, rank=rank, tracer_provider=tracer_provider)
+    with running(begin_step(step, run_id=run_id, rank=rank, tracer_provider=tracer_provider)) as spans:
+        yield spans
+
+
+@contextlib.contextmanager
+def running(spans: StepSpans, before_end: Callable[[BaseException | None], None] | None = None) -> Iterator[StepSpans]:
+    """Make the step's `rank_step` span current for the block, then end the step with the block's error.
+
+    `before_end` runs first (with that error), e.g. to close a recording window inside the step.
+    """
     token = otel_context.attach(spans.context)
     error: BaseException | None = None
     try:
@@ -261,4 +270,6 @@ def step(
         raise
     finally:
         otel_context.detach(token)
+        if before_end is not None:
+            before_end(error)
         spans.end(error)
