@@ -152,6 +152,20 @@ def _decode_tensor_infos(
     return out
 
 
+def encode_parameters(
+    names: Sequence[str], shapes: Sequence[str], dtypes: Sequence[str], placements: Sequence[str]
+) -> dict[str, Any]:
+    """A module's own parameters as parallel span attribute arrays (empty: no attributes)."""
+    if not names:
+        return {}
+    return {
+        s.MODULE_PARAM_NAMES: tuple(names),
+        s.MODULE_PARAM_SHAPES: tuple(shapes),
+        s.MODULE_PARAM_DTYPES: tuple(dtypes),
+        s.MODULE_PARAM_PLACEMENTS: tuple(placements),
+    }
+
+
 def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
     return {
         s.CALL_KIND: s.KIND_COLLECTIVE,

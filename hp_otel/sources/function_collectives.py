@@ -144,7 +144,8 @@ class GroupResolver:
 # --- reading one call -----------------------------------------------------------------
 
 
-def _reduce_name(value: Any) -> str:
+def reduce_op_name(value: Any) -> str:
+    """ "sum" from a string, or from a reduce-op object (torch's ReduceOp wraps a RedOpType in `.op`)."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -197,7 +198,7 @@ class CallReader:
             output_shape=shape_of(first_out) if first_out is not None else (),
             dtype=str(first_in.dtype) if first_in is not None else "",
             bytes=nbytes_of(inputs),
-            reduce_op=_reduce_name(arguments.get(self._reduce)) if self._reduce else "",
+            reduce_op=reduce_op_name(arguments.get(self._reduce)) if self._reduce else "",
             is_async=self.is_async(arguments),
         )
 

@@ -37,7 +37,14 @@ from hp_otel.sources.function_collectives import (
     shape_of,
     wrap_collective,
 )
-from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned, run_every
+from hp_otel.sources.patching import (
+    AttributePatch,
+    ObserverSlot,
+    SharedPatches,
+    all_or_nothing,
+    patch_owned,
+    run_every,
+)
 
 logger = logging.getLogger("hp_otel")
 
@@ -251,8 +258,7 @@ def _plan_collectives() -> list[AttributePatch]:
 
         return wrap
 
-    patches: list[AttributePatch] = []
-    try:
+    with all_or_nothing() as patches:
         for module_name, class_name, framework in PLATFORM_CLASSES:
             module = _module_if_framework_loaded(module_name, framework)
             cls = getattr(module, class_name, None) if module is not None else None
@@ -261,10 +267,6 @@ def _plan_collectives() -> list[AttributePatch]:
         utils = _module_if_framework_loaded(UTILS_MODULE, "torch")
         if utils is not None:
             patches += patch_owned(utils, DIFFERENTIABLE_COLLECTIVES, wrap_for)
-    except BaseException:
-        for patch in reversed(patches):
-            patch.restore()
-        raise
     return patches
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from hp_otel.observer import Observer
 from hp_otel.sources.function_collectives import AsyncHandles, CallReader, GroupResolver, wrap_collective
-from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned
+from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, all_or_nothing, patch_owned
 
 # module -> the prefix of its count keys
 COLLECTIVE_MODULES: dict[str, str] = {
@@ -50,8 +50,7 @@ _handles = AsyncHandles()
 
 def _plan() -> list[AttributePatch]:
     resolver = GroupResolver()
-    patches: list[AttributePatch] = []
-    try:
+    with all_or_nothing() as patches:
         for module_name, prefix in COLLECTIVE_MODULES.items():
             module = importlib.import_module(module_name)
 
@@ -63,10 +62,6 @@ def _plan() -> list[AttributePatch]:
                 return wrap
 
             patches += patch_owned(module, COLLECTIVES, wrap_for)
-    except BaseException:
-        for patch in reversed(patches):
-            patch.restore()
-        raise
     return patches
 
 

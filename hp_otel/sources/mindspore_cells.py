@@ -16,6 +16,7 @@ from typing import Any
 
 from hp_otel import schema as s
 from hp_otel.observer import Observer
+from hp_otel.records import encode_parameters
 from hp_otel.sources.patching import run_every
 
 
@@ -28,14 +29,7 @@ def parameter_attributes(cell: Any) -> dict[str, Any]:
         dtypes.append(str(param.dtype))
         param_placements = getattr(param, "placements", None)  # a hyper-parallel DTensor parameter
         placements.append(";".join(repr(p) for p in param_placements) if param_placements is not None else "")
-    if not names:
-        return {}
-    return {
-        s.MODULE_PARAM_NAMES: tuple(names),
-        s.MODULE_PARAM_SHAPES: tuple(shapes),
-        s.MODULE_PARAM_DTYPES: tuple(dtypes),
-        s.MODULE_PARAM_PLACEMENTS: tuple(placements),
-    }
+    return encode_parameters(names, shapes, dtypes, placements)
 
 
 class _TrackedCell:

@@ -15,9 +15,10 @@ Three rules keep that safe:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hp_otel.observer import Observer
@@ -135,29 +136,31 @@ class SharedPatches:
         return list(self._patches)
 
 
+@contextlib.contextmanager
+def all_or_nothing() -> Iterator[list[AttributePatch]]:
+    """Collect patches into the yielded list; if the block fails, restore them and re-raise."""
+    patches: list[AttributePatch] = []
+    try:
+        yield patches
+    except BaseException:
+        run_every(patch.restore for patch in reversed(patches))
+        raise
+
+
 def patch_owned(
     owner: Any, names: Any, wrap_for: Callable[[str], Callable[[Callable[..., Any]], Callable[..., Any]]]
 ) -> list[AttributePatch]:
     """Patch each of `names` that `owner` defines itself (missing ones are skipped); all or none."""
-    patches: list[AttributePatch] = []
-    try:
+    with all_or_nothing() as patches:
         for name in names:
             if name in vars(owner):
                 patches.append(AttributePatch(owner, name, wrap_for(name)))
-    except BaseException:
-        for patch in reversed(patches):
-            patch.restore()
-        raise
     return patches
 
 
 def patch_owned_all(owners: Iterable[Any], name: str, wrapper: Callable[..., Any]) -> list[AttributePatch]:
     """Install one `wrapper` as `name` on each owner (a function imported by name into several modules)."""
-    patches: list[AttributePatch] = []
-    try:
+    with all_or_nothing() as patches:
         for owner in owners:
             patches.append(AttributePatch(owner, name, lambda _original: wrapper))
-    except BaseException:
-        run_every(patch.restore for patch in reversed(patches))
-        raise
     return patches

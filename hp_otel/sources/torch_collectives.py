@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hp_otel.records import CollectiveInfo
+from hp_otel.sources.function_collectives import reduce_op_name
 from hp_otel.sources.torch_tensors import dtype_name
 
 # framework op name (namespace.op) -> normalised op
@@ -118,15 +119,10 @@ def _group_info(group: Any) -> _GroupInfo:
 
 
 def _reduce_name(value: Any) -> str:
-    """ "sum" from a functional op's string, a ReduceOp, or the TorchScript ReduceOp of eager c10d ops."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value.lower()
+    """Eager c10d ops pass a TorchScript ReduceOp, whose only accessor is its `op()` method: unbox it first."""
     if isinstance(value, torch.ScriptObject):
-        value = dist.ReduceOp.RedOpType(value.op())  # its only accessor is the `op()` method
-    op = getattr(value, "op", value) if isinstance(value, dist.ReduceOp) else value
-    return str(getattr(op, "name", op)).lower()
+        value = dist.ReduceOp.RedOpType(value.op())
+    return reduce_op_name(value)
 
 
 class CollectiveSpec:

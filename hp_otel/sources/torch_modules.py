@@ -22,6 +22,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hp_otel import schema as s
 from hp_otel.observer import Observer
+from hp_otel.records import encode_parameters
 from hp_otel.sources.torch_tensors import dtype_name, placements_str
 
 
@@ -64,14 +65,7 @@ def _parameter_attributes(module: nn.Module) -> dict[str, Any]:
         # torch's DTensor, or another framework's (hyper-parallel) with the same `placements` property
         param_placements = param.placements if isinstance(param, DTensor) else getattr(param, "placements", None)
         placements.append(placements_str(tuple(param_placements)) if param_placements is not None else "")
-    if not names:
-        return {}
-    return {
-        s.MODULE_PARAM_NAMES: tuple(names),
-        s.MODULE_PARAM_SHAPES: tuple(shapes),
-        s.MODULE_PARAM_DTYPES: tuple(dtypes),
-        s.MODULE_PARAM_PLACEMENTS: tuple(placements),
-    }
+    return encode_parameters(names, shapes, dtypes, placements)
 
 
 class _TrackedModule:
