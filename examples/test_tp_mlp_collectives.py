@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hp_otel.cli.tp_mlp import build_tp_mlp
 from hp_otel.testing import assert_collective_counts, assert_no_callback_errors, assert_span_tree
-from hp_otel.tp_mlp import build_tp_mlp
 
 
 @pytest.fixture(scope="module")

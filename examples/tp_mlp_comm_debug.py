@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from hp_otel import CommDebugMode
-from hp_otel.tp_mlp import build_tp_mlp
+from hp_otel.cli.tp_mlp import build_tp_mlp
 
 
 def main() -> None:

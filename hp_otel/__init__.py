@@ -1,8 +1,8 @@
 """hp_otel: the collectives inside distributed-tensor training, as OpenTelemetry spans and metrics."""
 
 from hp_otel.export import Telemetry, configure, shutdown
+from hp_otel.infos import CollectiveInfo, TensorInfo
 from hp_otel.mode import CommDebugMode
-from hp_otel.records import CollectiveInfo, TensorInfo
 from hp_otel.steps import step
 from hp_otel.version import __version__
 

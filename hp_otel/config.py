@@ -10,21 +10,26 @@ endpoints (HTTP appends `/v1/traces` to a base endpoint, gRPC uses it as is).
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.sdk.trace import sampling
+
+from hp_otel.launcher_env import env_value
+from hp_otel.launcher_env import run_id as launcher_run_id
+
 PROTOCOLS = ("grpc", "http/protobuf")
-SAMPLERS = (
-    "always_on",
-    "always_off",
-    "traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "parentbased_traceidratio",
-)
+# OTEL_TRACES_SAMPLER's names and the SDK sampler each makes from the ratio argument.
+SAMPLERS: dict[str, Callable[[float], sampling.Sampler]] = {
+    "always_on": lambda ratio: sampling.ALWAYS_ON,
+    "always_off": lambda ratio: sampling.ALWAYS_OFF,
+    "traceidratio": lambda ratio: sampling.TraceIdRatioBased(ratio),
+    "parentbased_always_on": lambda ratio: sampling.ParentBased(sampling.ALWAYS_ON),
+    "parentbased_always_off": lambda ratio: sampling.ParentBased(sampling.ALWAYS_OFF),
+    "parentbased_traceidratio": lambda ratio: sampling.ParentBased(sampling.TraceIdRatioBased(ratio)),
+}
 DEFAULT_PROTOCOL = "http/protobuf"  # the OTel specification's default
 DEFAULT_PROMETHEUS_PORT = 9464  # OTel's default for OTEL_EXPORTER_PROMETHEUS_PORT
 _DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318"}
@@ -35,13 +40,8 @@ class ConfigError(ValueError):
     """A setting (argument or environment variable) with a value hp_otel cannot use."""
 
 
-def _env(name: str, environ: Mapping[str, str]) -> str | None:
-    value = environ.get(name)
-    return value.strip() if value is not None and value.strip() else None
-
-
 def _exporter_names(name: str, environ: Mapping[str, str]) -> set[str] | None:
-    value = _env(name, environ)
+    value = env_value(name, environ)
     return None if value is None else {part.strip().lower() for part in value.split(",") if part.strip()}
 
 
@@ -67,29 +67,6 @@ def signal_endpoint(signal: str, protocol: str, base: str | None, specific: str 
     if protocol == "grpc":
         return root
     return root.rstrip("/") + _HTTP_PATHS[signal]
-
-
-def run_id_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
-    """A run id that every rank of one job reads alike, without talking to the others.
-
-    `HP_OTEL_RUN_ID`, else torchrun's `TORCHELASTIC_RUN_ID` (unless its placeholder
-    `none`), else one derived from the rendezvous address all ranks share
-    (`MASTER_ADDR:MASTER_PORT` for torch, `MS_SCHED_HOST:MS_SCHED_PORT` for MindSpore) —
-    two runs on the same address and port then share ids, so set `HP_OTEL_RUN_ID` when
-    runs repeat.
-    """
-    explicit = _env("HP_OTEL_RUN_ID", environ)
-    if explicit:
-        return explicit
-    elastic = _env("TORCHELASTIC_RUN_ID", environ)
-    if elastic and elastic.lower() != "none":
-        return elastic
-    for host_var, port_var in (("MASTER_ADDR", "MASTER_PORT"), ("MS_SCHED_HOST", "MS_SCHED_PORT")):
-        host, port = _env(host_var, environ), _env(port_var, environ)
-        if host and port:
-            digest = hashlib.sha256(f"{host}:{port}".encode()).hexdigest()[:16]
-            return f"rdzv-{digest}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -142,15 +119,15 @@ class ExportConfig:
         Prometheus endpoint when a port is set (argument or `OTEL_EXPORTER_PROMETHEUS_PORT`)
         or `OTEL_METRICS_EXPORTER` names `prometheus` (port 9464).
         """
-        base_protocol = protocol or _env("OTEL_EXPORTER_OTLP_PROTOCOL", environ)
+        base_protocol = protocol or env_value("OTEL_EXPORTER_OTLP_PROTOCOL", environ)
         protocols = {}
         for signal in ("traces", "metrics"):
             name = f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL"
-            chosen = protocol or _env(name, environ) or base_protocol or DEFAULT_PROTOCOL
-            source = "protocol" if protocol else (name if _env(name, environ) else "OTEL_EXPORTER_OTLP_PROTOCOL")
+            chosen = protocol or env_value(name, environ) or base_protocol or DEFAULT_PROTOCOL
+            source = "protocol" if protocol else (name if env_value(name, environ) else "OTEL_EXPORTER_OTLP_PROTOCOL")
             protocols[signal] = check_protocol(chosen, source)
 
-        base = endpoint or _env("OTEL_EXPORTER_OTLP_ENDPOINT", environ)
+        base = endpoint or env_value("OTEL_EXPORTER_OTLP_ENDPOINT", environ)
         traces_exporters = _exporter_names("OTEL_TRACES_EXPORTER", environ)
         metrics_exporters = _exporter_names("OTEL_METRICS_EXPORTER", environ)
         endpoints: dict[str, str | None] = {}
@@ -158,7 +135,7 @@ class ExportConfig:
             ("traces", traces_endpoint, traces_exporters),
             ("metrics", metrics_endpoint, metrics_exporters),
         ):
-            specific = specific_arg or _env(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", environ)
+            specific = specific_arg or env_value(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", environ)
             wanted = bool(base or specific) or (exporters is not None and "otlp" in exporters)
             if exporters is not None and "otlp" not in exporters and not (specific_arg or endpoint):
                 wanted = False  # OTEL_<SIGNAL>_EXPORTER=none (or prometheus only) turns OTLP off
@@ -166,8 +143,11 @@ class ExportConfig:
 
         port_value: Any = prometheus_port
         port_source = "prometheus_port"
-        if port_value is None and _env("OTEL_EXPORTER_PROMETHEUS_PORT", environ):
-            port_value, port_source = _env("OTEL_EXPORTER_PROMETHEUS_PORT", environ), "OTEL_EXPORTER_PROMETHEUS_PORT"
+        if port_value is None and env_value("OTEL_EXPORTER_PROMETHEUS_PORT", environ):
+            port_value, port_source = (
+                env_value("OTEL_EXPORTER_PROMETHEUS_PORT", environ),
+                "OTEL_EXPORTER_PROMETHEUS_PORT",
+            )
         if port_value is None and metrics_exporters and "prometheus" in metrics_exporters:
             port_value = DEFAULT_PROMETHEUS_PORT
         port = _port(port_value, port_source) if port_value is not None else None
@@ -178,18 +158,18 @@ class ExportConfig:
         if sampler_arg is not None and not (isinstance(sampler_arg, (int, float)) and 0.0 <= sampler_arg <= 1.0):
             raise ConfigError(f"sampler_arg must be a ratio between 0 and 1, got {sampler_arg!r}")
 
-        headers = _parse_pairs(_env("OTEL_EXPORTER_OTLP_HEADERS", environ) or "", "OTEL_EXPORTER_OTLP_HEADERS")
+        headers = _parse_pairs(env_value("OTEL_EXPORTER_OTLP_HEADERS", environ) or "", "OTEL_EXPORTER_OTLP_HEADERS")
         defaults = cls()
         return cls(
             service_name=service_name,
             resource_attributes=dict(resource_attributes or {}),
-            run_id=run_id or run_id_from_env(environ),
+            run_id=run_id or launcher_run_id(environ),
             traces_endpoint=endpoints["traces"],
             metrics_endpoint=endpoints["metrics"],
             traces_protocol=protocols["traces"],
             metrics_protocol=protocols["metrics"],
             headers=headers,
-            prometheus_host=prometheus_host or _env("OTEL_EXPORTER_PROMETHEUS_HOST", environ) or "localhost",
+            prometheus_host=prometheus_host or env_value("OTEL_EXPORTER_PROMETHEUS_HOST", environ) or "localhost",
             prometheus_port=port,
             sampler=chosen_sampler,
             sampler_arg=sampler_arg,
@@ -219,21 +199,3 @@ def _parse_pairs(text: str, source: str) -> dict[str, str]:
             raise ConfigError(f"{source} must be comma-separated key=value pairs, got {part!r}")
         out[key.strip()] = value.strip()
     return out
-
-
-def local_rank(environ: Mapping[str, str] = os.environ) -> int:
-    """This process's rank on its host (torchrun `LOCAL_RANK`, MindSpore `DEVICE_ID`), 0 if unknown."""
-    for name in ("LOCAL_RANK", "DEVICE_ID"):
-        value = _env(name, environ)
-        if value is not None and value.isdigit():
-            return int(value)
-    return 0
-
-
-def global_rank(environ: Mapping[str, str] = os.environ) -> int | None:
-    """This process's rank in the job (torchrun `RANK`, MindSpore `RANK_ID` / `MS_NODE_ID`), None if unknown."""
-    for name in ("RANK", "RANK_ID", "MS_NODE_ID"):
-        value = _env(name, environ)
-        if value is not None and value.isdigit():
-            return int(value)
-    return None

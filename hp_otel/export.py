@@ -26,8 +26,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace import sampling as otel_sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from hp_otel.config import ExportConfig, local_rank
-from hp_otel.telemetry import build_resource
+from hp_otel import providers
+from hp_otel import schema as s
+from hp_otel.config import SAMPLERS, ExportConfig
+from hp_otel.launcher_env import local_rank
+from hp_otel.providers import build_resource
 
 logger = logging.getLogger("hp_otel")
 
@@ -131,15 +134,7 @@ def make_sampler(name: str | None, arg: float | None) -> otel_sampling.Sampler |
     """An SDK sampler by its OTEL_TRACES_SAMPLER name; None lets the SDK read the environment."""
     if name is None:
         return None
-    ratio = 1.0 if arg is None else float(arg)
-    return {
-        "always_on": lambda: otel_sampling.ALWAYS_ON,
-        "always_off": lambda: otel_sampling.ALWAYS_OFF,
-        "traceidratio": lambda: otel_sampling.TraceIdRatioBased(ratio),
-        "parentbased_always_on": lambda: otel_sampling.ParentBased(otel_sampling.ALWAYS_ON),
-        "parentbased_always_off": lambda: otel_sampling.ParentBased(otel_sampling.ALWAYS_OFF),
-        "parentbased_traceidratio": lambda: otel_sampling.ParentBased(otel_sampling.TraceIdRatioBased(ratio)),
-    }[name]()
+    return SAMPLERS[name](1.0 if arg is None else float(arg))
 
 
 def make_span_exporter(config: ExportConfig) -> SpanExporter:
@@ -167,7 +162,7 @@ def make_metric_exporter(config: ExportConfig) -> Any:
 
 def prometheus_port_for_this_rank(base_port: int) -> int:
     """The port rule: base port + local rank, so the ranks of one host never collide (base 0: any free port)."""
-    return 0 if base_port == 0 else base_port + local_rank()
+    return 0 if base_port == 0 else base_port + (local_rank() or 0)
 
 
 def start_prometheus(host: str, base_port: int) -> tuple[MetricReader, Any, int]:
@@ -203,10 +198,6 @@ class Telemetry:
     def failed_spans(self) -> int:
         """Spans the exporter could not deliver (endpoint down, refused, timed out)."""
         return self.span_processor.counting.failed if self.span_processor else 0
-
-    @property
-    def exported_spans(self) -> int:
-        return self.span_processor.counting.exported if self.span_processor else 0
 
     def force_flush(self, timeout_s: float | None = None) -> bool:
         """Send what is queued now, waiting at most `timeout_s` (default: the shutdown timeout)."""
@@ -265,7 +256,7 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
     if config.service_name:
         extra["service.name"] = config.service_name
     if config.run_id:
-        extra.setdefault("hp.run.id", config.run_id)
+        extra.setdefault(s.RESOURCE_RUN_ID, config.run_id)
     resource = build_resource(extra)
 
     # shutdown_on_exit=False: the SDK's own atexit hook would wait up to 30 s on a dead endpoint.
@@ -326,8 +317,6 @@ def configure(
     providers (for your own spans and metrics).
     """
     global _configured
-    from hp_otel import telemetry
-
     config = ExportConfig.resolve(**settings)
     with _lock:
         previous, _configured = _configured, None
@@ -336,7 +325,7 @@ def configure(
     result = build_telemetry(config)
     with _lock:
         _configured = result
-    telemetry.set_default_providers(result.tracer_provider, result.meter_provider)
+    providers.set_default_providers(result.tracer_provider, result.meter_provider)
     if set_global:
         from opentelemetry import metrics, trace
 
@@ -353,13 +342,11 @@ def configured() -> Telemetry | None:
 def shutdown(timeout_s: float | None = None) -> bool:
     """Flush and stop what `configure()` installed (bounded); hp_otel falls back to its in-memory defaults."""
     global _configured
-    from hp_otel import telemetry
-
     with _lock:
         current, _configured = _configured, None
     if current is None:
         return True
-    telemetry.set_default_providers(None, None)
+    providers.set_default_providers(None, None)
     return current.shutdown(timeout_s)
 
 

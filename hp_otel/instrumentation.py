@@ -28,7 +28,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-from hp_otel.steps import StepSpans, begin_step, running
+from hp_otel.steps import StepSpans, begin_step, running, set_step_handler
 
 logger = logging.getLogger("hp_otel")
 
@@ -171,9 +171,11 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         session = StepSession(tracer_provider, meter_provider, kwargs.get("module"))
         session.start()
         _session = session
+        set_step_handler(session)  # hp_otel.step() now records through the session
 
     def _uninstrument(self, **kwargs: Any) -> None:
         global _session
         session, _session = _session, None
+        set_step_handler(None)
         if session is not None:
             session.stop()

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
@@ -19,17 +20,15 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
-from hp_otel import render
-from hp_otel.exporter import BoundedInMemorySpanExporter
+from hp_otel.call_tree import CallRecord, build_call_tree
+from hp_otel.files import check_path, write_text_atomically
+from hp_otel.instruments import get_instruments
 from hp_otel.observer import Observer, Source
+from hp_otel.providers import default_meter_provider, default_tracer_provider, get_tracer, is_internal_tracer_provider
 from hp_otel.recorder import SpanRecorder
-from hp_otel.telemetry import (
-    default_meter_provider,
-    default_tracer_provider,
-    get_instruments,
-    get_tracer,
-    is_internal_tracer_provider,
-)
+from hp_otel.render import json_dump, module_info, table
+from hp_otel.render.levels import noise_level as parse_noise_level
+from hp_otel.span_store import LocalSpanStore
 
 logger = logging.getLogger("hp_otel")
 
@@ -89,6 +88,9 @@ class CommDebugMode:
             timestamped events. Default: live when you pass a `tracer_provider`.
         record_spans: False counts collectives (counts, metrics) but builds no spans —
             what an unsampled step of the always-on instrumentor does.
+        extra_sources: your own sources (objects with `install(observer)` and
+            `uninstall()`, see `hp_otel.observer.Source`), installed after the engine's:
+            the way to trace a framework hp_otel does not know.
     """
 
     def __init__(
@@ -101,8 +103,9 @@ class CommDebugMode:
         max_spans: int = DEFAULT_MAX_SPANS,
         live_spans: bool | None = None,
         record_spans: bool = True,
+        extra_sources: Iterable[Source] = (),
     ) -> None:
-        from hp_otel.sources import check_engine
+        from hp_otel.sources import check_engine, default_sources
 
         self.engine = check_engine(engine)
         _check_module(module, self.engine)
@@ -127,14 +130,15 @@ class CommDebugMode:
             meter_provider, self._metric_reader = default_meter_provider()
         if not isinstance(record_spans, bool):
             raise TypeError(f"record_spans must be True or False, got {record_spans!r}")
+        extra = _check_sources(extra_sources)
         # Deferred spans meant for real processors (an exporter) are built when the window ends.
         self._build_on_exit = not live and not is_internal_tracer_provider(tracer_provider)
-        self._store = BoundedInMemorySpanExporter(max_spans)
+        self._store = LocalSpanStore(max_spans)
         self._recorder = SpanRecorder(
             get_tracer(tracer_provider), get_instruments(meter_provider), self._store, live, _MAX_PENDING_EVENTS
         )
         self._recorder.spans_enabled = record_spans
-        self._sources: list[Source] = []
+        self._sources: tuple[Source, ...] = (*default_sources(module, self.engine), *extra)
         self._installed: list[Source] = []
         self._token: contextvars.Token[CommDebugMode | None] | None = None
         self._outer: CommDebugMode | None = None
@@ -150,7 +154,7 @@ class CommDebugMode:
             self._outer._recorder.suspended += 1
         self._recorder.start()
         with _install_lock:
-            for source in self._make_sources():
+            for source in self._sources:
                 try:
                     source.install(self._recorder)
                     self._installed.append(source)
@@ -182,11 +186,14 @@ class CommDebugMode:
         except Exception as exc:
             self._recorder.on_fault(f"uninstall:{type(source).__name__}", exc)
 
-    def _make_sources(self) -> list[Source]:
-        if not self._sources:
-            from hp_otel.sources import default_sources
+    @property
+    def active(self) -> bool:
+        """True between `__enter__` and `__exit__`."""
+        return self._token is not None
 
-            self._sources = default_sources(self.module, self.engine)
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """The sources this mode installs while active: the engine's, module tracking, then `extra_sources`."""
         return self._sources
 
     @property
@@ -228,11 +235,11 @@ class CommDebugMode:
 
     def get_parameter_info(self) -> dict[str, dict[str, dict[str, Any]]]:
         """`{module fqn: {param: {shape, dtype, placements}}}` of the modules that ran (needs `module=`)."""
-        return render.parameter_info(self._tree())
+        return module_info.parameter_info(self._tree())
 
     def get_sharding_info(self) -> dict[str, str]:
         """`{"fc2.weight": "Shard(dim=1)"}` for DTensor parameters of the modules that ran (needs `module=`)."""
-        return render.sharding_info(self._tree())
+        return module_info.sharding_info(module_info.parameter_info(self._tree()))
 
     def get_callback_error_counts(self) -> dict[str, int]:
         """Faults inside hp_otel's own callbacks, by where they happened; the traced code never saw them."""
@@ -253,47 +260,43 @@ class CommDebugMode:
         """The in-memory reader of hp_otel's default meter provider (None with your own provider)."""
         return self._metric_reader
 
-    def _tree(self) -> list[Any]:
-        from hp_otel.records import build_call_tree
-
+    def _tree(self) -> list[CallRecord]:
         return build_call_tree(self.get_finished_spans())
 
     # --- output ------------------------------------------------------------------
     def generate_comm_debug_tracing_table(self, noise_level: int | None = None) -> str:
         """The call tree as text: 0 collectives, 1 (default) + ops, 2 + modules, 3 + redistributes and backward."""
-        level = render.check_noise_level(noise_level)
-        if level >= 2 and self.module is None:
+        level = parse_noise_level(noise_level)
+        if level.forward_modules and self.module is None:
             warnings.warn(
-                f"noise_level={level} shows module boundaries, which needs CommDebugMode(module=...); "
+                f"noise_level={level.level} shows module boundaries, which needs CommDebugMode(module=...); "
                 "showing module-less output",
                 UserWarning,
                 stacklevel=2,
             )
-        return render.render_table(self.get_finished_spans(), level)
+        return table.render_table(self.get_finished_spans(), level)
 
     generate_tracing_table = generate_comm_debug_tracing_table
 
     def log_comm_debug_tracing_table_to_file(
         self, file_name: str | os.PathLike[str] = "comm_mode_log.txt", noise_level: int | None = None
     ) -> None:
-        """Write the table (ANSI codes stripped) to a file, atomically."""
-        _check_path("file_name", file_name)
-        table = render.strip_ansi(self.generate_comm_debug_tracing_table(noise_level))
-        render.write_text_atomically(file_name, lambda handle: handle.write(table + "\n"), argument="file_name")
+        """Write the table to a file, atomically."""
+        check_path(file_name, "file_name")
+        text = self.generate_comm_debug_tracing_table(noise_level)
+        write_text_atomically(file_name, lambda handle: handle.write(text + "\n"), argument="file_name")
 
     def generate_json_dump(
         self, file_name: str | os.PathLike[str] = "comm_mode_log.json", noise_level: int | None = None
     ) -> None:
         """Write the design's JSON structure (counts, sharding info, nested records) to a file, atomically."""
-        _check_path("file_name", file_name)
-        level = render.check_noise_level(noise_level)
-        from hp_otel.json_dump import write_json_dump
-
-        write_json_dump(
+        check_path(file_name, "file_name")
+        level = parse_noise_level(noise_level)
+        json_dump.write_json_dump(
             file_name,
             argument="file_name",
             spans=self.get_finished_spans(),
-            noise_level=level,
+            level=level,
             comm_counts=self.get_comm_counts(),
             comm_module_counts=self.get_comm_module_counts(),
             dropped_records=self.get_dropped_record_count(),
@@ -313,11 +316,13 @@ class CommDebugMode:
         )
 
 
-def _check_path(argument: str, path: Any) -> None:
-    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise TypeError(f"{argument} must be a non-empty path (str or os.PathLike), got {path!r}")
-    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{argument}: folder {folder!r} does not exist")
-    if os.path.isdir(os.fspath(path)):
-        raise IsADirectoryError(f"{argument}: {os.fspath(path)!r} is a directory, expected a file path")
+def _check_sources(sources: Any) -> tuple[Source, ...]:
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Iterable):
+        raise TypeError(f"extra_sources must be a sequence of sources, got {type(sources).__name__}")
+    out = tuple(sources)
+    for source in out:
+        if not (callable(getattr(source, "install", None)) and callable(getattr(source, "uninstall", None))):
+            raise TypeError(
+                f"extra_sources: {type(source).__name__} is not a source (needs install(observer) and uninstall())"
+            )
+    return out

@@ -8,9 +8,9 @@ Every method must be safe to call at any time: the recorder never raises from th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-from hp_otel.records import CollectiveInfo, TensorInfo
+from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
 
 
 class Observer(Protocol):
@@ -18,9 +18,8 @@ class Observer(Protocol):
     def accepting(self) -> bool:
         """False while the observer is suspended (a nested mode is active) or closed."""
 
-    def on_module_enter(
-        self, fqn: str, span_name: str, module_type: str, phase: str, static_attrs: dict[str, Any] | None = None
-    ) -> None: ...
+    def on_module_enter(self, module: ModuleInfo, phase: str) -> None:
+        """A module's forward (or its backward) starts; `module` is made once per module by the source."""
 
     def on_module_exit(self, fqn: str, phase: str, error: BaseException | None = None) -> None: ...
 

@@ -20,7 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from hp_otel.render import write_text_atomically
+from hp_otel.files import write_text_atomically
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
@@ -55,18 +55,13 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     return _ids(MessageToDict(message), _b64_to_hex)
 
 
-def write_spans(path: str | os.PathLike[str], spans: Sequence[ReadableSpan]) -> None:
-    _check_path(path)
+def write_spans(path: str | os.PathLike[str], spans: Sequence[ReadableSpan], argument: str = "path") -> None:
+    """Write finished spans to `path` as OTLP/JSON (the format `read_spans` and `hp-otel render` read)."""
     spans = tuple(spans) if not isinstance(spans, (str, bytes)) and hasattr(spans, "__iter__") else spans
     if not isinstance(spans, tuple) or not all(isinstance(span, ReadableSpan) for span in spans):
         raise TypeError(f"spans must be a sequence of finished spans (ReadableSpan), got {type(spans).__name__}")
     payload = spans_to_otlp_json(spans)
-    write_text_atomically(path, lambda handle: json.dump(payload, handle))
-
-
-def _check_path(path: Any) -> None:
-    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
+    write_text_atomically(path, lambda handle: json.dump(payload, handle), argument=argument)
 
 
 def _any_value(value: AnyValue) -> Any:
@@ -80,7 +75,8 @@ def _any_value(value: AnyValue) -> Any:
 
 def read_spans(path: str | os.PathLike[str]) -> list[ReadableSpan]:
     """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong."""
-    _check_path(path)  # an int would be read as an open file descriptor
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):  # an int would be read as a descriptor
+        raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
     try:
         with open(path, encoding="utf-8") as handle:
             payload = json.load(handle)

@@ -75,7 +75,7 @@ def make_comm_debug_mode(hp_tracer_provider: Any, hp_meter_provider: Any) -> Ite
         return mode
 
     yield make
-    left_active = [mode for mode in made if mode._token is not None]
+    left_active = [mode for mode in made if mode.active]
     for mode in left_active:  # leave no hooks behind for the next test
         mode.__exit__(None, None, None)
     if left_active:

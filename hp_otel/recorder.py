@@ -25,12 +25,12 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Tracer
 
+from hp_otel import events as ev
 from hp_otel import schema as s
-from hp_otel import span_builder as ev
-from hp_otel.exporter import BoundedInMemorySpanExporter
-from hp_otel.records import CollectiveInfo, TensorInfo
+from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
+from hp_otel.instruments import Instruments
 from hp_otel.span_builder import SpanBuilder
-from hp_otel.telemetry import Instruments
+from hp_otel.span_store import LocalSpanStore
 
 logger = logging.getLogger("hp_otel")
 _now = time.time_ns
@@ -43,7 +43,7 @@ class SpanRecorder:
         self,
         tracer: Tracer,
         instruments: Instruments,
-        store: BoundedInMemorySpanExporter,
+        store: LocalSpanStore,
         live: bool,
         max_pending: int,
     ) -> None:
@@ -52,7 +52,7 @@ class SpanRecorder:
         self._store = store
         self.live = live
         self._max_pending = max(max_pending, 1)
-        self._pending: list[tuple[Any, ...]] = []
+        self._pending: list[ev.Event] = []
         self._builder: SpanBuilder | None = None
         self._build_lock = threading.Lock()
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
@@ -97,7 +97,7 @@ class SpanRecorder:
         """End the window: spans still open end now (with error status if the window raised)."""
         self.active = False
         try:
-            self._emit((ev.WINDOW_END, _now(), error))
+            self._emit(ev.WindowEnd(_now(), error))
         except Exception as exc:
             self.on_fault("window_end", exc)
         self._modules.clear()
@@ -124,7 +124,7 @@ class SpanRecorder:
                 except Exception as exc:
                     self.on_fault("span_build", exc)
 
-    def _emit(self, event: tuple[Any, ...]) -> None:
+    def _emit(self, event: ev.Event) -> None:
         if not self.spans_enabled:
             return
         if self.live:
@@ -140,14 +140,12 @@ class SpanRecorder:
             self.materialise()
 
     # --- observer: modules ----------------------------------------------------
-    def on_module_enter(
-        self, fqn: str, span_name: str, module_type: str, phase: str, static_attrs: dict[str, Any] | None = None
-    ) -> None:
+    def on_module_enter(self, module: ModuleInfo, phase: str) -> None:
         if not self.accepting:
             return
         try:
-            self._modules.append((fqn, phase))
-            self._emit((ev.MODULE_ENTER, _now(), fqn, span_name, module_type, phase, static_attrs))
+            self._modules.append((module.fqn, phase))
+            self._emit(ev.ModuleEnter(_now(), module, phase))
         except Exception as exc:
             self.on_fault("module_enter", exc)
 
@@ -161,7 +159,7 @@ class SpanRecorder:
                 if modules[i] == key:
                     del modules[i]
                     break
-            self._emit((ev.MODULE_EXIT, _now(), fqn, phase, error))
+            self._emit(ev.ModuleExit(_now(), fqn, phase, error))
         except Exception as exc:
             self.on_fault("module_exit", exc)
 
@@ -170,7 +168,7 @@ class SpanRecorder:
             return
         try:
             self._modules = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]
-            self._emit((ev.BACKWARD_END, _now()))
+            self._emit(ev.BackwardEnd(_now()))
         except Exception as exc:
             self.on_fault("backward_end", exc)
 
@@ -179,7 +177,7 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            self._emit((ev.OP_ENTER, _now(), op_name, inputs))
+            self._emit(ev.OpEnter(_now(), op_name, inputs))
         except Exception as exc:
             self.on_fault("op_enter", exc)
 
@@ -187,7 +185,7 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            self._emit((ev.OP_EXIT, _now(), op_name, outputs, error))
+            self._emit(ev.OpExit(_now(), op_name, outputs, error))
         except Exception as exc:
             self.on_fault("op_exit", exc)
 
@@ -195,7 +193,7 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            self._emit((ev.REDISTRIBUTE_ENTER, _now(), src_placements, dst_placements, shape))
+            self._emit(ev.RedistributeEnter(_now(), src_placements, dst_placements, shape))
         except Exception as exc:
             self.on_fault("redistribute_enter", exc)
 
@@ -203,7 +201,7 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            self._emit((ev.REDISTRIBUTE_EXIT, _now(), error))
+            self._emit(ev.RedistributeExit(_now(), error))
         except Exception as exc:
             self.on_fault("redistribute_exit", exc)
 
@@ -221,7 +219,7 @@ class SpanRecorder:
         try:
             phase, fqn = self._count(info, phase)
             self._measure(info, phase, fqn, end_ns - start_ns)
-            self._emit((ev.COLLECTIVE, start_ns, end_ns, info, error, phase))
+            self._emit(ev.Collective(start_ns, end_ns, info, error, phase))
         except Exception as exc:
             self.on_fault("collective", exc)
 

@@ -18,14 +18,11 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
+from hp_otel import codec
+from hp_otel import events as ev
 from hp_otel import schema as s
-from hp_otel.exporter import BoundedInMemorySpanExporter
-from hp_otel.records import CollectiveInfo, encode_collective, encode_tensor_infos
-
-# Event tags (the first item of every event tuple).
-MODULE_ENTER, MODULE_EXIT, OP_ENTER, OP_EXIT = "M+", "M-", "O+", "O-"
-REDISTRIBUTE_ENTER, REDISTRIBUTE_EXIT, COLLECTIVE, BACKWARD_END, WINDOW_END = "R+", "R-", "C", "B", "E"
-
+from hp_otel.infos import CollectiveInfo, ModuleInfo
+from hp_otel.span_store import LocalSpanStore
 
 _LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
 
@@ -61,7 +58,7 @@ class SpanBuilder:
     def __init__(
         self,
         tracer: Tracer,
-        store: BoundedInMemorySpanExporter,
+        store: LocalSpanStore,
         parent_ctx: Any,
         live: bool,
         on_fault: Callable[[str, BaseException], None] | None = None,
@@ -74,21 +71,23 @@ class SpanBuilder:
         self._parent_ctx = parent_ctx
         self._live = live  # live: make each open span the current span of this thread
         self._stack: list[_Frame] = []
+        # Encodings that repeat every step, made once per window.
         self._collective_attrs: dict[CollectiveInfo, dict[str, Any]] = {}
-        self._handlers: dict[str, Callable[[tuple[Any, ...]], None]] = {
-            MODULE_ENTER: self._module_enter,
-            MODULE_EXIT: self._module_exit,
-            OP_ENTER: self._op_enter,
-            OP_EXIT: self._op_exit,
-            REDISTRIBUTE_ENTER: self._redistribute_enter,
-            REDISTRIBUTE_EXIT: self._redistribute_exit,
-            COLLECTIVE: self._collective,
-            BACKWARD_END: self._backward_end,
-            WINDOW_END: self._window_end,
+        self._module_attrs: dict[tuple[ModuleInfo, str], dict[str, Any]] = {}
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.ModuleEnter: self._module_enter,
+            ev.ModuleExit: self._module_exit,
+            ev.OpEnter: self._op_enter,
+            ev.OpExit: self._op_exit,
+            ev.RedistributeEnter: self._redistribute_enter,
+            ev.RedistributeExit: self._redistribute_exit,
+            ev.Collective: self._collective,
+            ev.BackwardEnd: self._backward_end,
+            ev.WindowEnd: self._window_end,
         }
 
-    def feed(self, event: tuple[Any, ...]) -> None:
-        self._handlers[event[0]](event)
+    def feed(self, event: ev.Event) -> None:
+        self._handlers[type(event)](event)
 
     # --- stack ----------------------------------------------------------------
     def _push(self, kind: str, key: Any, name: str, attrs: dict[str, Any], phase: str, time_ns: int) -> None:
@@ -148,80 +147,64 @@ class SpanBuilder:
         return s.PHASE_FORWARD
 
     # --- handlers -------------------------------------------------------------
-    def _module_enter(self, e: tuple[Any, ...]) -> None:
-        _, t, fqn, span_name, module_type, phase, static_attrs = e
-        attrs = {s.CALL_KIND: s.KIND_MODULE, s.MODULE_FQN: fqn, s.MODULE_TYPE: module_type, s.PHASE: phase}
-        if static_attrs:
-            attrs.update(static_attrs)
-        self._push(s.KIND_MODULE, (fqn, phase), span_name, attrs, phase, t)
+    def _module_enter(self, e: ev.ModuleEnter) -> None:
+        module = e.module
+        key = (module, e.phase)
+        attrs = self._module_attrs.get(key)
+        if attrs is None:
+            attrs = self._module_attrs[key] = codec.encode_module(module, e.phase)
+        self._push(s.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns)
 
-    def _module_exit(self, e: tuple[Any, ...]) -> None:
-        _, t, fqn, phase, error = e
-        frame = self._pop(s.KIND_MODULE, (fqn, phase))
+    def _module_exit(self, e: ev.ModuleExit) -> None:
+        frame = self._pop(s.KIND_MODULE, (e.fqn, e.phase))
         if frame is not None:
-            self._end(frame, t, error)
+            self._end(frame, e.time_ns, e.error)
 
-    def _backward_end(self, e: tuple[Any, ...]) -> None:
-        t = e[1]
+    def _backward_end(self, e: ev.BackwardEnd) -> None:
         for frame in [f for f in reversed(self._stack) if f.kind == s.KIND_MODULE and f.phase == s.PHASE_BACKWARD]:
             self._pop(frame.kind, frame.key)
-            self._end(frame, t)
+            self._end(frame, e.time_ns)
 
-    def _op_enter(self, e: tuple[Any, ...]) -> None:
-        _, t, name, inputs = e
-        attrs = encode_tensor_infos(inputs, "input")
-        attrs[s.CALL_KIND] = s.KIND_OP
-        attrs[s.OP_NAME] = name
+    def _op_enter(self, e: ev.OpEnter) -> None:
         phase = self._phase()
-        attrs[s.PHASE] = phase
-        self._push(s.KIND_OP, name, name, attrs, phase, t)
+        self._push(s.KIND_OP, e.name, e.name, codec.encode_op(e.name, e.inputs, phase), phase, e.time_ns)
 
-    def _op_exit(self, e: tuple[Any, ...]) -> None:
-        _, t, name, outputs, error = e
-        frame = self._pop(s.KIND_OP, name)
+    def _op_exit(self, e: ev.OpExit) -> None:
+        frame = self._pop(s.KIND_OP, e.name)
         if frame is None:
             return
-        if outputs:
-            frame.span.set_attributes(encode_tensor_infos(outputs, "output"))
-        self._end(frame, t, error)
+        if e.outputs:
+            frame.span.set_attributes(codec.encode_tensor_infos(e.outputs, "output"))
+        self._end(frame, e.time_ns, e.error)
 
-    def _redistribute_enter(self, e: tuple[Any, ...]) -> None:
-        _, t, src, dst, shape = e
+    def _redistribute_enter(self, e: ev.RedistributeEnter) -> None:
         phase = self._phase()
-        attrs = {
-            s.CALL_KIND: s.KIND_REDISTRIBUTE,
-            s.REDISTRIBUTE_SRC_PLACEMENTS: src,
-            s.REDISTRIBUTE_DST_PLACEMENTS: dst,
-            s.TENSOR_SHAPE: shape,
-            s.PHASE: phase,
-        }
-        self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, t)
+        attrs = codec.encode_redistribute(e.src_placements, e.dst_placements, e.shape, phase)
+        self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, e.time_ns)
 
-    def _redistribute_exit(self, e: tuple[Any, ...]) -> None:
-        _, t, error = e
+    def _redistribute_exit(self, e: ev.RedistributeExit) -> None:
         frame = self._pop(s.KIND_REDISTRIBUTE, None)
         if frame is not None:
-            self._end(frame, t, error)
+            self._end(frame, e.time_ns, e.error)
 
-    def _collective(self, e: tuple[Any, ...]) -> None:
-        _, start, end, info, error, phase = e
+    def _collective(self, e: ev.Collective) -> None:
+        info = e.info
         attrs = self._collective_attrs.get(info)
         if attrs is None:
-            attrs = self._collective_attrs[info] = encode_collective(info)
+            attrs = self._collective_attrs[info] = codec.encode_collective(info)
         parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
-        span = self._start_span(info.op, parent_ctx, {**attrs, s.PHASE: phase}, start)
-        if error is not None:
-            mark_error(span, error)
-        self._end_span(span, end)
+        span = self._start_span(info.op, parent_ctx, {**attrs, s.PHASE: e.phase}, e.start_ns)
+        if e.error is not None:
+            mark_error(span, e.error)
+        self._end_span(span, e.end_ns)
 
-    def _window_end(self, e: tuple[Any, ...]) -> None:
+    def _window_end(self, e: ev.WindowEnd) -> None:
         """Close every span still open, with error status if the window raised."""
-        _, t, error = e
         stack, self._stack = self._stack, []
         try:
             for frame in reversed(stack):
                 try:
-                    self._end(frame, t, error)
+                    self._end(frame, e.time_ns, e.error)
                 except Exception as exc:  # one span failing must not leave the others open
                     self._on_fault("span_build", exc)
         finally:

@@ -20,20 +20,19 @@ import contextlib
 import contextvars
 import hashlib
 import logging
-import os
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, TracerProvider
 
+from hp_otel import launcher_env
 from hp_otel import schema as s
-from hp_otel.config import global_rank, run_id_from_env
 from hp_otel.span_builder import mark_error
 from hp_otel.version import __version__
 
@@ -106,7 +105,7 @@ def _sampled(tracer: Any, trace_id: int, attributes: dict[str, Any]) -> bool:
 
 def current_rank() -> int:
     """The rank from the launcher's environment, else torch.distributed's, else 0."""
-    rank = global_rank()
+    rank = launcher_env.global_rank()
     if rank is not None:
         return rank
     import sys
@@ -121,7 +120,7 @@ _process_run_id: str | None = None
 
 
 def resolve_run_id(run_id: str | None = None) -> str:
-    """The run id steps derive their trace ids from (see `hp_otel.config.run_id_from_env`)."""
+    """The run id steps derive their trace ids from (see `hp_otel.launcher_env.run_id`)."""
     global _process_run_id
     if run_id:
         return run_id
@@ -130,7 +129,7 @@ def resolve_run_id(run_id: str | None = None) -> str:
     telemetry = configured()
     if telemetry is not None and telemetry.config.run_id:
         return telemetry.config.run_id
-    found = run_id_from_env()
+    found = launcher_env.run_id()
     if found:
         return found
     if _process_run_id is None:
@@ -164,9 +163,9 @@ class StepSpans:
         self.trace_id, self.root_span_id = step_ids(self.run_id, self.step)
         tracer, root_tracer = _tracers(self.tracer_provider)
         attributes: dict[str, Any] = {s.STEP: self.step, s.RESOURCE_RUN_ID: self.run_id}
-        world_size = os.environ.get("WORLD_SIZE") or os.environ.get("RANK_SIZE") or os.environ.get("MS_WORKER_NUM")
-        if world_size and world_size.isdigit():
-            attributes[s.RESOURCE_WORLD_SIZE] = int(world_size)
+        world_size = launcher_env.world_size()
+        if world_size is not None:
+            attributes[s.RESOURCE_WORLD_SIZE] = world_size
         self.sampled = _sampled(root_tracer or tracer, self.trace_id, attributes)
         if self.rank == 0 and root_tracer is not None:
             token = _ROOT_IDS.forced.set((self.trace_id, self.root_span_id))
@@ -212,12 +211,29 @@ def begin_step(
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
         raise ValueError(f"rank must be a non-negative int or None, got {rank!r}")
     if tracer_provider is None:
-        from hp_otel.telemetry import default_tracer_provider
+        from hp_otel.providers import default_tracer_provider
 
         tracer_provider = default_tracer_provider()
     spans = StepSpans(step, resolve_run_id(run_id), current_rank() if rank is None else rank, tracer_provider)
     spans.begin()
     return spans
+
+
+class StepHandler(Protocol):
+    """Takes over `step()` while registered: the always-on instrumentor records every step."""
+
+    def explicit_step(
+        self, step: int | str, *, run_id: str | None, rank: int | None, module: Any
+    ) -> contextlib.AbstractContextManager[StepSpans]: ...
+
+
+_step_handler: StepHandler | None = None
+
+
+def set_step_handler(handler: StepHandler | None) -> None:
+    """Route `step()` through `handler` (None: back to plain step spans)."""
+    global _step_handler
+    _step_handler = handler
 
 
 @contextlib.contextmanager
@@ -244,11 +260,9 @@ def step(
     boundaries. Default provider: the one `hp_otel.configure()` installed, else
     hp_otel's in-memory one.
     """
-    from hp_otel import instrumentation
-
-    session = instrumentation.active_session()
-    if session is not None:
-        with session.explicit_step(step, run_id=run_id, rank=rank, module=module) as spans:
+    handler = _step_handler
+    if handler is not None:
+        with handler.explicit_step(step, run_id=run_id, rank=rank, module=module) as spans:
             yield spans
         return
     with running(begin_step(step, run_id=run_id, rank=rank, tracer_provider=tracer_provider)) as spans:

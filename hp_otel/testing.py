@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel import schema as s
-from hp_otel.records import CallRecord, build_call_tree
+from hp_otel.call_tree import CallRecord, build_call_tree, count_collectives
 
 __all__ = [
     "assert_collective_counts",
@@ -69,15 +69,7 @@ def collective_counts(source: Any, normalized: bool = False) -> dict[str, int]:
     counter = getattr(source, "get_comm_counts", None)
     if callable(counter):
         return dict(counter(normalized=normalized))
-    counts: dict[str, int] = {}
-    for span in _spans(source):
-        attrs = span.attributes or {}
-        if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
-            continue
-        key = s.COLLECTIVE_OP if normalized else s.COLLECTIVE_NAME
-        name = str(attrs.get(key, span.name))
-        counts[name] = counts.get(name, 0) + 1
-    return counts
+    return count_collectives(_spans(source), normalized)
 
 
 def assert_collective_counts(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
+from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
 from hp_otel.observer import Observer
-from hp_otel.records import CollectiveInfo, TensorInfo
 
 
 def dt(*shape: int, placement: str = "Replicate()") -> TensorInfo:
@@ -34,8 +34,8 @@ def collective(observer: Observer, info: CollectiveInfo = ALL_REDUCE, phase: str
 def design_mlp_forward(observer: Observer, modules: bool = True) -> None:
     """Section 3.5 of the design: fc1 column-sharded, fc2 row-sharded, one all_reduce in fc2's linear."""
     if modules:
-        observer.on_module_enter("(root)", "MLP", "MLP", "forward")
-        observer.on_module_enter("fc1", "fc1", "Linear", "forward")
+        observer.on_module_enter(ModuleInfo("(root)", "MLP", "MLP"), "forward")
+        observer.on_module_enter(ModuleInfo("fc1", "fc1", "Linear"), "forward")
     observer.on_op_enter("linear", [dt(4, 16), dt(32, 16, placement="Shard(dim=0)")])
     observer.on_op_exit("linear", [dt(4, 32, placement="Shard(dim=1)")])
     if modules:
@@ -43,7 +43,7 @@ def design_mlp_forward(observer: Observer, modules: bool = True) -> None:
     observer.on_op_enter("gelu", [dt(4, 32, placement="Shard(dim=1)")])
     observer.on_op_exit("gelu", [dt(4, 32, placement="Shard(dim=1)")])
     if modules:
-        observer.on_module_enter("fc2", "fc2", "Linear", "forward")
+        observer.on_module_enter(ModuleInfo("fc2", "fc2", "Linear"), "forward")
     observer.on_op_enter("linear", [dt(4, 32, placement="Shard(dim=1)"), dt(16, 32, placement="Shard(dim=1)")])
     collective(observer)
     observer.on_op_exit("linear", [dt(4, 16)])

@@ -31,8 +31,8 @@ def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
     from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
     from hp_otel import CommDebugMode, schema
-    from hp_otel.demo import init_gloo
-    from hp_otel.tp_mlp import build_tp_mlp, train_step
+    from hp_otel.cli.demo import init_gloo
+    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 
     init_gloo(rank, world_size, port)
     try:
@@ -141,7 +141,7 @@ def eager_collectives_worker(rank: int, world_size: int, port: int) -> None:
     from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
     from hp_otel import CommDebugMode, schema
-    from hp_otel.demo import init_gloo
+    from hp_otel.cli.demo import init_gloo
 
     init_gloo(rank, world_size, port)
     try:

@@ -14,7 +14,7 @@ from torch import nn
 from hp_otel import CommDebugMode, testing
 from hp_otel.cli import main
 from hp_otel.otlp_json import SpanFileError, read_spans, write_spans
-from hp_otel.render import render_table
+from hp_otel.render.table import render_table
 
 UNWRITABLE_FOLDER = "/proc/hp_otel_cannot_write_here"  # exists-check passes for /proc, creating a file fails
 
@@ -134,7 +134,7 @@ def test_wrong_types_into_the_observer_never_raise(recorded: CommDebugMode) -> N
         obs.on_collective("not a CollectiveInfo", 0, 1)  # type: ignore[arg-type]
         obs.on_op_enter("linear", 5)  # type: ignore[arg-type]
         obs.on_op_exit("linear", None)  # type: ignore[arg-type]
-        obs.on_module_enter(None, None, None, "sideways")  # type: ignore[arg-type]
+        obs.on_module_enter(None, "sideways")  # type: ignore[arg-type]
         obs.on_redistribute_enter(1, 2, "shape")  # type: ignore[arg-type]
         obs.on_redistribute_exit()
     assert mode.get_total_counts() == 1  # the valid collective; the broken one is a counted fault

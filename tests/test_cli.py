@@ -24,6 +24,7 @@ def demo_run(tmp_path_factory):
     return out, result
 
 
+@pytest.mark.slow  # a real 2-process gloo demo
 def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
     out, result = demo_run
     assert result.returncode == 0, result.stderr[-3000:]
@@ -37,6 +38,7 @@ def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
         assert spans["resourceSpans"][0]["scopeSpans"][0]["scope"]["name"] == "hp_otel"
 
 
+@pytest.mark.slow  # reads the demo's files
 def test_render_rebuilds_the_table_from_a_spans_file(demo_run, capsys) -> None:
     out, _ = demo_run
     assert main(["render", str(out / "spans_rank0.json"), "--noise-level", "2"]) == 0
@@ -61,6 +63,7 @@ def test_bad_noise_level_is_rejected_by_the_parser(capsys) -> None:
     assert "must be one of 0, 1, 2, 3" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs the benchmark
 def test_bench_runs_every_variant() -> None:
     result = _hp_otel("bench", "--rounds", "1", "--steps", "2")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -10,15 +10,16 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from hp_otel import schema
-from hp_otel.bench_export import Blackhole, closed_port
-from hp_otel.config import ConfigError, ExportConfig, run_id_from_env
+from hp_otel.cli.bench_export import Blackhole, closed_port
+from hp_otel.config import ConfigError, ExportConfig
 from hp_otel.export import (
     CountingSpanExporter,
     DropCountingBatchSpanProcessor,
     build_telemetry,
     prometheus_port_for_this_rank,
 )
-from hp_otel.telemetry import build_resource
+from hp_otel.launcher_env import run_id as run_id_from_env
+from hp_otel.providers import build_resource
 
 
 def test_http_appends_the_signal_path_to_a_base_endpoint_and_grpc_uses_it_as_is() -> None:

@@ -71,7 +71,7 @@ def _exported_names() -> set[str]:
     from prometheus_client import REGISTRY, generate_latest
 
     from hp_otel import CommDebugMode
-    from hp_otel.telemetry import build_resource
+    from hp_otel.providers import build_resource
 
     reader = PrometheusMetricReader()
     provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0}))

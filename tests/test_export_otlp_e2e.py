@@ -16,6 +16,8 @@ import servers
 from hp_otel.otlp_json import read_spans
 from hp_otel.steps import step_ids
 
+pytestmark = pytest.mark.slow  # a real OTLP receiver and 2-rank runs
+
 STEPS = 2
 
 

@@ -80,9 +80,8 @@ def test_design_mlp_tables_at_each_noise_level(hp) -> None:
 
 def test_op_events_come_from_the_observer_slot_where_the_release_has_one(hp) -> None:
     dispatch_module = importlib.import_module("hyper_parallel.core.shard._op_dispatch")
-    source = HyperParallelSource()
-    mode = CommDebugMode()
-    mode._sources = [source]
+    mode = CommDebugMode(engine="hyper_parallel")
+    (source,) = [s for s in mode.sources if isinstance(s, HyperParallelSource)]
     before = _descriptors()
     with mode:
         assert source.uses_observer_slot is (hp.RELEASE != "snapshot")

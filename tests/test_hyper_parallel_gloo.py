@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hyper_parallel_workers
+import pytest
 import torch.multiprocessing as mp
 
-from hp_otel.demo import free_port
+from hp_otel.cli.demo import free_port
+
+pytestmark = pytest.mark.slow  # two gloo processes
 
 
 def test_design_mlp_and_redistributions_on_two_ranks() -> None:

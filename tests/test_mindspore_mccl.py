@@ -12,7 +12,9 @@ import pytest
 
 pytest.importorskip("mindspore", reason="mindspore is not installed (CI installs it)")
 
-from hp_otel.demo import free_port
+from hp_otel.cli.demo import free_port
+
+pytestmark = pytest.mark.slow  # two MindSpore workers over mccl
 
 WORKER = Path(__file__).resolve().parent / "mindspore_mccl_worker.py"
 WORKERS = 2

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import TracerProvider
 
-from hp_otel import CommDebugMode, schema
-from hp_otel.records import CollectiveInfo, TensorInfo
-from hp_otel.render import NOISE_LEVELS, build_json_dump
+from hp_otel import CommDebugMode
+from hp_otel.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
+from hp_otel.render.json_dump import build_json_dump
+from hp_otel.render.levels import NOISE_LEVELS
 from hp_otel.testing import assert_collective_counts, collective_counts, span_outline
 
 FQNS = ("(root)", "fc1", "fc2", "block.attn")
@@ -53,7 +54,9 @@ def _feed(observer, sequence) -> int:
     for event in sequence:
         kind = event[0]
         if kind == "module_enter":
-            observer.on_module_enter(event[1], event[1], "Linear", event[2], {schema.MODULE_PARAM_NAMES: ("weight",)})
+            observer.on_module_enter(
+                ModuleInfo(event[1], event[1], "Linear", (ParameterInfo("weight", (2, 2), "torch.float32"),)), event[2]
+            )
         elif kind == "module_exit":
             observer.on_module_exit(event[1], event[2], RuntimeError("boom") if event[3] else None)
         elif kind == "op_enter":

@@ -5,7 +5,7 @@ from __future__ import annotations
 pytest_plugins = ("pytester",)
 
 USER_TESTS = """
-from hp_otel.records import CollectiveInfo
+from hp_otel.infos import CollectiveInfo
 from hp_otel.testing import assert_collective_counts, assert_span_tree, metric_points
 
 AR = CollectiveInfo("_c10d_functional.all_reduce", "all_reduce", 2, bytes=64)

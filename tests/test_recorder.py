@@ -11,7 +11,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import StatusCode
 
 from hp_otel import CommDebugMode, schema
-from hp_otel.records import CollectiveInfo, build_call_tree
+from hp_otel.call_tree import build_call_tree
+from hp_otel.infos import CollectiveInfo, ModuleInfo
 
 
 def _tree_names(mode: CommDebugMode) -> list:
@@ -39,7 +40,7 @@ def test_counts_by_name_normalised_and_module() -> None:
     gather = CollectiveInfo(name="differentiable_all_gather_concat", op="all_gather", group_size=2)
     with CommDebugMode() as mode:
         design_mlp_forward(mode.observer)
-        mode.observer.on_module_enter("fc1", "fc1", "Linear", "backward")
+        mode.observer.on_module_enter(ModuleInfo("fc1", "fc1", "Linear"), "backward")
         collective(mode.observer, gather)
         collective(mode.observer)
         mode.observer.on_backward_end()
@@ -114,8 +115,8 @@ def test_unbalanced_events_never_raise() -> None:
         obs.on_module_exit("fc9", "forward")
         obs.on_redistribute_exit()
         collective(obs)  # outside any op
-        obs.on_module_enter("a", "a", "A", "backward")
-        obs.on_module_enter("b", "b", "B", "backward")
+        obs.on_module_enter(ModuleInfo("a", "a", "A"), "backward")
+        obs.on_module_enter(ModuleInfo("b", "b", "B"), "backward")
         obs.on_module_exit("a", "backward")  # parent closes before child (MindSpore backward)
         obs.on_op_enter("never_closed", [])
     assert mode.get_callback_error_counts() == {}
@@ -126,7 +127,7 @@ def test_unbalanced_events_never_raise() -> None:
 
 def test_exception_in_window_ends_open_spans_with_error() -> None:
     with pytest.raises(KeyError), CommDebugMode() as mode:
-        mode.observer.on_module_enter("(root)", "MLP", "MLP", "forward")
+        mode.observer.on_module_enter(ModuleInfo("(root)", "MLP", "MLP"), "forward")
         mode.observer.on_op_enter("linear", [])
         raise KeyError("boom")
     spans = {s.name: s for s in mode.get_finished_spans()}
@@ -162,12 +163,12 @@ def test_live_and_deferred_spans_are_the_same_tree() -> None:
 
 
 def test_faults_in_span_building_are_counted_and_logged_once(caplog, monkeypatch) -> None:
-    from hp_otel import span_builder
+    from hp_otel import codec
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(span_builder, "encode_tensor_infos", broken)
+    monkeypatch.setattr(codec, "encode_tensor_infos", broken)
     caplog.set_level(logging.WARNING, logger="hp_otel")
     with CommDebugMode() as mode:
         design_mlp_forward(mode.observer)

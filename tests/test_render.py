@@ -10,8 +10,10 @@ from events import DESIGN_TABLE_0, DESIGN_TABLE_1, DESIGN_TABLE_2, design_mlp_fo
 from torch import nn
 
 from hp_otel import CommDebugMode
+from hp_otel.call_tree import count_collectives
+from hp_otel.infos import ModuleInfo
 from hp_otel.otlp_json import SpanFileError, read_spans, write_spans
-from hp_otel.render import EMPTY_TABLE, count_collectives, render_table
+from hp_otel.render.table import EMPTY_TABLE, render_table
 
 
 class TwoLayer(nn.Module):
@@ -69,7 +71,7 @@ def test_level_2_without_module_warns_once_and_equals_level_1() -> None:
 def test_level_3_adds_redistribute_and_backward(design_mode: CommDebugMode) -> None:
     with CommDebugMode(module=TwoLayer()) as mode:
         obs = mode.observer
-        obs.on_module_enter("(root)", "MLP", "MLP", "backward")
+        obs.on_module_enter(ModuleInfo("(root)", "MLP", "MLP"), "backward")
         obs.on_redistribute_enter("Partial(sum)", "Replicate()", (4, 16))
         from events import collective
 

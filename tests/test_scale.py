@@ -11,10 +11,11 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from hp_otel import CommDebugMode, json_dump, render, schema
+from hp_otel import CommDebugMode, schema
 from hp_otel import mode as mode_module
-from hp_otel.bench_scale import format_scale_results, mlp_forward_events, record_window, run_scale_bench
 from hp_otel.cli import main
+from hp_otel.cli.bench_scale import format_scale_results, mlp_forward_events, record_window, run_scale_bench
+from hp_otel.render import json_dump
 from hp_otel.testing import assert_collective_counts, metric_points
 
 
@@ -37,7 +38,7 @@ def test_cap_holds_and_counts_stay_exact_past_the_build_threshold(monkeypatch) -
 def test_json_is_written_in_bounded_chunks(monkeypatch, tmp_path) -> None:
     mode = record_window(7_000)
     writes: list[int] = []
-    original = render.write_text_atomically
+    original = json_dump.write_text_atomically
 
     def recording(path, write, **kwargs):
         class Handle:
@@ -50,7 +51,7 @@ def test_json_is_written_in_bounded_chunks(monkeypatch, tmp_path) -> None:
 
         return original(path, lambda handle: write(Handle(handle)), **kwargs)
 
-    monkeypatch.setattr(render, "write_text_atomically", recording)
+    monkeypatch.setattr(json_dump, "write_text_atomically", recording)
     path = tmp_path / "dump.json"
     mode.generate_json_dump(path, noise_level=3)
     size = path.stat().st_size

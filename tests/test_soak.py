@@ -18,6 +18,7 @@ import time
 import tracemalloc
 from typing import ClassVar
 
+import pytest
 import torch
 import torch.nn.functional as F
 from events import collective, design_mlp_forward
@@ -29,8 +30,10 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from hp_otel import CommDebugMode
 from hp_otel import mode as mode_module
+from hp_otel.cli.tp_mlp import MLP
 from hp_otel.sources import torch_dtensor
-from hp_otel.tp_mlp import MLP
+
+pytestmark = pytest.mark.slow  # 10,000 windows on 4 threads
 
 WINDOWS = 10_000
 THREADS = 4

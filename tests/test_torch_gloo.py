@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gloo_workers
+import pytest
 import torch.multiprocessing as mp
 
-from hp_otel.demo import free_port
+from hp_otel.cli.demo import free_port
+
+pytestmark = pytest.mark.slow  # two gloo processes
 
 WORLD_SIZE = 2
 

@@ -1,29 +1,57 @@
-"""Sources: framework hooks that feed the observer interface (`hp_otel.observer`)."""
+"""Sources: framework hooks that feed the observer interface (`hp_otel.observer`).
+
+Engines are rows of `ENGINES`: a name, the package that must be importable, and a
+factory for the engine's sources.  A new engine is one new module here and one row;
+module tracking (torch `nn.Module`, MindSpore `Cell`) and the graph-mode watch are
+added to every engine by `default_sources`.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from hp_otel.observer import Source
 
-ENGINES = ("auto", "torch", "hyper_parallel", "mindspore")
+
+@dataclass(frozen=True)
+class Engine:
+    name: str  # what CommDebugMode(engine=...) takes
+    package: str  # importable when the framework is installed
+    source_class: str  # "module:Class" of its source, imported only when used; the class takes no arguments
+
+    def make_sources(self) -> list[Source]:
+        module_name, _, class_name = self.source_class.partition(":")
+        return [getattr(importlib.import_module(module_name), class_name)()]
+
+
+ENGINES: tuple[Engine, ...] = (
+    Engine("torch", "torch", "hp_otel.sources.torch_dtensor:TorchDTensorSource"),
+    Engine("hyper_parallel", "hyper_parallel", "hp_otel.sources.hyper_parallel:HyperParallelSource"),
+    Engine("mindspore", "mindspore", "hp_otel.sources.mindspore:MindSporeCollectiveSource"),
+)
+_BY_NAME = {engine.name: engine for engine in ENGINES}
+ENGINE_NAMES = ("auto", *_BY_NAME)
 
 
 def check_engine(engine: Any) -> str:
     """A valid engine name whose framework is importable, or a clear error."""
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
-    if engine != "auto" and not _importable(engine):
-        raise ImportError(f"engine={engine!r} needs the {engine!r} package, which is not importable here")
+    if not isinstance(engine, str) or engine not in ENGINE_NAMES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINE_NAMES))}, got {engine!r}")
+    if engine != "auto" and not importable(_BY_NAME[engine].package):
+        raise ImportError(
+            f"engine={engine!r} needs the {_BY_NAME[engine].package!r} package, which is not importable here"
+        )
     return engine
 
 
 _spec_cache: dict[tuple[str, tuple[str, ...]], bool] = {}
 
 
-def _importable(name: str) -> bool:
+def importable(name: str) -> bool:
     """Whether `import name` would work; the file-system search is cached per sys.path
     (it costs ≈40 µs, and "auto" asks at every window's start)."""
     if name in sys.modules:
@@ -55,9 +83,9 @@ def resolve_engine(engine: str, module: Any = None) -> str:
     """ "auto": hyper-parallel if importable; else MindSpore for a Cell or without torch; else torch."""
     if engine != "auto":
         return engine
-    if _importable("hyper_parallel"):
+    if importable("hyper_parallel"):
         return "hyper_parallel"
-    if is_mindspore_cell(module) or not _importable("torch"):
+    if is_mindspore_cell(module) or not importable("torch"):
         return "mindspore"
     return "torch"
 
@@ -74,23 +102,10 @@ def module_tracker(module: Any) -> Source:
 
 
 def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
-    """The sources for the engine (see `resolve_engine`), module tracking when a module is given, graph-mode watch."""
+    """The engine's sources (see `resolve_engine`), module tracking when a module is given, graph-mode watch."""
     from hp_otel.sources.graph_mode import GraphModeWatch
 
-    engine = resolve_engine(check_engine(engine), module)
-    sources: list[Source]
-    if engine == "hyper_parallel":
-        from hp_otel.sources.hyper_parallel import HyperParallelSource
-
-        sources = [HyperParallelSource()]
-    elif engine == "mindspore":
-        from hp_otel.sources.mindspore import MindSporeCollectiveSource
-
-        sources = [MindSporeCollectiveSource()]
-    else:
-        from hp_otel.sources.torch_dtensor import TorchDTensorSource
-
-        sources = [TorchDTensorSource()]
+    sources = _BY_NAME[resolve_engine(check_engine(engine), module)].make_sources()
     if module is not None:
         sources.append(module_tracker(module))
     sources.append(GraphModeWatch())  # says once when the window met graph-mode code it cannot trace

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hp_otel.records import CollectiveInfo
+from hp_otel.infos import CollectiveInfo
 from hp_otel.sources.patching import ObserverSlot
 
 _INPUT_NAMES = ("data", "input_data", "input_tensor", "input", "tensor", "x")

@@ -27,8 +27,8 @@ from types import ModuleType
 from typing import Any
 
 from hp_otel import schema as s
+from hp_otel.infos import TensorInfo
 from hp_otel.observer import Observer
-from hp_otel.records import TensorInfo
 from hp_otel.sources.function_collectives import (
     AsyncHandles,
     CallReader,

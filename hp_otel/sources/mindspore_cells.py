@@ -15,21 +15,26 @@ import sys
 from typing import Any
 
 from hp_otel import schema as s
+from hp_otel.codec import placements_text
+from hp_otel.infos import ModuleInfo, ParameterInfo
 from hp_otel.observer import Observer
-from hp_otel.records import encode_parameters
 from hp_otel.sources.patching import run_every
 
 
-def parameter_attributes(cell: Any) -> dict[str, Any]:
-    """The cell's own parameters (not its children's) as parallel span attribute arrays."""
-    names, shapes, dtypes, placements = [], [], [], []
+def parameter_infos(cell: Any) -> tuple[ParameterInfo, ...]:
+    """The cell's own parameters (not its children's)."""
+    infos = []
     for name, param in cell.parameters_and_names(expand=False):
-        names.append(name.rsplit(".", 1)[-1])
-        shapes.append(",".join(str(int(d)) for d in param.shape))
-        dtypes.append(str(param.dtype))
-        param_placements = getattr(param, "placements", None)  # a hyper-parallel DTensor parameter
-        placements.append(";".join(repr(p) for p in param_placements) if param_placements is not None else "")
-    return encode_parameters(names, shapes, dtypes, placements)
+        placements = getattr(param, "placements", None)  # a hyper-parallel DTensor parameter
+        infos.append(
+            ParameterInfo(
+                name=name.rsplit(".", 1)[-1],
+                shape=tuple(int(d) for d in param.shape),
+                dtype=str(param.dtype),
+                placements=placements_text(placements) if placements is not None else "",
+            )
+        )
+    return tuple(infos)
 
 
 class _TrackedCell:
@@ -38,9 +43,7 @@ class _TrackedCell:
     def __init__(self, tracker: MindSporeCellTracker, fqn: str, cell: Any) -> None:
         self.tracker = tracker
         self.fqn = fqn or s.ROOT_MODULE_FQN
-        self.span_name = fqn or type(cell).__name__
-        self.cell_type = type(cell).__qualname__
-        self.static_attrs = parameter_attributes(cell)
+        self.info = ModuleInfo(self.fqn, fqn or type(cell).__name__, type(cell).__qualname__, parameter_infos(cell))
 
     def _observer(self) -> Observer | None:
         observer = self.tracker.observer
@@ -49,7 +52,7 @@ class _TrackedCell:
     def forward_pre(self, cell: Any, args: Any) -> None:
         observer = self._observer()
         if observer is not None:
-            observer.on_module_enter(self.fqn, self.span_name, self.cell_type, s.PHASE_FORWARD, self.static_attrs)
+            observer.on_module_enter(self.info, s.PHASE_FORWARD)
 
     def forward_post(self, cell: Any, args: Any, output: Any) -> None:
         observer = self._observer()
@@ -60,7 +63,7 @@ class _TrackedCell:
     def backward_pre(self, cell: Any, grad_output: Any) -> None:
         observer = self._observer()
         if observer is not None:
-            observer.on_module_enter(self.fqn, self.span_name, self.cell_type, s.PHASE_BACKWARD)
+            observer.on_module_enter(self.info, s.PHASE_BACKWARD)
 
     def backward_post(self, cell: Any, grad_input: Any, grad_output: Any) -> None:
         observer = self._observer()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hp_otel.records import CollectiveInfo
+from hp_otel.infos import CollectiveInfo
 from hp_otel.sources.function_collectives import reduce_op_name
 from hp_otel.sources.torch_tensors import dtype_name
 
@@ -60,7 +60,6 @@ _NORMALISED: dict[str, str] = {
     "c10d.scatter_": "scatter",
     "c10d.reduce_": "reduce",
 }
-FRAMEWORK_NAMES: tuple[str, ...] = tuple(_NORMALISED)
 
 _INPUT_ARGS = ("input", "self", "input_tensor", "input_tensors", "inputs", "tensors", "tensor")
 _OUTPUT_ARGS = ("output", "out", "output_tensor", "output_tensors")

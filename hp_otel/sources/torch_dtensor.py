@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import importlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -184,6 +185,21 @@ def _plan_redistribute_patches() -> list[AttributePatch]:
 
 
 _redistribute_patches = SharedPatches(_plan_redistribute_patches)
+
+
+class _Idle:
+    """An observer that accepts nothing: the modes pass every call straight through."""
+
+    accepting = False
+
+
+@contextlib.contextmanager
+def idle_modes() -> Iterator[None]:
+    """This source's function and dispatch modes, recording nothing: the hooking floor the
+    benchmark measures (what any mode-based tracer of ops and collectives pays)."""
+    idle: Any = _Idle()
+    with _CollectiveMode(idle, collective_specs()), _OpMode(idle):
+        yield
 
 
 class TorchDTensorSource:

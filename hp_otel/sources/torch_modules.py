@@ -21,8 +21,8 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils.hooks import RemovableHandle
 
 from hp_otel import schema as s
+from hp_otel.infos import ModuleInfo, ParameterInfo
 from hp_otel.observer import Observer
-from hp_otel.records import encode_parameters
 from hp_otel.sources.torch_tensors import dtype_name, placements_str
 
 
@@ -37,35 +37,33 @@ def _grad_tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-_param_cache: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], dict[str, Any]]] = weakref.WeakKeyDictionary()
+_param_cache: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], tuple[ParameterInfo, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def parameter_attributes(module: nn.Module) -> dict[str, Any]:
-    """The module's own parameters (not its children's) as parallel span attribute arrays.
-
-    Cached per module while its parameter objects stay the same.
-    """
+def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
+    """The module's own parameters (not its children's); cached while its parameter objects stay the same."""
     identity = tuple(map(id, module._parameters.values()))
     cached = _param_cache.get(module)
     if cached is not None and cached[0] == identity:
         return cached[1]
-    attrs = _parameter_attributes(module)
-    _param_cache[module] = (identity, attrs)
-    return attrs
-
-
-def _parameter_attributes(module: nn.Module) -> dict[str, Any]:
     from torch.distributed.tensor import DTensor
 
-    names, shapes, dtypes, placements = [], [], [], []
+    infos = []
     for name, param in module.named_parameters(recurse=False):
-        names.append(name)
-        shapes.append(",".join(map(str, param.shape)))
-        dtypes.append(dtype_name(param.dtype))
         # torch's DTensor, or another framework's (hyper-parallel) with the same `placements` property
-        param_placements = param.placements if isinstance(param, DTensor) else getattr(param, "placements", None)
-        placements.append(placements_str(tuple(param_placements)) if param_placements is not None else "")
-    return encode_parameters(names, shapes, dtypes, placements)
+        placements = param.placements if isinstance(param, DTensor) else getattr(param, "placements", None)
+        infos.append(
+            ParameterInfo(
+                name=name,
+                shape=tuple(param.shape),
+                dtype=dtype_name(param.dtype),
+                placements=placements_str(tuple(placements)) if placements is not None else "",
+            )
+        )
+    _param_cache[module] = (identity, tuple(infos))
+    return tuple(infos)
 
 
 class _TrackedModule:
@@ -74,15 +72,15 @@ class _TrackedModule:
     def __init__(self, tracker: TorchModuleTracker, fqn: str, module: nn.Module) -> None:
         self.tracker = tracker
         self.fqn = fqn or s.ROOT_MODULE_FQN
-        self.span_name = fqn or type(module).__name__
-        self.module_type = type(module).__qualname__
-        self.static_attrs = parameter_attributes(module)
+        self.info = ModuleInfo(
+            self.fqn, fqn or type(module).__name__, type(module).__qualname__, parameter_infos(module)
+        )
 
     def forward_pre(self, module: nn.Module, args: Any) -> None:
         observer = self.tracker.observer
         if observer is None or not observer.accepting:
             return
-        observer.on_module_enter(self.fqn, self.span_name, self.module_type, s.PHASE_FORWARD, self.static_attrs)
+        observer.on_module_enter(self.info, s.PHASE_FORWARD)
         try:
             if torch.is_grad_enabled():
                 inputs = _grad_tensors(args)
@@ -111,7 +109,7 @@ class _TrackedModule:
         observer = self.tracker.observer
         if observer is None or not observer.accepting:
             return
-        observer.on_module_enter(self.fqn, self.span_name, self.module_type, s.PHASE_BACKWARD)
+        observer.on_module_enter(self.info, s.PHASE_BACKWARD)
         try:
             self.tracker.close_at_backward_end()
         except Exception as exc:

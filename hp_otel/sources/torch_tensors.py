@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from hp_otel.records import TensorInfo
+from hp_otel.infos import TensorInfo
 
 _dtype_names: dict[torch.dtype, str] = {}
 

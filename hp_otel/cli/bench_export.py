@@ -83,12 +83,12 @@ def run_export_bench(rounds: int = 15, steps: int = 20) -> tuple[dict[str, float
     import torch
 
     from hp_otel import CommDebugMode
-    from hp_otel.bench import _fake_process_group
+    from hp_otel.cli.bench import fake_process_group
+    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
     from hp_otel.steps import step as mark_step
-    from hp_otel.tp_mlp import build_tp_mlp, train_step
 
     torch.set_num_threads(1)
-    _fake_process_group(2)
+    fake_process_group(2)
     model = build_tp_mlp(2, 32, 64)
     batch = torch.randn(8, 32)
     blackhole = Blackhole()

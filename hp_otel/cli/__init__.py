@@ -11,7 +11,7 @@ from hp_otel.config import PROTOCOLS
 
 
 def _noise_level(text: str) -> int:
-    from hp_otel.render import NOISE_LEVELS
+    from hp_otel.render.levels import NOISE_LEVELS
 
     if not text.isdigit() or int(text) not in NOISE_LEVELS:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, NOISE_LEVELS))}")
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        from hp_otel.demo import DemoConfig, run_demo
+        from hp_otel.cli.demo import DemoConfig, run_demo
 
         run_demo(
             DemoConfig(
@@ -84,23 +84,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     if args.command == "bench" and args.export_down:
-        from hp_otel.bench_export import main as bench_export
+        from hp_otel.cli.bench_export import main as bench_export
 
         print("\n".join(bench_export(args.rounds, args.steps)))
         return 0
     if args.command == "bench" and args.scale:
-        from hp_otel.bench_scale import format_scale_results, run_scale_bench
+        from hp_otel.cli.bench_scale import format_scale_results, run_scale_bench
 
         print("\n".join(format_scale_results(run_scale_bench(spans=args.spans))))
         return 0
     if args.command == "bench":
-        from hp_otel.bench import format_results, run_bench
+        from hp_otel.cli.bench import format_results, run_bench
 
         results = run_bench(rounds=args.rounds, steps=args.steps)
         print("\n".join(format_results(results)))
         return 0
+    from hp_otel.call_tree import count_collectives
     from hp_otel.otlp_json import SpanFileError, read_spans
-    from hp_otel.render import count_collectives, render_table
+    from hp_otel.render.table import render_table
 
     try:
         spans = read_spans(args.file)
@@ -110,7 +111,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"collective counts: {count_collectives(spans)}")
     print(render_table(spans, args.noise_level))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 
-class BoundedInMemorySpanExporter(InMemorySpanExporter):
+class LocalSpanStore(InMemorySpanExporter):
     """Keeps at most `max_spans` finished spans; counts the ones it turns away."""
 
     def __init__(self, max_spans: int) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def _fake_process_group(world_size: int) -> None:
+def fake_process_group(world_size: int) -> None:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -30,6 +30,7 @@ def _variants(model: Any) -> dict[str, Callable[[], contextlib.AbstractContextMa
     from torch.utils._debug_mode import DebugMode
 
     from hp_otel import CommDebugMode
+    from hp_otel.sources.torch_dtensor import idle_modes
 
     return {
         "untraced": contextlib.nullcontext,
@@ -37,26 +38,8 @@ def _variants(model: Any) -> dict[str, Callable[[], contextlib.AbstractContextMa
         "torch CommDebugMode": TorchCommDebugMode,
         "torch DebugMode": DebugMode,
         "hp_otel imported, inactive": contextlib.nullcontext,
-        "floor: bare torch modes": _bare_torch_modes,
+        "floor: bare torch modes": idle_modes,
     }
-
-
-class _Idle:
-    """An observer that accepts nothing: the modes pass every call straight through."""
-
-    accepting = False
-
-
-@contextlib.contextmanager
-def _bare_torch_modes() -> Iterator[None]:
-    """hp_otel's torch function mode and dispatch mode with nothing recorded: the cost any
-    mode-based tracer of user-level ops and dispatch-level collectives pays on torch 2.13."""
-    from hp_otel.sources.torch_collectives import collective_specs
-    from hp_otel.sources.torch_dtensor import _CollectiveMode, _OpMode
-
-    idle = _Idle()
-    with _CollectiveMode(idle, collective_specs()), _OpMode(idle):  # type: ignore[arg-type]
-        yield
 
 
 def _time_block(step: Callable[[], Any], make_ctx: Callable[[], Any], steps: int) -> float:
@@ -77,10 +60,10 @@ def run_bench(
     import torch
 
     from hp_otel import CommDebugMode
-    from hp_otel.tp_mlp import build_tp_mlp, train_step
+    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 
     torch.set_num_threads(1)  # intra-op threads only add noise to a dispatch-bound step
-    _fake_process_group(world_size)
+    fake_process_group(world_size)
     model = build_tp_mlp(world_size, hidden, intermediate)
     batch = torch.randn(8, hidden)
 

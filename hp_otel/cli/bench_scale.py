@@ -18,8 +18,10 @@ import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hp_otel import CommDebugMode, render
-from hp_otel.records import CollectiveInfo, TensorInfo
+from hp_otel import CommDebugMode
+from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
+from hp_otel.render.levels import NOISE_LEVELS
+from hp_otel.render.table import render_table
 
 _SPANS_PER_STEP = 7  # design_mlp_forward: root, fc1, linear, gelu, fc2, linear, all_reduce
 
@@ -33,16 +35,21 @@ _ALL_REDUCE = CollectiveInfo(
 )
 
 
+_ROOT = ModuleInfo("(root)", "MLP", "MLP")
+_FC1 = ModuleInfo("fc1", "fc1", "Linear")
+_FC2 = ModuleInfo("fc2", "fc2", "Linear")
+
+
 def mlp_forward_events(observer: Any) -> None:
     """One forward of the design's TP MLP as observer events (7 spans)."""
-    observer.on_module_enter("(root)", "MLP", "MLP", "forward")
-    observer.on_module_enter("fc1", "fc1", "Linear", "forward")
+    observer.on_module_enter(_ROOT, "forward")
+    observer.on_module_enter(_FC1, "forward")
     observer.on_op_enter("linear", [_dt(4, 16), _dt(32, 16, placement="Shard(dim=0)")])
     observer.on_op_exit("linear", [_dt(4, 32, placement="Shard(dim=1)")])
     observer.on_module_exit("fc1", "forward")
     observer.on_op_enter("gelu", [_dt(4, 32, placement="Shard(dim=1)")])
     observer.on_op_exit("gelu", [_dt(4, 32, placement="Shard(dim=1)")])
-    observer.on_module_enter("fc2", "fc2", "Linear", "forward")
+    observer.on_module_enter(_FC2, "forward")
     observer.on_op_enter("linear", [_dt(4, 32, placement="Shard(dim=1)"), _dt(16, 32, placement="Shard(dim=1)")])
     start = time.time_ns()
     observer.on_collective(_ALL_REDUCE, start, start + 1000)
@@ -101,8 +108,8 @@ def time_outputs(spans: int, repeats: int = 3) -> dict[str, float]:
     out: dict[str, float] = {"spans": len(finished)}
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "dump.json")
-        for level in render.NOISE_LEVELS:
-            out[f"table_level_{level}_s"] = _median_seconds(lambda lv=level: render.render_table(finished, lv), repeats)
+        for level in NOISE_LEVELS:
+            out[f"table_level_{level}_s"] = _median_seconds(lambda lv=level: render_table(finished, lv), repeats)
             out[f"json_level_{level}_s"] = _median_seconds(
                 lambda lv=level: mode.generate_json_dump(path, noise_level=lv), repeats
             )
@@ -122,7 +129,7 @@ def format_scale_results(results: dict[str, dict[str, float]]) -> Iterator[str]:
         f"({memory['held_mib']:.1f} MiB), {memory['after_clear_kib']:.1f} KiB left after clear()"
     )
     yield f"outputs for {outputs['spans']:.0f} spans (median s; JSON {outputs['json_mib']:.1f} MiB at level 3):"
-    for level in render.NOISE_LEVELS:
+    for level in NOISE_LEVELS:
         yield (
             f"  noise_level={level}: table {outputs[f'table_level_{level}_s']:.3f} s, "
             f"JSON dump {outputs[f'json_level_{level}_s']:.3f} s"

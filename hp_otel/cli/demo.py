@@ -58,8 +58,8 @@ def _rank_main(rank: int, config: DemoConfig) -> None:
 
     import hp_otel
     from hp_otel import CommDebugMode
+    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
     from hp_otel.otlp_json import write_spans
-    from hp_otel.tp_mlp import build_tp_mlp, train_step
 
     init_gloo(rank, config.world_size, config.port)
     telemetry = None

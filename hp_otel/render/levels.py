@@ -1,0 +1,66 @@
+"""Noise levels: what each level shows, decoded once into named flags.
+
+0: collectives only · 1 (default): + DTensor ops · 2: + forward module boundaries ·
+3: + backward module spans, redistribute steps and collective detail (dtype, bytes,
+reduce op, phase).  Every renderer asks these flags, never the number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hp_otel import schema as s
+from hp_otel.call_tree import CallRecord
+
+NOISE_LEVELS = (0, 1, 2, 3)
+DEFAULT_NOISE_LEVEL = 1
+
+
+@dataclass(frozen=True)
+class NoiseLevel:
+    level: int
+    ops: bool  # op lines (hidden ops still indent their collectives)
+    forward_modules: bool
+    backward_modules: bool
+    redistributes: bool
+    collective_detail: bool
+
+    def is_node(self, record: CallRecord) -> bool:
+        """Whether the record is a node of the tree at this level (it indents what it encloses)."""
+        kind = record.kind
+        if kind in (s.KIND_OP, s.KIND_COLLECTIVE):
+            return True
+        if kind == s.KIND_MODULE:
+            return self.backward_modules if record.phase == s.PHASE_BACKWARD else self.forward_modules
+        return self.redistributes
+
+    def shows(self, record: CallRecord) -> bool:
+        """Whether the record is a line of the table / a node of the JSON dump."""
+        if record.kind == s.KIND_OP:
+            return self.ops
+        return self.is_node(record)
+
+
+_LEVELS = {
+    level: NoiseLevel(
+        level=level,
+        ops=level >= 1,
+        forward_modules=level >= 2,
+        backward_modules=level >= 3,
+        redistributes=level >= 3,
+        collective_detail=level >= 3,
+    )
+    for level in NOISE_LEVELS
+}
+
+
+def noise_level(value: Any, argument: str = "noise_level") -> NoiseLevel:
+    """The level's flags (None means the default), or a ValueError naming the allowed values."""
+    if value is None:
+        return _LEVELS[DEFAULT_NOISE_LEVEL]
+    if isinstance(value, NoiseLevel):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value not in _LEVELS:
+        raise ValueError(f"{argument} must be one of {', '.join(map(str, NOISE_LEVELS))} or None, got {value!r}")
+    return _LEVELS[value]

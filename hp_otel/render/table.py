@@ -1,0 +1,96 @@
+"""The tracing table (the design's section 3.5 format), from the call tree.
+
+Two spaces of indent per depth, the type word padded so that Detail starts at column
+21 on every line, a header and an 80-dash rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+
+from hp_otel import codec
+from hp_otel import schema as s
+from hp_otel.call_tree import CallRecord, build_call_tree
+from hp_otel.render.levels import NoiseLevel, noise_level
+
+EMPTY_TABLE = "(no operations recorded)"
+_TYPE_COLUMN = 21
+HEADER = "Type".ljust(_TYPE_COLUMN) + "Detail"
+RULE = "-" * 80
+
+
+def visible(roots: Iterable[CallRecord], level: NoiseLevel, depth: int = 0) -> Iterator[tuple[CallRecord, int]]:
+    """(record, depth) in tree order for the lines of a table at this noise level."""
+    for record in roots:
+        if level.is_node(record):
+            if level.shows(record):
+                yield record, depth
+            yield from visible(record.children, level, depth + 1)
+        else:
+            yield from visible(record.children, level, depth)
+
+
+def _shape(values: Iterable[int]) -> str:
+    return repr(tuple(values))
+
+
+_label_cache: dict[tuple[Any, ...], str] = {}
+
+
+def _labels(attrs: Any, direction: str) -> str:
+    """`DTensor[4, 16], DTensor[32, 16]` for an op's inputs or outputs (cached: steps repeat shapes)."""
+    key = (direction, *codec.tensor_info_key(attrs, direction))
+    try:
+        text = _label_cache.get(key)
+    except TypeError:  # unhashable (list-valued) attributes
+        return ", ".join(i.label() for i in codec.decode_tensor_infos(attrs, direction))
+    if text is None:
+        if len(_label_cache) >= 4096:
+            _label_cache.clear()
+        text = _label_cache[key] = ", ".join(i.label() for i in codec.decode_tensor_infos(attrs, direction))
+    return text
+
+
+def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
+    """(type word, detail) of one table line."""
+    if record.kind == s.KIND_MODULE:
+        event = "enter" if record.phase == s.PHASE_FORWARD else "backward"
+        kind, detail = "Module", f"Module({record.fqn}) [{event}]"
+    elif record.kind == s.KIND_OP:
+        inputs = _labels(record.attributes, "input")
+        outputs = _labels(record.attributes, "output")
+        kind, detail = "Op", f"Op({record.op_name}) inputs=[{inputs}] outputs=[{outputs}]"
+    elif record.kind == s.KIND_COLLECTIVE:
+        c = record.collective
+        detail = (
+            f"Collective({c.name}) group_size={c.group_size}"
+            f" input_shape={_shape(c.input_shape)} output_shape={_shape(c.output_shape)}"
+        )
+        if level.collective_detail:
+            detail += f" dtype={c.dtype} bytes={c.bytes}"
+            if c.reduce_op:
+                detail += f" reduce_op={c.reduce_op}"
+            detail += f" phase={record.phase}"
+        kind = "Collective"
+    else:
+        src, dst, shape = codec.decode_redistribute(record.attributes)
+        kind, detail = "Redistribute", f"Redistribute({src} -> {dst}) shape={_shape(shape)}"
+    if record.error:
+        detail += f" [error: {record.error}]"
+    return kind, detail
+
+
+def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None) -> str:
+    flags = noise_level(level)
+    roots = build_call_tree(spans)
+    if not roots:
+        return EMPTY_TABLE
+    lines = [HEADER, RULE]
+    for record, depth in visible(roots, flags):
+        kind, detail = describe(record, flags)
+        type_column = "  " * depth + kind
+        lines.append(type_column.ljust(_TYPE_COLUMN - 1) + " " + detail)
+    return "\n".join(lines)
