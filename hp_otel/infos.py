@@ -72,3 +72,21 @@ class ModuleInfo:
     span_name: str  # the fqn, or the root's class name
     module_type: str  # the class's qualified name
     parameters: tuple[ParameterInfo, ...] = ()
+
+
+class ModuleCall:
+    """One forward call of a module (a module run twice in a window has two calls).
+
+    Backward work is attributed to the call whose forward created the autograd node
+    that runs it; `chain` is the calls enclosing this one when it ran, outermost
+    first, itself last — the modules a backward collective counts for.
+    """
+
+    __slots__ = ("chain", "module")
+
+    def __init__(self, module: ModuleInfo, parent: ModuleCall | None = None) -> None:
+        self.module = module
+        self.chain: tuple[ModuleCall, ...] = (*parent.chain, self) if parent is not None else (self,)
+
+    def __repr__(self) -> str:
+        return f"ModuleCall({'/'.join(c.module.fqn for c in self.chain)})"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -27,7 +27,7 @@ from opentelemetry.trace import Tracer
 
 from hp_otel import events as ev
 from hp_otel import schema as s
-from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
+from hp_otel.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 from hp_otel.instruments import Instruments
 from hp_otel.span_builder import SpanBuilder
 from hp_otel.span_store import LocalSpanStore
@@ -56,6 +56,10 @@ class SpanRecorder:
         self._builder: SpanBuilder | None = None
         self._build_lock = threading.Lock()
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
+        # Backward by autograd node (torch): the module calls owning the running backward
+        # work, outermost first, and the source's function that names them.
+        self._backward_calls: tuple[ModuleCall, ...] = ()
+        self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
         self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
         self._active = False
         self._suspended = 0  # > 0 while a nested mode records instead of this one
@@ -91,6 +95,7 @@ class SpanRecorder:
         self._builder = SpanBuilder(self._tracer, self._store, otel_context.get_current(), self.live, self.on_fault)
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
+        self._backward_calls = ()
         self.active = True
 
     def stop(self, error: BaseException | None = None) -> None:
@@ -101,6 +106,7 @@ class SpanRecorder:
         except Exception as exc:
             self.on_fault("window_end", exc)
         self._modules.clear()
+        self._backward_calls = ()
         self._flush_metrics()
 
     def reset(self) -> None:
@@ -168,9 +174,42 @@ class SpanRecorder:
             return
         try:
             self._modules = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]
+            self._backward_calls = ()
             self._emit(ev.BackwardEnd(_now()))
         except Exception as exc:
             self.on_fault("backward_end", exc)
+
+    def on_backward_modules(self, chain: Sequence[ModuleCall]) -> None:
+        if not self.accepting:
+            return
+        try:
+            self._follow_backward(tuple(chain), _now())
+        except Exception as exc:
+            self.on_fault("backward_modules", exc)
+
+    def set_node_attribution(self, resolve: Callable[[], tuple[ModuleCall, ...] | None] | None) -> None:
+        self._node_attribution = resolve
+
+    def _follow_backward(self, chain: tuple[ModuleCall, ...], time_ns: int) -> None:
+        """Close the open backward spans not in `chain`, open those of `chain` not open yet."""
+        open_calls = self._backward_calls
+        same = 0
+        limit = min(len(open_calls), len(chain))
+        while same < limit and open_calls[same] is chain[same]:
+            same += 1
+        if same == len(open_calls) == len(chain):
+            return
+        self._backward_calls = chain
+        for call in reversed(open_calls[same:]):
+            try:
+                self._emit(ev.ModuleExit(time_ns, call.module.fqn, s.PHASE_BACKWARD, None))
+            except Exception as exc:
+                self.on_fault("module_exit", exc)
+        for call in chain[same:]:
+            try:
+                self._emit(ev.ModuleEnter(time_ns, call.module, s.PHASE_BACKWARD))
+            except Exception as exc:
+                self.on_fault("module_enter", exc)
 
     # --- observer: ops and redistributes ------------------------------------------
     def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None:
@@ -217,26 +256,51 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            phase, fqn = self._count(info, phase)
+            phase, fqn = self._count(info, phase, start_ns)
             self._measure(info, phase, fqn, end_ns - start_ns)
             self._emit(ev.Collective(start_ns, end_ns, info, error, phase))
         except Exception as exc:
             self.on_fault("collective", exc)
 
-    def _count(self, info: CollectiveInfo, phase_hint: str | None) -> tuple[str, str]:
-        """Exact counts, overall and for each open module; returns the innermost module's (phase, fqn)."""
+    def _count(self, info: CollectiveInfo, phase_hint: str | None, start_ns: int) -> tuple[str, str]:
+        """Exact counts, overall and for each module it belongs to; returns the innermost module's (phase, fqn).
+
+        Forward (and a recomputed forward): every open module, innermost phase.  Backward
+        with a node attribution: the module calls whose forward created the running
+        autograd node — the open backward spans follow them first, so the span tree
+        agrees with the counts.
+        """
         name = info.name
         counts = self.comm_counts
         counts[name] = counts.get(name, 0) + 1
         self.comm_ops[name] = info.op
         modules = self._modules
         if not modules:
-            return phase_hint or s.PHASE_FORWARD, ""
-        for fqn, phase in set(modules):
-            per_phase = self.module_counts.setdefault(fqn, {}).setdefault(phase, {})
-            per_phase[name] = per_phase.get(name, 0) + 1
+            chain = self._running_chain() if phase_hint != s.PHASE_FORWARD else None
+            if chain is None:
+                return phase_hint or s.PHASE_FORWARD, ""
+            self._follow_backward(chain, start_ns)
+            if not chain:
+                return s.PHASE_BACKWARD, ""
+            for fqn in {call.module.fqn for call in chain}:
+                per_phase = self.module_counts.setdefault(fqn, {}).setdefault(s.PHASE_BACKWARD, {})
+                per_phase[name] = per_phase.get(name, 0) + 1
+            return s.PHASE_BACKWARD, chain[-1].module.fqn
         fqn, phase = modules[-1]
+        for module_fqn in {f for f, p in modules if p == phase}:
+            per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
+            per_phase[name] = per_phase.get(name, 0) + 1
         return phase, fqn
+
+    def _running_chain(self) -> tuple[ModuleCall, ...] | None:
+        resolve = self._node_attribution
+        if resolve is None:
+            return None
+        try:
+            return resolve()
+        except Exception as exc:  # counted without a module rather than lost
+            self.on_fault("node_attribution", exc)
+            return None
 
     def _measure(self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int) -> None:
         key = (info.name, info.op, info.group_size, info.dtype, phase, fqn)

@@ -22,6 +22,8 @@ CALL_KINDS: Final = (KIND_MODULE, KIND_OP, KIND_COLLECTIVE, KIND_REDISTRIBUTE)
 PHASE: Final = "hp.phase"
 PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"
+# A forward that runs again inside backward (activation checkpointing recomputes it).
+PHASE_RECOMPUTE: Final = "recompute"
 
 # --- module spans ---------------------------------------------------------
 MODULE_FQN: Final = "hp.module.fqn"

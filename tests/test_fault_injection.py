@@ -137,7 +137,9 @@ FAULTS = [
     Fault("redistribute enter callback", _fail_event(ev.RedistributeEnter), ("redistribute_enter",)),
     Fault("redistribute exit callback", _fail_event(ev.RedistributeExit), ("redistribute_exit",)),
     # module hooks, forward and backward
-    Fault("module forward hooks", _fail(module_source, "_grad_tensors"), ("module_forward_pre", "module_forward_post")),
+    Fault("module forward pre hook", _fail(module_source.TorchModuleTracker, "enter_call"), ("module_forward_pre",)),
+    Fault("module forward post hook", _fail(module_source, "_grad_tensors"), ("module_forward_post",)),
+    Fault("backward node attribution", _fail(module_source.TorchModuleTracker, "running_chain"), ("node_attribution",)),
     Fault("module enter callback", _fail_event(ev.ModuleEnter), ("module_enter",)),
     Fault("module exit callback", _fail_event(ev.ModuleExit), ("module_exit",)),
     Fault(
@@ -145,7 +147,9 @@ FAULTS = [
         _fail(module_source.TorchModuleTracker, "close_at_backward_end"),
         ("module_backward_start",),
     ),
-    Fault("module backward grad hook", _fail(module_source._TrackedModule, "backward_done"), ("module_grad_hook",)),
+    Fault(
+        "module backward grad hook", _fail(module_source.TorchModuleTracker, "backward_start"), ("module_grad_hook",)
+    ),
     Fault("backward end callback", _fail_event(ev.BackwardEnd), ("backward_end",)),
     Fault("module tracker install", _fail(module_source, "parameter_infos"), ("install:TorchModuleTracker",)),
     # span building, span processors and exporters
