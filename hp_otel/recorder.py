@@ -287,7 +287,10 @@ class SpanRecorder:
                 per_phase[name] = per_phase.get(name, 0) + 1
             return s.PHASE_BACKWARD, chain[-1].module.fqn
         fqn, phase = modules[-1]
-        for module_fqn in {f for f, p in modules if p == phase}:
+        owners = {f for f, p in modules if p == phase}
+        if phase == s.PHASE_RECOMPUTE:  # also the modules whose backward node asked for the recompute
+            owners.update(call.module.fqn for call in self._running_chain() or ())
+        for module_fqn in owners:
             per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
             per_phase[name] = per_phase.get(name, 0) + 1
         return phase, fqn

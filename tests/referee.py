@@ -84,6 +84,12 @@ def _tag(roots: list[Any], stack: tuple[str, ...]) -> None:
         todo.extend(n for n, _ in node.next_functions)
 
 
+def _node_stack() -> tuple[str, ...]:
+    """The modules the running autograd node was tagged with (() outside any)."""
+    node = torch._C._current_autograd_node()
+    return node.metadata.get(_TAG, ()) if node is not None else ()
+
+
 class Referee(TorchDispatchMode):
     """Counts collectives: totals, per op, per module and phase."""
 
@@ -93,6 +99,7 @@ class Referee(TorchDispatchMode):
         self.module_counts: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
         self.backward_nodes: list[str] = []  # the running node's name, per backward collective
         self._stack: list[str] = []
+        self._recompute_depth = 0  # > 0 while a recomputed forward runs (its stack's base depth + 1)
         self._handles: list[Any] = []
         self._param_owner: dict[int, tuple[str, ...]] = {}
         if model is not None:
@@ -103,6 +110,10 @@ class Referee(TorchDispatchMode):
 
     def _pre(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
+            if not self._stack and torch._C._current_graph_task_id() != -1:
+                # a forward recomputed inside backward: under the modules of the node that asked for it
+                self._stack.extend(_node_stack())
+                self._recompute_depth = len(self._stack) + 1
             _tag(_grad_fns(args), tuple(self._stack))
             self._stack.append(name)
 
@@ -113,6 +124,9 @@ class Referee(TorchDispatchMode):
             _tag(_grad_fns(output), tuple(self._stack))
             if self._stack and self._stack[-1] == name:
                 self._stack.pop()
+            if self._recompute_depth and len(self._stack) < self._recompute_depth:
+                self._stack.clear()
+                self._recompute_depth = 0
 
         return hook
 
@@ -138,12 +152,13 @@ class Referee(TorchDispatchMode):
             for fqn in set(self._stack):
                 self.module_counts[fqn]["forward"][name] += 1
             return
+        if self._stack:  # a forward recomputed inside backward (activation checkpointing)
+            for fqn in set(self._stack):
+                self.module_counts[fqn]["recompute"][name] += 1
+            return
         node = torch._C._current_autograd_node()
         self.backward_nodes.append(node.name() if node is not None else "")
-        stack: tuple[str, ...] = ()
-        if node is not None:
-            stack = node.metadata.get(_TAG, ())
-        for fqn in set(stack):
+        for fqn in set(_node_stack()):
             self.module_counts[fqn]["backward"][name] += 1
 
     def module_counts_dict(self) -> dict[str, dict[str, dict[str, int]]]:

@@ -182,3 +182,60 @@ def test_reused_module_and_unused_branch_match_referee(fake_world) -> None:
     # Two calls, two backward spans of block.fc1, one after the other.
     fc1 = [r for r in _walk_all(mode) if r.kind == "module" and r.phase == "backward" and r.fqn == "block.fc1"]
     assert len(fc1) == 2
+
+
+@pytest.fixture
+def reentrant_checkpoint(monkeypatch):
+    """torch's test Transformer checkpoints with use_reentrant=False; this makes it reentrant."""
+    import torch.utils.checkpoint as checkpoint_module
+
+    original = checkpoint_module.checkpoint
+
+    def reentrant(function, *args, use_reentrant=None, **kwargs):
+        return original(function, *args, use_reentrant=True, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "checkpoint", reentrant)
+
+
+@pytest.mark.parametrize(
+    ("reentrant", "sequence_parallel"),
+    [(False, False), (False, True), (True, False)],
+    ids=["non_reentrant-tp", "non_reentrant-tp_sp", "reentrant-tp"],
+)
+def test_activation_checkpointing_recompute_matches_referee(fake_world, request, reentrant, sequence_parallel) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if reentrant:
+        request.getfixturevalue("reentrant_checkpoint")
+    args = common_dtensor.ModelArgs(dropout_p=0.0, checkpoint_activations=True)
+    torch.manual_seed(0)
+    model = common_dtensor.Transformer(args).to(torch.float64)
+    mesh = init_device_mesh("cpu", (fake_world,))
+    model = common_dtensor.Transformer.parallelize(model, mesh, sequence_parallel, local_output_for_attn=True)
+    tokens = torch.randint(args.vocab_size, (8, 8))
+    referee = Referee(model)
+    with CommDebugMode(module=model) as mode, referee:
+        model(tokens).sum().backward()
+
+    ours = mode.get_comm_module_counts()
+    assert mode.get_comm_counts() == dict(referee.counts)
+    assert ours == referee.module_counts_dict()
+    assert mode.get_callback_error_counts() == {}
+    # The recomputed forward's collectives are counted for the checkpointed layers (and
+    # the root), under "recompute": forward and backward counts are those without checkpointing.
+    recomputed = {fqn for fqn, phases in ours.items() if "recompute" in phases}
+    assert {"(root)", "layers.0", "layers.1"} <= recomputed
+    assert all(fqn == "(root)" or fqn.startswith("layers.") for fqn in recomputed)
+    plain_model, plain_tokens = _transformer(fake_world, sequence_parallel)
+    with CommDebugMode(module=plain_model) as plain:
+        plain_model(plain_tokens).sum().backward()
+    without = {fqn: {p: c for p, c in phases.items() if p != "recompute"} for fqn, phases in ours.items()}
+    assert without == plain.get_comm_module_counts()
+    # Spans: the recompute is phase "recompute" and shows in the table at level 3 only.
+    phases = {
+        s.attributes["hp.phase"] for s in mode.get_finished_spans() if s.attributes["hp.call.kind"] == "collective"
+    }
+    assert phases == {"forward", "backward", "recompute"}
+    assert "Module(layers.0) [recompute]" in mode.generate_comm_debug_tracing_table(noise_level=3)
+    assert "[recompute]" not in mode.generate_comm_debug_tracing_table(noise_level=2)
+    assert "error" not in mode.generate_comm_debug_tracing_table(noise_level=3)  # an early stop is no error

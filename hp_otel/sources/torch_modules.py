@@ -27,6 +27,7 @@ import weakref
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils.hooks import RemovableHandle
@@ -40,6 +41,10 @@ _next_sequence_nr = torch._C._autograd._get_sequence_nr  # this thread's next au
 _current_node = torch._C._current_autograd_node
 _graph_task_id = torch._C._current_graph_task_id  # -1 outside backward
 _NO_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes: made on demand, not by a forward
+# Non-reentrant checkpointing stops a recomputed forward once it has what backward needs.
+_STOP_RECOMPUTATION: tuple[type[BaseException], ...] = tuple(
+    c for c in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if isinstance(c, type)
+)
 
 
 def _grad_tensors(value: Any) -> list[torch.Tensor]:
@@ -144,6 +149,8 @@ class _TrackedModule:
         if observer is None or not observer.accepting:
             return
         error = sys.exc_info()[1]  # set when forward raised (always_call hooks run in its except block)
+        if isinstance(error, _STOP_RECOMPUTATION):  # checkpointing ends a recompute early on purpose
+            error = None
         try:
             entry = self.tracker.exit_call(self.info)
         except Exception as exc:
