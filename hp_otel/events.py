@@ -74,6 +74,9 @@ class Collective:
     info: CollectiveInfo
     error: BaseException | None
     phase: str
+    # schema.COMPLETION_*: LAUNCH while a completion is awaited (end_ns is the launch's end
+    # until then); the source's completion helper moves end_ns and sets WAIT or WORK.
+    completion: str = "call"
 
 
 @dataclass(slots=True)

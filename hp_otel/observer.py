@@ -49,7 +49,13 @@ class Observer(Protocol):
         end_ns: int,
         error: BaseException | None = None,
         phase: str | None = None,
-    ) -> None: ...
+        awaits_completion: bool = False,
+    ) -> object | None:
+        """A collective call returned at `end_ns`.  With `awaits_completion` it was only
+        launched: the returned token goes to `on_collective_complete` when it finishes."""
+
+    def on_collective_complete(self, token: object, end_ns: int, completion: str) -> None:
+        """The collective of `token` finished (schema.COMPLETION_WAIT / COMPLETION_WORK); any thread."""
 
     def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None: ...
 

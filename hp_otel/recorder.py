@@ -61,6 +61,9 @@ class SpanRecorder:
         self._backward_calls: tuple[ModuleCall, ...] = ()
         self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
         self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
+        # Async collectives awaiting completion: their duration is recorded when the window ends.
+        self._awaiting: list[tuple[ev.Collective, tuple[Any, ...]]] = []
+        self._thread = threading.get_ident()  # the window's thread: live spans end on it only
         self._active = False
         self._suspended = 0  # > 0 while a nested mode records instead of this one
         self.accepting = False  # active and not suspended: the one flag the hot path reads
@@ -96,6 +99,8 @@ class SpanRecorder:
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
         self._backward_calls = ()
+        self._awaiting = []
+        self._thread = threading.get_ident()
         self.active = True
 
     def stop(self, error: BaseException | None = None) -> None:
@@ -107,6 +112,9 @@ class SpanRecorder:
             self.on_fault("window_end", exc)
         self._modules.clear()
         self._backward_calls = ()
+        awaiting, self._awaiting = self._awaiting, []
+        for event, key in awaiting:  # completion times where seen, else the launch
+            self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
         self._flush_metrics()
 
     def reset(self) -> None:
@@ -252,15 +260,39 @@ class SpanRecorder:
         end_ns: int,
         error: BaseException | None = None,
         phase: str | None = None,
-    ) -> None:
+        awaits_completion: bool = False,
+    ) -> ev.Collective | None:
+        """Count and record one collective; with `awaits_completion` (launched, not finished)
+        returns the token to pass to `on_collective_complete` when it finishes."""
         if not self.accepting:
-            return
+            return None
         try:
             phase, fqn = self._count(info, phase, start_ns)
-            self._measure(info, phase, fqn, end_ns - start_ns)
-            self._emit(ev.Collective(start_ns, end_ns, info, error, phase))
+            awaits = awaits_completion and error is None
+            event = ev.Collective(
+                start_ns, end_ns, info, error, phase, s.COMPLETION_LAUNCH if awaits else s.COMPLETION_CALL
+            )
+            key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns)
+            if awaits:
+                self._awaiting.append((event, key))
+            self._emit(event)
+            return event if awaits else None
         except Exception as exc:
             self.on_fault("collective", exc)
+            return None
+
+    def on_collective_complete(self, token: Any, end_ns: int, completion: str) -> None:
+        """The collective of `token` finished at `end_ns` (its wait_tensor, its Work); any thread."""
+        if not isinstance(token, ev.Collective) or token.completion != s.COMPLETION_LAUNCH:
+            return
+        try:
+            token.end_ns = max(end_ns, token.end_ns)
+            token.completion = completion
+            builder = self._builder
+            if self.live and builder is not None and threading.get_ident() == self._thread:
+                builder.complete_collective(token)
+        except Exception as exc:
+            self.on_fault("collective_complete", exc)
 
     def _count(self, info: CollectiveInfo, phase_hint: str | None, start_ns: int) -> tuple[str, str]:
         """Exact counts, overall and for each module it belongs to; returns the innermost module's (phase, fqn).
@@ -305,13 +337,17 @@ class SpanRecorder:
             self.on_fault("node_attribution", exc)
             return None
 
-    def _measure(self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int) -> None:
+    def _measure(self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int | None) -> tuple[Any, ...]:
+        """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
         key = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
+        if duration_ns is None:
+            return key
         if self.live:
             self._record_durations(key, (duration_ns,))
         else:
             self._pending_durations.setdefault(key, []).append(duration_ns)
+        return key
 
     def _flush_metrics(self) -> None:
         pending, self._pending_durations = self._pending_durations, {}

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from referee import Referee
 from torch import nn
 from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
 from hp_otel import CommDebugMode
 from hp_otel.call_tree import build_call_tree
-from tests.referee import Referee
 
 common_dtensor = pytest.importorskip(
     "torch.testing._internal.distributed._tensor.common_dtensor",

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import hp_otel.sources.torch_collectives as collectives
+import hp_otel.sources.torch_completion as completion_source
 import hp_otel.sources.torch_dtensor as dtensor_source
 import hp_otel.sources.torch_modules as module_source
 from hp_otel import CommDebugMode, codec, schema
@@ -132,6 +133,7 @@ FAULTS = [
         sees_collectives=False,
     ),
     Fault("collective callback", _fail_event(ev.Collective), ("collective",)),
+    Fault("collective completion (wait)", _fail(completion_source.Completions, "waited"), ("collective_complete",)),
     # redistribute wrapper
     Fault("redistribute describe", _fail(dtensor_source, "placements_str"), ("redistribute_describe",)),
     Fault("redistribute enter callback", _fail_event(ev.RedistributeEnter), ("redistribute_enter",)),

@@ -29,6 +29,7 @@ from hp_otel import schema as s
 from hp_otel.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
 from hp_otel.sources.torch_collectives import CollectiveSpec, collective_specs
+from hp_otel.sources.torch_completion import WAIT_TENSOR, AsyncCollectiveTensor, Completions
 from hp_otel.sources.torch_tensors import placements_str, tensor_infos
 
 # Attribute access and hook registration: bookkeeping, not computation (torch's own
@@ -96,6 +97,7 @@ class _CollectiveMode(TorchDispatchMode):
         super().__init__()
         self._observer = observer
         self._specs = specs
+        self._completions = Completions(observer)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if DTensor in types:
@@ -109,6 +111,8 @@ class _CollectiveMode(TorchDispatchMode):
             self._observer.on_fault("collective_before", exc)
             traced = False
         if not traced:  # nearly every op: pass straight through
+            if func is WAIT_TENSOR or AsyncCollectiveTensor in types:
+                return self._wait(func, args, kwargs)
             return func(*args, **kwargs)
         start = time.time_ns()
         try:
@@ -129,9 +133,24 @@ class _CollectiveMode(TorchDispatchMode):
             return
         try:
             phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
-            observer.on_collective(info, start, end, error, phase)
+            token = observer.on_collective(info, start, end, error, phase, awaits_completion=result is not None)
+            if token is not None:  # launched, not finished: its wait or Work says when it is
+                self._completions.launched(spec.functional, result, token)
         except Exception as exc:
             observer.on_fault("collective_after", exc)
+
+    def _wait(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """A wait_tensor, or an op reading AsyncCollectiveTensors (which waits inside): completes collectives."""
+        result = func(*args, **kwargs)
+        if self._observer.accepting:
+            try:
+                if func is WAIT_TENSOR:
+                    self._completions.waited(args[0] if args else kwargs.get("tensor"))
+                else:
+                    self._completions.waited_in(args, kwargs)
+            except Exception as exc:
+                self._observer.on_fault("collective_complete", exc)
+        return result
 
 
 # --- redistribute_local_tensor, patched once for all active modes -------------------
