@@ -91,7 +91,7 @@ def encode_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
 
 def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
     """A collective span's attributes, without the phase (the recorder knows it, not the source)."""
-    return {
+    attrs = {
         s.CALL_KIND: s.KIND_COLLECTIVE,
         s.COLLECTIVE_NAME: info.name,
         s.COLLECTIVE_OP: info.op,
@@ -105,6 +105,9 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
         s.COLLECTIVE_REDUCE_OP: info.reduce_op,
         s.COLLECTIVE_ASYNC: info.is_async,
     }
+    if info.param_module:
+        attrs[s.COLLECTIVE_PARAM_MODULE] = info.param_module
+    return attrs
 
 
 def encode_redistribute(src_placements: str, dst_placements: str, shape: tuple[int, ...], phase: str) -> dict[str, Any]:
@@ -201,6 +204,7 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
         bytes=int(get(s.COLLECTIVE_BYTES, 0)),
         reduce_op=str(get(s.COLLECTIVE_REDUCE_OP, "")),
         is_async=bool(get(s.COLLECTIVE_ASYNC, False)),
+        param_module=str(get(s.COLLECTIVE_PARAM_MODULE, "")),
     )
 
 

@@ -48,6 +48,7 @@ class CollectiveInfo:
     bytes: int = 0
     reduce_op: str = ""
     is_async: bool = False
+    param_module: str = ""  # FSDP: the module whose parameters it gathers or reduces
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ COLLECTIVE_DTYPE: Final = "hp.collective.dtype"
 COLLECTIVE_BYTES: Final = "hp.collective.bytes"
 COLLECTIVE_REDUCE_OP: Final = "hp.collective.reduce_op"
 COLLECTIVE_ASYNC: Final = "hp.collective.async"
+COLLECTIVE_PARAM_MODULE: Final = "hp.collective.param_module"  # FSDP: whose parameters it moves
 # Where a collective span ends: the call returned (sync), the functional collective's
 # wait_tensor ran, the c10d Work completed, or only the launch was seen.
 COLLECTIVE_COMPLETION: Final = "hp.collective.completion"

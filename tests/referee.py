@@ -167,3 +167,37 @@ class Referee(TorchDispatchMode):
             for fqn, phases in self.module_counts.items()
             if any(phases.values())
         }
+
+
+def fsdp_collectives_from_profile(prof: Any) -> list[tuple[str, str]]:
+    """(collective name, module) for each c10d collective in a torch profile, in issue order.
+
+    An independent witness of which module's parameters an FSDP2 collective moves: FSDP
+    labels its work with `record_function("FSDP::all_gather (layers.0)")`; the module is
+    the one named by the innermost FSDP all_gather / reduce label around the collective
+    (no name: the root).
+    """
+    events = [e for e in prof.events() if e.name.startswith(("c10d::", "_c10d_functional::", "FSDP::"))]
+
+    def inside(inner: Any, outer: Any) -> bool:
+        a, b = inner.time_range, outer.time_range
+        return inner is not outer and b.start <= a.start and a.end <= b.end and inner.thread == outer.thread
+
+    # eager c10d ops FSDP issues (a functional collective runs a c10d op inside: not FSDP's)
+    collectives = [e for e in events if not e.name.startswith("FSDP::")]
+    outermost = [e for e in collectives if e.name.startswith("c10d::") and not any(inside(e, o) for o in collectives)]
+    out = []
+    for e in sorted(outermost, key=lambda e: e.time_range.start):
+        labels = [
+            o
+            for o in events
+            if o.name.startswith(("FSDP::all_gather", "FSDP::post_backward_reduce"))
+            and inside(e, o)
+            and not o.name.startswith("FSDP::all_gather_copy_out")
+        ]
+        module = ""
+        if labels:
+            label = max(labels, key=lambda o: o.time_range.start).name
+            module = label[label.index("(") + 1 : label.index(")")] if "(" in label else "(root)"
+        out.append((e.name.replace("c10d::", "c10d."), module))
+    return out

@@ -147,7 +147,9 @@ class CollectiveSpec:
         i = self._index[name]
         return args[i] if i < len(args) else None
 
-    def describe(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> CollectiveInfo:
+    def describe(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, param_module: str = ""
+    ) -> CollectiveInfo:
         inputs = self._arg(self._input, args, kwargs)
         outputs = self._arg(self._output, args, kwargs)
         if outputs is None:
@@ -169,6 +171,7 @@ class CollectiveSpec:
             bytes=_total_bytes(inputs),
             reduce_op=_reduce_name(self._arg(self._reduce, args, kwargs)),
             is_async=is_async,
+            param_module=param_module,
         )
 
 

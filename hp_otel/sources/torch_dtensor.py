@@ -30,6 +30,7 @@ from hp_otel.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
 from hp_otel.sources.torch_collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.torch_completion import WAIT_TENSOR, AsyncCollectiveTensor, Completions
+from hp_otel.sources.torch_fsdp import fsdp_patches, param_module
 from hp_otel.sources.torch_tensors import placements_str, tensor_infos
 
 # Attribute access and hook registration: bookkeeping, not computation (torch's own
@@ -127,7 +128,7 @@ class _CollectiveMode(TorchDispatchMode):
         end = time.time_ns()
         observer = self._observer
         try:
-            info = spec.describe(args, kwargs, result)
+            info = spec.describe(args, kwargs, result, param_module())
         except Exception as exc:
             observer.on_fault("collective_describe", exc)
             return
@@ -235,6 +236,7 @@ class TorchDTensorSource:
         self._observer = observer
         self._token = _redistribute_slot.push(observer)
         _redistribute_patches.acquire()
+        fsdp_patches.acquire()
         collective_mode = _CollectiveMode(observer, self._specs)
         collective_mode.__enter__()
         self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
@@ -260,6 +262,6 @@ class TorchDTensorSource:
         token, self._token = self._token, None
         if token is not None:
             try:
-                _redistribute_patches.release()
+                run_every((fsdp_patches.release, _redistribute_patches.release))
             finally:
                 _redistribute_slot.pop(self._observer, token)
