@@ -107,6 +107,9 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
     }
     if info.param_module:
         attrs[s.COLLECTIVE_PARAM_MODULE] = info.param_module
+    if info.peers:
+        attrs[s.COLLECTIVE_PEERS] = info.peers
+        attrs[s.COLLECTIVE_TAGS] = info.tags
     return attrs
 
 
@@ -205,6 +208,8 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
         reduce_op=str(get(s.COLLECTIVE_REDUCE_OP, "")),
         is_async=bool(get(s.COLLECTIVE_ASYNC, False)),
         param_module=str(get(s.COLLECTIVE_PARAM_MODULE, "")),
+        peers=tuple(get(s.COLLECTIVE_PEERS, ())),
+        tags=tuple(get(s.COLLECTIVE_TAGS, ())),
     )
 
 

@@ -49,6 +49,8 @@ class CollectiveInfo:
     reduce_op: str = ""
     is_async: bool = False
     param_module: str = ""  # FSDP: the module whose parameters it gathers or reduces
+    peers: tuple[int, ...] = ()  # point-to-point: the peer's global rank (one per op of a batch)
+    tags: tuple[int, ...] = ()  # point-to-point: the tag (one per op of a batch)
 
 
 @dataclass(frozen=True)

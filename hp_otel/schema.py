@@ -60,6 +60,8 @@ COLLECTIVE_DTYPE: Final = "hp.collective.dtype"
 COLLECTIVE_BYTES: Final = "hp.collective.bytes"
 COLLECTIVE_REDUCE_OP: Final = "hp.collective.reduce_op"
 COLLECTIVE_ASYNC: Final = "hp.collective.async"
+COLLECTIVE_PEERS: Final = "hp.collective.peers"  # point-to-point: global rank of the peer(s)
+COLLECTIVE_TAGS: Final = "hp.collective.tags"  # point-to-point: tag(s)
 COLLECTIVE_PARAM_MODULE: Final = "hp.collective.param_module"  # FSDP: whose parameters it moves
 # Where a collective span ends: the call returned (sync), the functional collective's
 # wait_tensor ran, the c10d Work completed, or only the launch was seen.
@@ -78,6 +80,7 @@ NORMALISED_OPS: Final = (
     "barrier",
     "send",
     "recv",
+    "p2p",  # a batch of sends and receives (functional batch_p2p_ops)
     "gather",
     "scatter",
     "reduce",

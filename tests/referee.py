@@ -37,6 +37,9 @@ COLLECTIVES = (
             "all_to_all_single",
             "broadcast",
             "broadcast_",
+            "isend",
+            "irecv",
+            "batch_p2p_ops",
         )
     }
     | {

@@ -78,6 +78,8 @@ def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
             if c.reduce_op:
                 detail += f" reduce_op={c.reduce_op}"
             detail += f" phase={record.phase}"
+            if c.peers:
+                detail += f" peers={','.join(map(str, c.peers))} tags={','.join(map(str, c.tags))}"
             if c.param_module:
                 detail += f" params_of={c.param_module}"
         kind = "Collective"
