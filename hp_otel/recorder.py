@@ -240,7 +240,12 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            self._emit(ev.RedistributeEnter(_now(), src_placements, dst_placements, shape))
+            now = _now()
+            if not self._modules and self._node_attribution is not None:  # backward: its node's modules first
+                chain = self._running_chain()
+                if chain is not None:
+                    self._follow_backward(chain, now)
+            self._emit(ev.RedistributeEnter(now, src_placements, dst_placements, shape))
         except Exception as exc:
             self.on_fault("redistribute_enter", exc)
 

@@ -108,8 +108,9 @@ def test_transformer_counts_match_referee_and_torch(fake_world, sequence_paralle
     assert backward_embeddings == ({"_c10d_functional.all_gather_into_tensor": 1} if sequence_parallel else {})
 
 
-def test_backward_spans_follow_the_node_rule(fake_world) -> None:
-    model, tokens = _transformer(fake_world, sequence_parallel=False)
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp_sp"])
+def test_backward_spans_follow_the_node_rule(fake_world, sequence_parallel) -> None:
+    model, tokens = _transformer(fake_world, sequence_parallel)
     with CommDebugMode(module=model) as mode:
         model(tokens).sum().backward()
     tree = _backward_tree(mode)
@@ -129,8 +130,8 @@ def test_backward_spans_follow_the_node_rule(fake_world) -> None:
         }.items()
     }
     counts = mode.get_comm_module_counts()
-    for fqn, n in owners.items():
-        assert n == sum(counts.get(fqn, {}).get("backward", {}).values()), fqn
+    for fqn in set(counts) | set(owners):
+        assert owners.get(fqn, 0) == sum(counts.get(fqn, {}).get("backward", {}).values()), fqn
 
 
 def _walk(record):
@@ -239,3 +240,17 @@ def test_activation_checkpointing_recompute_matches_referee(fake_world, request,
     assert "Module(layers.0) [recompute]" in mode.generate_comm_debug_tracing_table(noise_level=3)
     assert "[recompute]" not in mode.generate_comm_debug_tracing_table(noise_level=2)
     assert "error" not in mode.generate_comm_debug_tracing_table(noise_level=3)  # an early stop is no error
+
+
+def test_demo_transformer_matches_referee(fake_world) -> None:
+    """The transformer `hp-otel demo --model transformer` runs (TP + sequence parallel)."""
+    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+
+    model = build_tp_transformer(fake_world)
+    referee = Referee(model)
+    with CommDebugMode(module=model) as mode, referee:
+        model(demo_tokens()).sum().backward()
+    assert mode.get_comm_counts() == dict(referee.counts)
+    assert mode.get_comm_counts(normalized=True) == {"all_gather": 11, "reduce_scatter": 10}
+    assert mode.get_comm_module_counts() == referee.module_counts_dict()
+    assert mode.get_callback_error_counts() == {}

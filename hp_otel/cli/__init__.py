@@ -34,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hp-otel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="2-process CPU tensor-parallel MLP step under CommDebugMode")
+    demo = sub.add_parser("demo", help="2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode")
+    demo.add_argument(
+        "--model",
+        choices=("mlp", "transformer"),
+        default="mlp",
+        help="mlp: a 2-layer TP MLP; transformer: a 2-layer TP + sequence-parallel transformer",
+    )
     demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
     demo.add_argument("--noise-level", type=_noise_level, default=2)
     demo.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics over OTLP to this endpoint")
@@ -73,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_demo(
             DemoConfig(
                 out_dir=args.out,
+                model=args.model,
                 noise_level=args.noise_level,
                 otlp_endpoint=args.otlp_endpoint,
                 otlp_protocol=args.otlp_protocol,
