@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="cost of exporting to a refused or blackholed OTLP endpoint, against no export",
     )
+    bench.add_argument(
+        "--model", choices=("mlp", "transformer"), default="mlp", help="the step to time (as in the demo)"
+    )
     bench.add_argument("--scale", action="store_true", help="memory per span and table/JSON time for a long window")
     bench.add_argument("--spans", type=_positive, default=100_000, help="spans in the --scale window")
 
@@ -103,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         from hp_otel.cli.bench import format_results, run_bench
 
-        results = run_bench(rounds=args.rounds, steps=args.steps)
+        results = run_bench(rounds=args.rounds, steps=args.steps, model_name=args.model)
         print("\n".join(format_results(results)))
         return 0
     from hp_otel.call_tree import count_collectives

@@ -55,8 +55,14 @@ def _time_block(step: Callable[[], Any], make_ctx: Callable[[], Any], steps: int
 
 
 def run_bench(
-    rounds: int = 15, steps: int = 20, world_size: int = 2, hidden: int = 32, intermediate: int = 64
+    rounds: int = 15,
+    steps: int = 20,
+    world_size: int = 2,
+    hidden: int = 32,
+    intermediate: int = 64,
+    model_name: str = "mlp",
 ) -> dict[str, float]:
+    """`model_name`: "mlp" (the TP MLP) or "transformer" (the demo's 2-layer TP + SP transformer)."""
     import torch
 
     from hp_otel import CommDebugMode
@@ -64,15 +70,26 @@ def run_bench(
 
     torch.set_num_threads(1)  # intra-op threads only add noise to a dispatch-bound step
     fake_process_group(world_size)
-    model = build_tp_mlp(world_size, hidden, intermediate)
-    batch = torch.randn(8, hidden)
+    if model_name == "transformer":
+        from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
 
-    def step() -> None:
-        # A new leaf each step, as with a new batch: torch's CommDebugMode leaves a grad
-        # hook on its window's inputs, and on a reused input those hooks would pile up
-        # and slow every later variant.
-        train_step(model, batch.detach().requires_grad_(True))
-        model.zero_grad(set_to_none=True)
+        model = build_tp_transformer(world_size)
+        tokens = demo_tokens()
+
+        def step() -> None:
+            model(tokens).sum().backward()
+            model.zero_grad(set_to_none=True)
+
+    else:
+        model = build_tp_mlp(world_size, hidden, intermediate)
+        batch = torch.randn(8, hidden)
+
+        def step() -> None:
+            # A new leaf each step, as with a new batch: torch's CommDebugMode leaves a grad
+            # hook on its window's inputs, and on a reused input those hooks would pile up
+            # and slow every later variant.
+            train_step(model, batch.detach().requires_grad_(True))
+            model.zero_grad(set_to_none=True)
 
     variants = _variants(model)
     # "inactive": hp_otel imported and one mode entered and exited before; the variant itself is untraced.
