@@ -203,6 +203,7 @@ def reentrant_checkpoint(monkeypatch):
     [(False, False), (False, True), (True, False)],
     ids=["non_reentrant-tp", "non_reentrant-tp_sp", "reentrant-tp"],
 )
+@pytest.mark.filterwarnings("ignore:Full backward hook")
 def test_activation_checkpointing_recompute_matches_referee(fake_world, request, reentrant, sequence_parallel) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -215,11 +216,12 @@ def test_activation_checkpointing_recompute_matches_referee(fake_world, request,
     model = common_dtensor.Transformer.parallelize(model, mesh, sequence_parallel, local_output_for_attn=True)
     tokens = torch.randint(args.vocab_size, (8, 8))
     referee = Referee(model)
-    with CommDebugMode(module=model) as mode, referee:
+    with CommDebugMode(module=model) as mode, TorchCommDebugMode() as torch_mode, referee:
         model(tokens).sum().backward()
 
     ours = mode.get_comm_module_counts()
     assert mode.get_comm_counts() == dict(referee.counts)
+    assert mode.get_total_counts() == torch_mode.get_total_counts()  # torch counts them all too (as backward)
     assert ours == referee.module_counts_dict()
     assert mode.get_callback_error_counts() == {}
     # The recomputed forward's collectives are counted for the checkpointed layers (and
