@@ -23,6 +23,7 @@ from hp_otel.sources.patching import AttributePatch, SharedPatches, patch_owned
 _PARAM_GROUP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 _METHODS = ("unshard", "post_backward")  # where FSDP2 issues every collective of a parameter group
 _param_module: contextvars.ContextVar[str] = contextvars.ContextVar("hp_otel_fsdp_param_module", default="")
+_wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
 
 
 def param_module() -> str:
@@ -31,6 +32,13 @@ def param_module() -> str:
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    wrapper = _wrappers.get(original)
+    if wrapper is None:
+        wrapper = _wrappers[original] = _make_wrapper(original)
+    return wrapper
+
+
+def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
