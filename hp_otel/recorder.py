@@ -59,6 +59,7 @@ class SpanRecorder:
         # Backward by autograd node (torch): the module calls owning the running backward
         # work, outermost first, and the source's function that names them.
         self._backward_calls: tuple[ModuleCall, ...] = ()
+        self._backward_moved_ns = 0  # when the open backward spans last changed
         self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
         self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
         # Async collectives awaiting completion: their duration is recorded when the window ends.
@@ -207,6 +208,8 @@ class SpanRecorder:
             same += 1
         if same == len(open_calls) == len(chain):
             return
+        # never before the previous move: a span must not end before it started
+        time_ns = self._backward_moved_ns = max(time_ns, self._backward_moved_ns)
         self._backward_calls = chain
         for call in reversed(open_calls[same:]):
             try:
