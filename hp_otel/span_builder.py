@@ -136,9 +136,7 @@ class SpanBuilder:
             self._on_fault("span_processor", exc)
         self._export(span)
 
-    def _start_span(
-        self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None
-    ) -> Span:
+    def _start_span(self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None) -> Span:
         try:
             return self._tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns, links=links)
         except Exception as exc:  # a span processor's on_start raised: the SDK span is lost to us

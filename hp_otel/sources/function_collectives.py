@@ -327,6 +327,8 @@ def _report(
         phase = phase_of()
     except Exception as exc:
         observer.on_fault(f"collective_describe:{reader.name}", exc)
+        if ticket is not None:  # described when issued: report it as it was issued
+            observer.on_collective(ticket.info, start, end, error, None, ticket)
         return
     if error is None and info.is_async:
         handle = result[-1] if isinstance(result, tuple) and result else result

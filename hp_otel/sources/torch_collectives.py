@@ -172,7 +172,6 @@ class CollectiveSpec:
             is_async=is_async,
         )
 
-
     def complete(self, info: CollectiveInfo, result: Any) -> CollectiveInfo:
         """The info described at issue, with the output the op returned (functional ops return theirs)."""
         if self._output is None and isinstance(result, torch.Tensor):
