@@ -336,7 +336,12 @@ class CommDebugMode:
         check_path(path, "path")
         spans = list(self.get_finished_spans())
         if in_flight:
-            spans.extend(self._recorder.in_flight_spans(time.time_ns()))
+            pending = self._recorder.in_flight_spans(time.time_ns())
+            if pending:  # an op that returned while its work is not done: written once, as in flight
+                match = schema.COLLECTIVE_MATCH_ID
+                waiting = {span.attributes.get(match) for span in pending}
+                spans = [span for span in spans if (span.attributes or {}).get(match) not in waiting]
+                spans.extend(pending)
         write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()})
 
     def clear(self) -> None:

@@ -256,7 +256,9 @@ def compare(files: Sequence[RankFile]) -> RanksReport:
     for f in files:
         for call in sorted(f.calls, key=lambda c: c.seq):
             per_rank = by_group.setdefault((call.window, call.group, call.group_ranks), {})
-            per_rank.setdefault(f.rank, {}).setdefault(call.seq, call)
+            calls = per_rank.setdefault(f.rank, {})
+            if call.seq not in calls or call.in_flight:  # a returned op whose work is pending: in flight
+                calls[call.seq] = call
     groups = [
         _compare_group(window, group, group_ranks, per_rank, file_ranks)
         for (window, group, group_ranks), per_rank in sorted(by_group.items(), key=lambda kv: _window_order(kv[0]))
