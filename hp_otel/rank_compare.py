@@ -18,6 +18,7 @@ offset, which the skew includes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -227,6 +228,7 @@ class RanksReport:
     files: list[RankFile]
     groups: list[GroupReport]
     stragglers: list[StragglerRow]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def agree(self) -> bool:
@@ -252,6 +254,7 @@ def compare_files(paths: Iterable[str | os.PathLike[str]]) -> RanksReport:
 def compare(files: Sequence[RankFile]) -> RanksReport:
     """Line the ranks' collectives up by (window, group, seq) and report where they part."""
     file_ranks = sorted(f.rank for f in files)
+    files, notes = _align_windows(files)
     by_group: dict[tuple[str, str, tuple[int, ...]], dict[int, dict[int, RankCall]]] = {}
     for f in files:
         for call in sorted(f.calls, key=lambda c: c.seq):
@@ -263,7 +266,29 @@ def compare(files: Sequence[RankFile]) -> RanksReport:
         _compare_group(window, group, group_ranks, per_rank, file_ranks)
         for (window, group, group_ranks), per_rank in sorted(by_group.items(), key=lambda kv: _window_order(kv[0]))
     ]
-    return RanksReport(list(files), groups, _stragglers(groups, file_ranks))
+    return RanksReport(list(files), groups, _stragglers(groups, file_ranks), notes)
+
+
+def _align_windows(files: Sequence[RankFile]) -> tuple[list[RankFile], list[str]]:
+    """Windows are matched by label (`step 3`, `window 0`); when the files' labels differ (ranks
+    opened a different number of windows before), by their order in each file instead."""
+    order = [_windows_in_order(f) for f in files]
+    if len({tuple(sorted(w)) for w in order}) <= 1:
+        return list(files), []
+    aligned = []
+    for f, windows in zip(files, order, strict=True):
+        rename = {w: f"window #{k}" for k, w in enumerate(windows)}
+        calls = [dataclasses.replace(c, window=rename[c.window]) for c in f.calls]
+        aligned.append(dataclasses.replace(f, calls=calls))
+    shown = "; ".join(f"rank {f.rank}: {', '.join(w)}" for f, w in zip(files, order, strict=True))
+    return aligned, [f"the files' windows differ ({shown}); matched by their order in each file"]
+
+
+def _windows_in_order(f: RankFile) -> list[str]:
+    first: dict[str, int] = {}
+    for c in f.calls:
+        first[c.window] = min(first.get(c.window, c.start_ns), c.start_ns)
+    return sorted(first, key=lambda w: first[w])
 
 
 def _window_order(key: tuple[str, str, tuple[int, ...]]) -> tuple[Any, ...]:
@@ -335,6 +360,8 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         f"ranks {','.join(map(str, report.ranks))}: {len(report.files)} files, {total} collectives, "
         f"{len(report.groups)} group windows"
     )
+    for note in report.notes:
+        lines.append(f"note: {note}")
     for f in report.files:
         if f.unsequenced:
             lines.append(f"note: {f.path} has {f.unsequenced} collectives without {s.COLLECTIVE_SEQ} (not compared)")
@@ -378,6 +405,7 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
     return {
         "agree": report.agree,
         "ranks": report.ranks,
+        "notes": report.notes,
         "files": [{"path": f.path, "rank": f.rank, "collectives": len(f.calls)} for f in report.files],
         "groups": [
             {
