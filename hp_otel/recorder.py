@@ -287,6 +287,7 @@ class SpanRecorder:
 
     def in_flight_spans(self, now_ns: int) -> list[ReadableSpan]:
         """The in-flight collectives as finished spans marked in flight (for a file; nothing is exported)."""
+        self.forget_completed()
         self.materialise()
         builder = self._builder
         if builder is None:

@@ -75,7 +75,7 @@ def _write_referee(out_dir: str, rank: int, referee: Referee) -> None:
 
 def consistent_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Every rank issues the same all_reduces; rank 1 arrives 300 ms late at layers.2's."""
-    from hp_otel import CommDebugMode
+    from hp_otel import CommDebugMode, HangWatchdog
 
     _init(rank, world_size, port)
 
@@ -87,9 +87,12 @@ def consistent_worker(rank: int, world_size: int, port: int, out_dir: str) -> No
 
     model = Model(action)
     referee = Referee()
-    with CommDebugMode(module=model) as mode, referee:
+    # a watchdog that never fires: gloo's Work objects must say their work is done
+    watchdog = HangWatchdog(30, os.path.join(out_dir, "never_rank{rank}.json"))
+    with CommDebugMode(module=model, watchdog=watchdog) as mode, referee:
         model(torch.ones(4, 8))
     mode.write_spans(os.path.join(out_dir, f"spans_rank{rank}.json"))
+    assert watchdog.written == [] and mode._recorder.in_flight() == [], mode._recorder.in_flight()
     _write_referee(out_dir, rank, referee)
     dist.barrier()
     dist.destroy_process_group()

@@ -97,7 +97,7 @@ def test_a_functional_collective_is_in_flight_until_it_is_waited_for(tmp_path, f
     spans = read_spans(tmp_path / "now.json")
     flags = sorted(
         (s.attributes[schema.COLLECTIVE_SEQ], s.attributes.get(schema.COLLECTIVE_IN_FLIGHT, False)) for s in spans
-    )  # noqa: E501
+    )
     assert flags == [(0, False), (1, True)]  # written once, as in flight, not also as returned
 
 
