@@ -63,6 +63,7 @@ def run_rank(rank: int, case: str, out: str, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=5))
     model = Model(case, rank)
     path = os.path.join(out, "spans_rank{rank}.json")
+    dist.barrier()  # start together: process start-up is not a straggler
     # 3 s without completing: write this rank's spans so far; and when the job is killed (SIGTERM)
     watchdog = HangWatchdog(timeout_s=3.0, path=path, on_signals=(signal.SIGTERM,))
     try:

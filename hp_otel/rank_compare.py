@@ -19,6 +19,7 @@ offset, which the skew includes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -122,8 +123,11 @@ def _rank_of(path: str, resources: Sequence[Mapping[str, Any]]) -> int:
 
 
 def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
-    """One rank's collectives from its spans file (OTLP/JSON)."""
+    """One rank's collectives from its spans file (OTLP/JSON) or its JSON dump (`generate_json_dump`)."""
     text_path = os.fspath(path)
+    dump = _json_dump(text_path)
+    if dump is not None:
+        return _read_dump(text_path, dump)
     try:
         spans, resources = read_trace_file(text_path)
     except SpanFileError as exc:
@@ -161,6 +165,60 @@ def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
             )
         )
     return RankFile(text_path, rank, calls, unsequenced)
+
+
+def _json_dump(path: str) -> dict[str, Any] | None:
+    """The file as a JSON dump (a dict with "records"), or None for anything else (read as spans)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            payload = json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None  # the spans reader says what is wrong
+    return payload if isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload else None
+
+
+def _read_dump(path: str, dump: dict[str, Any]) -> RankFile:
+    """A JSON dump names no rank: it comes from the file name (`comm_rank1.json`)."""
+    found = _RANK_IN_NAME.search(os.path.basename(path))
+    if not found:
+        raise RankInputError(f"{path}: a JSON dump names no rank; name the file with 'rank<N>' (comm_rank0.json)")
+    rank = int(found.group(1))
+    calls: list[RankCall] = []
+    unsequenced = 0
+    stack = list(dump.get("records") or [])
+    try:
+        while stack:
+            node = stack.pop()
+            stack.extend(node.get("children") or [])
+            if node.get("type") != "collective":
+                continue
+            if "seq" not in node:
+                unsequenced += 1
+                continue
+            start = int(node["start_ns"])
+            calls.append(
+                RankCall(
+                    rank=rank,
+                    window=str(node.get("window", "")),
+                    group=str(node.get("group", "")),
+                    group_ranks=tuple(int(r) for r in node.get("group_ranks", ())),
+                    seq=int(node["seq"]),
+                    op=str(node.get("op") or node.get("collective_type", "")),
+                    name=str(node.get("collective_type", "")),
+                    input_shape=tuple(int(d) for d in node.get("input_shape", ())),
+                    output_shape=tuple(int(d) for d in node.get("output_shape", ())),
+                    dtype=str(node.get("dtype", "")),
+                    reduce_op=str(node.get("reduce_op", "")),
+                    module=str(node.get("issued_in_module", "")),
+                    phase=str(node.get("phase", "")),
+                    start_ns=start,
+                    end_ns=start + int(node.get("duration_ns", 0)),
+                    in_flight=False,
+                )
+            )
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        raise RankInputError(f"{path}: not a JSON dump hp_otel wrote ({type(exc).__name__}: {exc})") from exc
+    return RankFile(path, rank, calls, unsequenced)
 
 
 # --- comparing ------------------------------------------------------------------------
@@ -219,6 +277,7 @@ class StragglerRow:
     rank: int
     last: int  # collectives where it issued last
     compared: int
+    total_skew_ns: int  # what the others waited for it, summed over the collectives it was last in
     mean_skew_ns: float
     max_skew_ns: int
 
@@ -340,10 +399,9 @@ def _stragglers(groups: Sequence[GroupReport], ranks: list[int]) -> list[Straggl
     for rank in ranks:
         mine = [k for g in groups if rank in g.ranks and len(g.ranks) > 1 for k in g.skews]
         last = [k.skew_ns for k in mine if k.last_rank == rank and k.skew_ns > 0]
-        rows.append(
-            StragglerRow(rank, len(last), len(mine), sum(last) / len(last) if last else 0.0, max(last, default=0))
-        )
-    return sorted(rows, key=lambda r: (-r.last, -r.max_skew_ns, r.rank))
+        mean = sum(last) / len(last) if last else 0.0
+        rows.append(StragglerRow(rank, len(last), len(mine), sum(last), mean, max(last, default=0)))
+    return sorted(rows, key=lambda r: (-r.total_skew_ns, -r.last, r.rank))
 
 
 # --- output ---------------------------------------------------------------------------
@@ -366,7 +424,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         if f.unsequenced:
             lines.append(f"note: {f.path} has {f.unsequenced} collectives without {s.COLLECTIVE_SEQ} (not compared)")
     for g in report.groups:
-        verdict = "agree" if g.agree else "DIVERGE"
+        verdict = "agree" if g.agree else "DIVERGE" if g.divergence is not None else "INCOMPLETE"
         lines.append(f"\n{g.title()}: {verdict} ({g.compared} collectives reached by every rank)")
         if g.absent_ranks:
             lines.append(f"  no file for ranks {','.join(map(str, g.absent_ranks))} (not compared)")
@@ -385,10 +443,13 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         for seq in g.stuck_together:
             lines.append(f"  every rank is waiting in seq #{seq}: the collective itself does not complete")
     lines.append("\nstragglers (arrival skew = last issue - first issue, over collectives every rank reached):")
-    lines.append(f"  {'rank':>4}  {'last':>9}  {'mean skew when last':>20}  {'max skew':>12}")
+    lines.append(f"  {'rank':>4}  {'last':>9}  {'others waited':>14}  {'mean skew when last':>20}  {'max skew':>12}")
     for row in report.stragglers:
         last = f"{row.last}/{row.compared}"
-        lines.append(f"  {row.rank:>4}  {last:>9}  {_ms(row.mean_skew_ns):>20}  {_ms(row.max_skew_ns):>12}")
+        lines.append(
+            f"  {row.rank:>4}  {last:>9}  {_ms(row.total_skew_ns):>14}  {_ms(row.mean_skew_ns):>20}"
+            f"  {_ms(row.max_skew_ns):>12}"
+        )
     worst = sorted(((k, g) for g in report.groups for k in g.skews), key=lambda kg: -kg[0].skew_ns)[:top]
     if worst and worst[0][0].skew_ns > 0:
         lines.append("  largest skews:")
@@ -443,6 +504,7 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
                 "rank": r.rank,
                 "last": r.last,
                 "compared": r.compared,
+                "total_skew_ns": r.total_skew_ns,
                 "mean_skew_ns": r.mean_skew_ns,
                 "max_skew_ns": r.max_skew_ns,
             }

@@ -83,7 +83,7 @@ class HangWatchdog:
     def path(self) -> str:
         from hp_otel.steps import current_rank
 
-        return self.path_template.replace("{rank}", str(current_rank()))
+        return os.path.abspath(self.path_template.replace("{rank}", str(current_rank())))
 
     # --- lifecycle (CommDebugMode's enter and exit) --------------------------------
     def start(self, mode: CommDebugMode) -> None:

@@ -87,6 +87,7 @@ def consistent_worker(rank: int, world_size: int, port: int, out_dir: str) -> No
 
     model = Model(action)
     referee = Referee()
+    dist.barrier()  # start together: process start-up is not a straggler
     # a watchdog that never fires: gloo's Work objects must say their work is done
     watchdog = HangWatchdog(30, os.path.join(out_dir, "never_rank{rank}.json"))
     with CommDebugMode(module=model, watchdog=watchdog) as mode, referee:

@@ -49,6 +49,7 @@ def _play_rank(rank: int, program, path: Path, monkeypatch) -> CommDebugMode:  #
     with CommDebugMode() as mode:
         program(mode.observer)
     mode.write_spans(path)
+    mode.generate_json_dump(path.with_name(f"comm_rank{rank}.json"), noise_level=0)
     return mode
 
 
@@ -184,6 +185,11 @@ def test_the_first_divergence_names_each_ranks_collective(tmp_path, monkeypatch,
     report = json.loads(capsys.readouterr().out)
     assert report["agree"] is False
     assert [g["divergence"]["seq"] for g in report["groups"] if g["divergence"]] == [1]
+    # the JSON dumps of the same windows say the same (the rank comes from their names)
+    dumps = [str(tmp_path / f"comm_rank{r}.json") for r in (0, 1)]
+    assert cli_main(["ranks", "--json", *dumps]) == 3
+    from_dumps = json.loads(capsys.readouterr().out)
+    assert from_dumps["groups"] == report["groups"]
 
 
 def test_a_rank_that_stopped_early_is_the_hang_suspect(tmp_path, monkeypatch, capsys) -> None:
@@ -209,6 +215,7 @@ def test_a_rank_that_stopped_early_is_the_hang_suspect(tmp_path, monkeypatch, ca
         ("not json", "is not JSON"),
         ('{"x": 1}', "no 'resourceSpans' key"),
         ('{"resourceSpans": []}', "names no rank"),
+        ('{"records": []}', "a JSON dump names no rank"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path, capsys, content, message) -> None:
