@@ -292,8 +292,14 @@ class SpanRecorder:
         builder = self._builder
         if builder is None:
             return []
+        spans = []
         with self._build_lock:
-            return [builder.in_flight_span(issue, now_ns) for issue in self.in_flight()]
+            for issue in self.in_flight():
+                try:
+                    spans.append(builder.in_flight_span(issue, now_ns))
+                except Exception as exc:  # live spans change under us on the training thread: skip this one
+                    self.on_fault("in_flight_span", exc)
+        return spans
 
     def _count(self, info: CollectiveInfo, phase_hint: str | None) -> tuple[str, str]:
         """Exact counts, overall and for each open module; returns the innermost module's (phase, fqn)."""

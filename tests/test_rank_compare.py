@@ -18,7 +18,7 @@ from hp_otel import CommDebugMode, schema, step
 from hp_otel.cli import main as cli_main
 from hp_otel.infos import CollectiveInfo, ModuleInfo
 from hp_otel.otlp_json import read_trace_file
-from hp_otel.rank_compare import compare_files
+from hp_otel.rank_compare import compare_files, format_report
 from hp_otel.steps import step_ids
 
 ALL_GATHER = CollectiveInfo(
@@ -234,3 +234,38 @@ def test_two_files_of_one_rank_are_bad_input(tmp_path, monkeypatch, capsys) -> N
     _play_rank(0, program, b, monkeypatch)
     assert cli_main(["ranks", str(a), str(b)]) == 2
     assert "are both rank 0; give one file per rank" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a subprocess (the fake group is process-wide), about 8 s here
+def test_per_rank_programs_over_the_fake_process_group(tmp_path) -> None:
+    """The real torch path (dispatch mode -> issue -> seq -> file) for divergent ranks, without hanging."""
+    import subprocess
+    import sys
+
+    program = Path(__file__).with_name("fake_rank_programs.py")
+    cases = ("consistent", "divergent", "skipping")
+    subprocess.run([sys.executable, str(program), str(tmp_path), *cases], check=True, timeout=120)
+    reports = {case: compare_files([str(tmp_path / case / f"spans_rank{r}.json") for r in (0, 1)]) for case in cases}
+
+    consistent = reports["consistent"]
+    assert consistent.agree, format_report(consistent)
+    assert [g.compared for g in consistent.groups] == [2]  # fc2's forward all_reduce, fc1's backward one
+
+    (group,) = reports["divergent"].groups
+    assert group.divergence is not None and group.divergence.seq == 0, format_report(reports["divergent"])
+    calls = group.divergence.calls
+    assert (calls[0].op, calls[0].input_shape, calls[1].input_shape) == ("all_gather", (4, 16), (3, 16))
+    assert calls[0].module == calls[1].module == "fc2"
+
+    (group,) = reports["skipping"].groups
+    (missing,) = group.missing
+    reference = missing.reference
+    assert (missing.rank, missing.seq, reference.op, reference.module, reference.phase) == (
+        1,
+        1,
+        "all_reduce",
+        "fc1",
+        "backward",
+    )
+    assert group.divergence is None
+    assert "rank 1 never reached all_reduce #1 in Module(fc1) (issued by rank 0)" in format_report(reports["skipping"])
