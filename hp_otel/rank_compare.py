@@ -132,39 +132,52 @@ def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
         spans, resources = read_trace_file(text_path)
     except SpanFileError as exc:
         raise RankInputError(str(exc)) from exc
-    rank = _rank_of(text_path, resources)
+    try:
+        rank = _rank_of(text_path, resources)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, RankInputError):
+            raise
+        raise RankInputError(f"{text_path}: its {s.RESOURCE_RANK} is not a rank ({exc})") from exc
     calls: list[RankCall] = []
     unsequenced = 0
     for span in spans:
         attrs = span_attributes(span)
         if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
             continue
-        match = codec.decode_collective_match(attrs)
-        if match.seq < 0:
+        try:
+            call = _call_from_span(rank, span, attrs)
+        except (TypeError, ValueError) as exc:  # attributes hp_otel did not write
+            raise RankInputError(f"{text_path}: collective span {span.name!r} is malformed ({exc})") from exc
+        if call is None:
             unsequenced += 1
-            continue
-        info = codec.decode_collective(attrs, span.name)
-        calls.append(
-            RankCall(
-                rank=rank,
-                window=match.window,
-                group=info.group,
-                group_ranks=info.group_ranks,
-                seq=match.seq,
-                op=info.op or info.name,
-                name=info.name,
-                input_shape=info.input_shape,
-                output_shape=info.output_shape,
-                dtype=info.dtype,
-                reduce_op=info.reduce_op,
-                module=match.module,
-                phase=str(attrs.get(s.PHASE, "")),
-                start_ns=span.start_time or 0,
-                end_ns=span.end_time or 0,
-                in_flight=match.in_flight,
-            )
-        )
+        else:
+            calls.append(call)
     return RankFile(text_path, rank, calls, unsequenced)
+
+
+def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall | None:
+    match = codec.decode_collective_match(attrs)
+    if match.seq < 0:
+        return None
+    info = codec.decode_collective(attrs, span.name)
+    return RankCall(
+        rank=rank,
+        window=match.window,
+        group=info.group,
+        group_ranks=tuple(int(r) for r in info.group_ranks),
+        seq=match.seq,
+        op=info.op or info.name,
+        name=info.name,
+        input_shape=tuple(int(d) for d in info.input_shape),
+        output_shape=tuple(int(d) for d in info.output_shape),
+        dtype=info.dtype,
+        reduce_op=info.reduce_op,
+        module=match.module,
+        phase=str(attrs.get(s.PHASE, "")),
+        start_ns=span.start_time or 0,
+        end_ns=span.end_time or 0,
+        in_flight=match.in_flight,
+    )
 
 
 def _json_dump(path: str) -> dict[str, Any] | None:

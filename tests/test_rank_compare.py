@@ -269,3 +269,30 @@ def test_per_rank_programs_over_the_fake_process_group(tmp_path) -> None:
     )
     assert group.divergence is None
     assert "rank 1 never reached all_reduce #1 in Module(fc1) (issued by rank 0)" in format_report(reports["skipping"])
+
+
+def test_a_malformed_collective_span_is_bad_input(tmp_path, monkeypatch, capsys) -> None:
+    path = tmp_path / "spans_rank0.json"
+    _play_rank(0, _in_layers((ALL_REDUCE, 0)), path, monkeypatch)
+    path.write_text(
+        path.read_text().replace(
+            '"hp.collective.seq", "value": {"intValue": "0"}', '"hp.collective.seq", "value": {"stringValue": "x"}'
+        )
+    )
+    assert 'stringValue": "x"' in path.read_text()
+    assert cli_main(["ranks", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hp-otel ranks: {path}: collective span 'all_reduce' is malformed") and err.count("\n") == 1
+
+
+def test_send_and_recv_of_one_exchange_match(tmp_path, monkeypatch) -> None:
+    """Point to point: rank 0 sends what rank 1 receives, at the same seq of the group: they agree."""
+    send = dataclasses.replace(ALL_REDUCE, name="c10d.send", op="send", reduce_op="")
+    recv = dataclasses.replace(send, name="c10d.recv_", op="recv")
+    files = _files(
+        tmp_path, monkeypatch, _in_layers((send, 0), (ALL_REDUCE, 0)), _in_layers((recv, 0), (ALL_REDUCE, 0))
+    )
+    report = compare_files(files)
+    assert report.agree and [g.compared for g in report.groups] == [2]
+    other = _files(tmp_path, monkeypatch, _in_layers((send, 0)), _in_layers((ALL_REDUCE, 0)))
+    assert compare_files(other).groups[0].divergence.seq == 0
