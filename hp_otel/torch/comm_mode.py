@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections import defaultdict
 from typing import Any
 
@@ -145,6 +146,13 @@ class CommDebugMode:
                 key = op_keys.extra_key_for_name(name)
                 extra[key] = extra.get(key, 0) + n
         return extra
+
+    def generate_otel_tracing_table(self, noise_level: int | None = None) -> str:
+        """hp_otel's span table of this window (`hp_otel.CommDebugMode.generate_comm_debug_tracing_table`);
+        module boundaries come from the drop-in's tracker, so level 2 needs no `module=`."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="noise_level=.*needs CommDebugMode\\(module=")
+            return self._otel.generate_comm_debug_tracing_table(noise_level)
 
     def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
         return self._otel.get_finished_spans()
