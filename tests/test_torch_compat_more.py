@@ -28,7 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from hp_otel.testing import metric_points
 from hp_otel.torch import CommDebugMode
 from hp_otel.torch.module_tracker import CompatModuleTracker
-from hp_otel.torch.source import _TorchRecordMode
+from hp_otel.torch.source import TorchRecordMode
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
@@ -292,7 +292,9 @@ def test_everything_restored_even_when_the_step_raises(mesh):
 
     handle = model.net2.register_forward_hook(fail_in_net2)
     try:
-        with pytest.raises(Boom), CommDebugMode():
+        with pytest.raises(Boom), CommDebugMode() as mode:
+            assert isinstance(mode, TorchDispatchMode)  # like torch's, it is the dispatch mode
+            assert _get_current_dispatch_mode_stack()[-1] is mode
             model(torch.rand(8, 10))
     finally:
         handle.remove()
@@ -311,7 +313,7 @@ def test_faults_in_the_drop_in_never_reach_training(mesh, monkeypatch):
         raise RuntimeError("injected")
 
     monkeypatch.setattr(CompatModuleTracker, "_note_module", broken)
-    monkeypatch.setattr(_TorchRecordMode, "_count", broken)
+    monkeypatch.setattr(TorchRecordMode, "_count", broken)
     with CommDebugMode() as mode:
         out = model(x)
         out.sum().backward()

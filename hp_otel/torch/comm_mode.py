@@ -26,13 +26,13 @@ from hp_otel.files import check_path, write_text_atomically
 from hp_otel.mode import DEFAULT_MAX_SPANS
 from hp_otel.mode import CommDebugMode as OtelCommDebugMode
 from hp_otel.torch import op_keys, report
-from hp_otel.torch.module_tracker import GLOBAL, CompatModuleTracker
-from hp_otel.torch.source import TorchCompatSource, new_phase_counts
+from hp_otel.torch.module_tracker import GLOBAL
+from hp_otel.torch.source import TorchCompatSource, TorchRecordMode, new_phase_counts
 
 _ANSI_ESCAPE = re.compile(r"\x1B\[[0-?]*[ -/]*[@-~]")
 
 
-class CommDebugMode:
+class CommDebugMode(TorchRecordMode):
     """torch 2.13's `CommDebugMode`, recorded by hp_otel as well.
 
     Needs no arguments, like torch's.  Optional, keyword only: `tracer_provider`,
@@ -48,12 +48,7 @@ class CommDebugMode:
         max_spans: int = DEFAULT_MAX_SPANS,
         live_spans: bool | None = None,
     ) -> None:
-        self.supports_higher_order_operators = True
-        self.comm_counts: defaultdict[Any, int] = defaultdict(int)
-        self.comm_module_counts: dict[str, dict[str, defaultdict[Any, int]]] = {}
-        self.comm_module_operation_counts: dict[str, dict[str, list[dict[str, Any]]]] = {}
-        self.comm_registry: set[Any] = op_keys.comm_registry()
-        self.advanced_module_tracker = CompatModuleTracker()
+        super().__init__()
         self._otel = OtelCommDebugMode(
             engine="torch",
             tracer_provider=tracer_provider,

@@ -18,7 +18,7 @@ level the user wrote them), so it is a dispatch mode of its own.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._guards import detect_fake_mode
@@ -27,11 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hp_otel.observer import Observer
 from hp_otel.sources.patching import run_every
-from hp_otel.torch.module_tracker import GLOBAL
-from hp_otel.torch.op_keys import count_key
-
-if TYPE_CHECKING:
-    from hp_otel.torch.comm_mode import CommDebugMode
+from hp_otel.torch.module_tracker import GLOBAL, CompatModuleTracker
+from hp_otel.torch.op_keys import comm_registry, count_key
 
 _PARENTS_UNKNOWN = frozenset({GLOBAL})
 
@@ -40,15 +37,21 @@ def new_phase_counts() -> dict[str, defaultdict[Any, int]]:
     return {"forward": defaultdict(int), "backward": defaultdict(int)}
 
 
-class _TorchRecordMode(TorchDispatchMode):
-    """What torch's CommDebugMode does at dispatch: note ops per module, count collectives."""
+class TorchRecordMode(TorchDispatchMode):
+    """What torch's CommDebugMode does at dispatch, with its attributes: note ops per
+    module, count collectives.  The drop-in is one of these (so it is a TorchDispatchMode,
+    as torch's is); `TorchCompatSource` pushes it while the hp_otel window is active."""
 
     supports_higher_order_operators = True
 
-    def __init__(self, owner: CommDebugMode, observer: Observer) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._owner = owner
-        self._observer = observer
+        self.comm_counts: defaultdict[Any, int] = defaultdict(int)
+        self.comm_module_counts: dict[str, dict[str, defaultdict[Any, int]]] = {}
+        self.comm_module_operation_counts: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self.comm_registry: set[Any] = comm_registry()
+        self.advanced_module_tracker = CompatModuleTracker()
+        self._observer: Observer = _NO_OBSERVER
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if kwargs is None:
@@ -79,8 +82,8 @@ class _TorchRecordMode(TorchDispatchMode):
         return out
 
     def _op_record(self, func: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        tracker = self._owner.advanced_module_tracker
-        per_module = self._owner.comm_module_operation_counts.setdefault(tracker.name, {"operations_list": []})
+        tracker = self.advanced_module_tracker
+        per_module = self.comm_module_operation_counts.setdefault(tracker.name, {"operations_list": []})
         record = {
             "name": func,
             "input_shape": [],
@@ -100,15 +103,14 @@ class _TorchRecordMode(TorchDispatchMode):
                 record["device_mesh"] = str(arg.device_mesh)
 
     def _count(self, func: Any, is_bw: bool) -> None:
-        owner = self._owner
-        key = count_key(func._overloadpacket, owner.comm_registry)
+        key = count_key(func._overloadpacket, self.comm_registry)
         if key is None:
             return
-        owner.comm_counts[key] += 1
+        self.comm_counts[key] += 1
         phase = "backward" if is_bw else "forward"
-        tracker = owner.advanced_module_tracker
+        tracker = self.advanced_module_tracker
         name = tracker.name
-        module_counts = owner.comm_module_counts
+        module_counts = self.comm_module_counts
         if name not in module_counts:
             module_counts[name] = new_phase_counts()
         module_counts[name][phase][key] += 1
@@ -120,36 +122,49 @@ class _TorchRecordMode(TorchDispatchMode):
                 module_counts[parent][phase][key] += 1
 
 
-class TorchCompatSource:
-    """Installs the module tracker and the record mode for one drop-in window."""
+class _NoObserver:
+    """Where faults go while no window is active (the mode is only pushed inside one)."""
 
-    def __init__(self, owner: CommDebugMode) -> None:
-        self._owner = owner
-        self._mode: _TorchRecordMode | None = None
+    accepting = False
+
+    def on_fault(self, where: str, exc: BaseException) -> None:
+        pass
+
+
+_NO_OBSERVER: Any = _NoObserver()
+
+
+class TorchCompatSource:
+    """Installs the module tracker and pushes the record mode for one window."""
+
+    def __init__(self, mode: TorchRecordMode) -> None:
+        self._mode = mode
+        self._pushed = False
         self._tracker_entered = False
 
     def install(self, observer: Observer) -> None:
-        tracker = self._owner.advanced_module_tracker
-        tracker.observer = observer
-        tracker.__enter__()
+        mode = self._mode
+        mode._observer = observer
+        mode.advanced_module_tracker.observer = observer
+        mode.advanced_module_tracker.__enter__()
         self._tracker_entered = True
-        mode = _TorchRecordMode(self._owner, observer)
-        mode.__enter__()
-        self._mode = mode
+        TorchDispatchMode.__enter__(mode)  # the mode's own __enter__ is the drop-in's window
+        self._pushed = True
 
     def uninstall(self) -> None:
-        run_every((self._exit_mode, self._exit_tracker))
+        run_every((self._pop_mode, self._exit_tracker))
 
-    def _exit_mode(self) -> None:
-        mode, self._mode = self._mode, None
-        if mode is not None:
-            mode.__exit__(None, None, None)
+    def _pop_mode(self) -> None:
+        if self._pushed:
+            self._pushed = False
+            TorchDispatchMode.__exit__(self._mode, None, None, None)
 
     def _exit_tracker(self) -> None:
-        tracker = self._owner.advanced_module_tracker
+        tracker = self._mode.advanced_module_tracker
         if self._tracker_entered:
             self._tracker_entered = False
             try:
                 tracker.__exit__()
             finally:
                 tracker.observer = None
+                self._mode._observer = _NO_OBSERVER
