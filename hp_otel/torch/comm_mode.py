@@ -60,6 +60,8 @@ class CommDebugMode(TorchRecordMode):
 
     # --- window ---------------------------------------------------------------------
     def __enter__(self) -> CommDebugMode:
+        if self._otel.active:
+            raise RuntimeError("this CommDebugMode is already active; create a new one to nest")
         self.comm_counts.clear()
         self.comm_module_counts.clear()
         self.comm_module_counts[GLOBAL] = new_phase_counts()
