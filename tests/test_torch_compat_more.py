@@ -25,7 +25,7 @@ from torch.testing._internal.distributed._tensor.common_dtensor import MLPModule
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.checkpoint import checkpoint
 
-from hp_otel.testing import metric_points
+from hp_otel.testing import assert_collective_counts, assert_span_tree, metric_points
 from hp_otel.torch import CommDebugMode
 from hp_otel.torch.module_tracker import CompatModuleTracker
 from hp_otel.torch.source import TorchRecordMode
@@ -166,7 +166,19 @@ def test_same_window_yields_otel_spans_and_metrics(mesh):
     points = metric_points(mode.get_metric_reader(), "hp.collective.calls")
     assert sum(p.value for p in points) >= 2
     assert {p.attributes["hp.module.fqn"] for p in points} >= {"MLPModule.net2", "MLPModule.net1"}
-    assert mode.otel.get_comm_counts(normalized=True) == {"all_reduce": 2}
+    assert_collective_counts(mode.otel, {"all_reduce": 2}, normalized=True)
+    assert_span_tree(
+        mode,
+        """
+        MLPModule
+          MLPModule.net1
+          MLPModule.relu
+          MLPModule.net2
+            all_reduce
+        """,
+        kinds=["module", "collective"],
+        phase="forward",
+    )
     assert mode.get_callback_error_counts() == {}
     assert "Module(MLPModule.net2) [enter]" in mode.generate_otel_tracing_table(noise_level=2)
 

@@ -75,10 +75,13 @@ class TorchRecordMode(TorchDispatchMode):
         if record is not None:
             try:
                 self._count(func, record["is_bw"])
+            except Exception as exc:
+                self._observer.on_fault("compat_collective_count", exc)
+            try:
                 if not detect_fake_mode(args):
                     ops.append(record)
             except Exception as exc:
-                self._observer.on_fault("compat_collective_count", exc)
+                self._observer.on_fault("compat_op_record", exc)
         return out
 
     def _op_record(self, func: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
