@@ -17,6 +17,7 @@ same window's OTel spans nest collectives under torch-named modules.
 from __future__ import annotations
 
 import copy
+import inspect
 import weakref
 from typing import Any
 
@@ -35,6 +36,12 @@ from hp_otel.infos import ModuleInfo
 from hp_otel.observer import Observer
 
 GLOBAL = "Global"
+# torch 2.13's ModTracker markers take a weakref to the module first; older releases do not
+_MARKERS_TAKE_MODULE = "w_mod" in inspect.signature(ModTracker._get_append_fn).parameters
+
+
+def _marker_args(module_ref: Any, name: str, is_bw: bool) -> tuple[Any, ...]:
+    return (module_ref, name, is_bw) if _MARKERS_TAKE_MODULE else (name, is_bw)
 
 
 def _module_type(module: torch.nn.Module) -> str:
@@ -107,26 +114,29 @@ class CompatModuleTracker(ModTracker):
 
         torch.autograd.Variable._execution_engine.queue_callback(backward_end)
 
-    # ModTracker builds its backward markers with these: report them as backward spans too
-    def _get_append_fn(self, w_mod, name, is_bw):  # type: ignore[no-untyped-def]
-        append = super()._get_append_fn(w_mod, name, is_bw)
-        if not is_bw:
+    # ModTracker builds its backward markers with these: report them as backward spans too.
+    # torch 2.13 passes (weakref to module, name, is_bw); older releases (name, is_bw).
+    def _get_append_fn(self, *args):  # type: ignore[no-untyped-def]
+        append = super()._get_append_fn(*args)
+        if not args[-1]:
             return append
+        module_ref, name = (args[0] if len(args) == 3 else None), args[-2]
 
-        def append_and_report(*args: Any) -> None:
-            append(*args)
-            self._report(w_mod(), name, s.PHASE_BACKWARD, enter=True)
+        def append_and_report(*grads: Any) -> None:
+            append(*grads)
+            self._report(module_ref() if module_ref is not None else None, name, s.PHASE_BACKWARD, enter=True)
 
         return append_and_report
 
-    def _get_pop_fn(self, w_mod, name, is_bw):  # type: ignore[no-untyped-def]
-        pop = super()._get_pop_fn(w_mod, name, is_bw)
-        if not is_bw:
+    def _get_pop_fn(self, *args):  # type: ignore[no-untyped-def]
+        pop = super()._get_pop_fn(*args)
+        if not args[-1]:
             return pop
+        module_ref, name = (args[0] if len(args) == 3 else None), args[-2]
 
-        def pop_and_report(*args: Any) -> None:
-            pop(*args)
-            self._report(w_mod(), name, s.PHASE_BACKWARD, enter=False)
+        def pop_and_report(*grads: Any) -> None:
+            pop(*grads)
+            self._report(module_ref() if module_ref is not None else None, name, s.PHASE_BACKWARD, enter=False)
 
         return pop_and_report
 
@@ -147,10 +157,10 @@ class CompatModuleTracker(ModTracker):
         self.activation_checkpointing = self.is_bw  # a forward inside backward is a recompute
         self.name = self._get_mod_name(mod)
         w_mod = weakref.ref(mod)
-        self._get_append_fn(w_mod, self.name, False)()
+        self._get_append_fn(*_marker_args(w_mod, self.name, False))()
         tensors = _grad_inputs(input)
         if not self.is_bw and tensors:
-            register_multi_grad_hook(tensors, self._get_pop_fn(w_mod, self.name, True))
+            register_multi_grad_hook(tensors, self._get_pop_fn(*_marker_args(w_mod, self.name, True)))
         pushed = not self.activation_checkpointing
         self._hook_module_once(mod)
         self._pushed.append(pushed)
