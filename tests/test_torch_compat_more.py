@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
+from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DeviceMesh, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -319,20 +320,26 @@ def test_everything_restored_even_when_the_step_raises(mesh):
 def test_faults_in_the_drop_in_never_reach_training(mesh, monkeypatch):
     x = torch.rand(8, 10, requires_grad=True)
     model = _tp_mlp(mesh)
-    expected = model(x).detach().clone()
+    expected = model(x)
+    expected.sum().backward()
+    expected, expected_grad = expected.detach().clone(), x.grad.clone()
+    x.grad = None
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("injected")
 
     monkeypatch.setattr(CompatModuleTracker, "_note_module", broken)
     monkeypatch.setattr(TorchRecordMode, "_count", broken)
+    monkeypatch.setattr(ModTracker, "_maybe_set_engine_callback", broken)  # inside autograd's grad hooks
     with CommDebugMode() as mode:
         out = model(x)
         out.sum().backward()
     assert torch.equal(out.detach().clone(), expected)
+    assert torch.equal(x.grad, expected_grad)
     faults = mode.get_callback_error_counts()
     assert faults["compat_module_forward_pre"] == 4  # MLPModule, net1, relu, net2
-    assert faults["compat_collective_count"] >= 1
+    assert faults["compat_collective_count"] >= 2  # every local op asks _count (the two all_reduces among them)
+    assert faults["compat_module_backward_start"] >= 1
     assert mode.otel.get_comm_counts() == {"_c10d_functional.all_reduce": 2}  # hp_otel's counts unaffected
 
 

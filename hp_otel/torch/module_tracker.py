@@ -123,7 +123,10 @@ class CompatModuleTracker(ModTracker):
         module_ref, name = (args[0] if len(args) == 3 else None), args[-2]
 
         def append_and_report(*grads: Any) -> None:
-            append(*grads)
+            try:  # runs inside autograd: ModTracker's own checks must not fail the backward
+                append(*grads)
+            except Exception as exc:
+                self._fault("compat_module_backward_start", exc)
             self._report(module_ref() if module_ref is not None else None, name, s.PHASE_BACKWARD, enter=True)
 
         return append_and_report
@@ -135,7 +138,10 @@ class CompatModuleTracker(ModTracker):
         module_ref, name = (args[0] if len(args) == 3 else None), args[-2]
 
         def pop_and_report(*grads: Any) -> None:
-            pop(*grads)
+            try:
+                pop(*grads)
+            except Exception as exc:
+                self._fault("compat_module_backward_done", exc)
             self._report(module_ref() if module_ref is not None else None, name, s.PHASE_BACKWARD, enter=False)
 
         return pop_and_report
