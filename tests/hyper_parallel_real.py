@@ -83,12 +83,20 @@ class Referee:
         """Forward: pre/post hooks; backward: full backward pre/post hooks (root named '(root)')."""
         for fqn, module in model.named_modules():
             fqn = fqn or "(root)"
-            self._hooks.append(module.register_forward_pre_hook(lambda m, a, f=fqn: self._modules.append(f)))
+            # prepend: the module is entered before the framework's own pre-hooks (fully_shard all-gathers there)
+            self._hooks.append(
+                module.register_forward_pre_hook(lambda m, a, f=fqn: self._modules.append(f), prepend=True)
+            )
             self._hooks.append(module.register_forward_hook(lambda m, a, o, f=fqn: self._pop(self._modules, f)))
             self._hooks.append(
-                module.register_full_backward_pre_hook(lambda m, g, f=fqn: self._backward_modules.append(f))
+                module.register_full_backward_pre_hook(
+                    lambda m, g, f=fqn: self._backward_modules.append(f), prepend=True
+                )
             )
             self._hooks.append(module.register_full_backward_hook(lambda m, gi, go, f=fqn: self._backward_done(gi, f)))
+
+    def _enter_backward(self, fqn: str, module: Any, grad_output: Any) -> None:
+        self._backward_modules.append(fqn)
 
     def _backward_done(self, grad_input: Any, fqn: str) -> None:
         # A module none of whose inputs needs a gradient gets this hook at once, before its backward ran:
