@@ -97,8 +97,9 @@ TORCH_DISTRIBUTED_COLLECTIVES: dict[str, str] = {
     "reduce": "reduce",
     "barrier": "barrier",
 }
-# Attribute access reaching the dispatcher is bookkeeping, not an op the user wrote.
-_SKIPPED_OPS = frozenset({"__get__", "__set__", "__delete__"})
+# Attribute access reaching the dispatcher is bookkeeping, not an op the user wrote; so is MindSpore's
+# `CellBackwardHook`, the op a Cell backward hook (ours, when tracking modules) wraps a DTensor input in.
+_SKIPPED_OPS = frozenset({"__get__", "__set__", "__delete__", "CellBackwardHook"})
 
 _slot = ObserverSlot("hp_otel_hyper_parallel_observer")
 _handles = AsyncHandles()
