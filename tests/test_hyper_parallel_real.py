@@ -22,21 +22,30 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(SRC is None, reason=SKIP_REAS
 TESTS = Path(__file__).resolve().parent
 
 
-def test_torch_platform_on_two_gloo_ranks(tmp_path: Path) -> None:
+def test_torch_platform_on_two_gloo_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import hyper_parallel_real_workers
     import torch.multiprocessing as mp
 
     from hp_otel.demo import free_port
 
-    sys.path.insert(0, SRC)
-    os.environ["HYPER_PARALLEL_PLATFORM"] = "torch"
+    monkeypatch.setenv("HYPER_PARALLEL_PLATFORM", "torch")
+    sys.path.insert(0, SRC)  # the spawned ranks inherit it; this process never imports hyper_parallel
     try:
         mp.spawn(hyper_parallel_real_workers.worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     finally:
         sys.path.remove(SRC)
     for rank in range(2):
         result = json.loads((tmp_path / f"torch_rank{rank}.json").read_text())
-        print(json.dumps(result, indent=1))
+        print(json.dumps({k: v for k, v in result.items() if k != "tp_mlp"}, indent=1))
+        assert result["tp_mlp"]["counts"] == {"differentiable_all_reduce": 1, "torch.distributed.all_reduce": 1}
+        assert result["transformer"]["counts"] == {"differentiable_all_reduce": 4, "torch.distributed.all_reduce": 4}
+        assert result["fully_shard"]["forward"] == {"torch.distributed.all_gather_into_tensor": 2}
+        assert result["fully_shard"]["backward"] == {"torch.distributed.reduce_scatter_tensor": 2}
+        assert result["all_to_all"]["counts"] == {
+            "differentiable_all_to_all": 1,
+            "torch.distributed.all_to_all_single": 1,
+        }
+        assert "ValueError" in result["failing"]["all_reduce_complex_max"]
 
 
 def test_mindspore_platform_on_two_mccl_workers(tmp_path: Path) -> None:
@@ -66,6 +75,7 @@ def test_mindspore_platform_on_two_mccl_workers(tmp_path: Path) -> None:
     for rank in range(2):
         result = json.loads((tmp_path / f"mindspore_rank{rank}.json").read_text())
         print(json.dumps(result, indent=1))
+        assert result["rank"] == rank
         assert result["tp_mlp"]["counts"] == {"differentiable_all_reduce": 1}
         assert result["all_to_all"]["counts"] == {"differentiable_all_to_all": 1}
         assert result["platform_all_reduce"]["counts"] == {"all_reduce": 1}
