@@ -8,7 +8,7 @@ Every method must be safe to call at any time: the recorder never raises from th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from hp_otel.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
@@ -42,6 +42,13 @@ class Observer(Protocol):
 
     def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None: ...
 
+    def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
+        """A collective is about to run: returns a ticket for `on_collective` (None when not recording).
+
+        Optional for sources: a collective that never returns is visible only through this
+        (the hang watchdog writes it as in flight), and its sequence number is taken here.
+        """
+
     def on_collective(
         self,
         info: CollectiveInfo,
@@ -49,10 +56,12 @@ class Observer(Protocol):
         end_ns: int,
         error: BaseException | None = None,
         phase: str | None = None,
+        ticket: Any = None,
         awaits_completion: bool = False,
     ) -> object | None:
-        """A collective call returned at `end_ns`.  With `awaits_completion` it was only
-        launched: the returned token goes to `on_collective_complete` when it finishes."""
+        """A collective call returned at `end_ns` (`ticket`: what `on_collective_issue` returned).
+        With `awaits_completion` it was only launched: the returned token goes to
+        `on_collective_complete` when it finishes."""
 
     def on_collective_complete(self, token: object, end_ns: int, completion: str) -> None:
         """The collective of `token` finished (schema.COMPLETION_WAIT / COMPLETION_WORK); any thread."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict, ParseDict
@@ -55,13 +55,38 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     return _ids(MessageToDict(message), _b64_to_hex)
 
 
-def write_spans(path: str | os.PathLike[str], spans: Sequence[ReadableSpan], argument: str = "path") -> None:
-    """Write finished spans to `path` as OTLP/JSON (the format `read_spans` and `hp-otel render` read)."""
+def write_spans(
+    path: str | os.PathLike[str],
+    spans: Sequence[ReadableSpan],
+    argument: str = "path",
+    resource_defaults: Mapping[str, int | str] | None = None,
+) -> None:
+    """Write finished spans to `path` as OTLP/JSON (the format `read_spans` and `hp-otel render` read).
+
+    `resource_defaults` are resource attributes set where the spans' resource lacks them
+    (the rank, so a per-rank file names its rank even without launcher variables); with
+    them, a file without spans still holds the resource.
+    """
     spans = tuple(spans) if not isinstance(spans, (str, bytes)) and hasattr(spans, "__iter__") else spans
     if not isinstance(spans, tuple) or not all(isinstance(span, ReadableSpan) for span in spans):
         raise TypeError(f"spans must be a sequence of finished spans (ReadableSpan), got {type(spans).__name__}")
     payload = spans_to_otlp_json(spans)
+    if resource_defaults:
+        _add_resource_defaults(payload, resource_defaults)
     write_text_atomically(path, lambda handle: json.dump(payload, handle), argument=argument)
+
+
+def _add_resource_defaults(payload: dict[str, Any], defaults: Mapping[str, int | str]) -> None:
+    resource_spans = payload.setdefault("resourceSpans", [])
+    if not resource_spans:
+        resource_spans.append({"resource": {"attributes": []}, "scopeSpans": []})
+    for entry in resource_spans:
+        attributes = entry.setdefault("resource", {}).setdefault("attributes", [])
+        present = {kv.get("key") for kv in attributes}
+        for key, value in defaults.items():
+            if key not in present:
+                encoded = {"intValue": str(value)} if isinstance(value, int) else {"stringValue": str(value)}
+                attributes.append({"key": key, "value": encoded})
 
 
 def _any_value(value: AnyValue) -> Any:
@@ -75,6 +100,21 @@ def _any_value(value: AnyValue) -> Any:
 
 def read_spans(path: str | os.PathLike[str]) -> list[ReadableSpan]:
     """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong."""
+    return read_trace_file(path)[0]
+
+
+def read_trace_file(path: str | os.PathLike[str]) -> tuple[list[ReadableSpan], list[dict[str, Any]]]:
+    """The spans of an OTLP/JSON traces file, and the attributes of every resource in it (also one without spans)."""
+    payload = _load(path)
+    try:
+        message = ParseDict(_ids(payload, _hex_to_b64), ExportTraceServiceRequest())
+    except Exception as exc:
+        raise SpanFileError(f"spans file {os.fspath(path)!r} is not valid OTLP/JSON traces: {exc}") from exc
+    resources = [{kv.key: _any_value(kv.value) for kv in rs.resource.attributes} for rs in message.resource_spans]
+    return _spans_of(message), resources
+
+
+def _load(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):  # an int would be read as a descriptor
         raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
     try:
@@ -88,10 +128,10 @@ def read_spans(path: str | os.PathLike[str]) -> list[ReadableSpan]:
         raise SpanFileError(f"spans file {os.fspath(path)!r} is not JSON: {exc}") from exc
     if not isinstance(payload, dict) or "resourceSpans" not in payload:
         raise SpanFileError(f"spans file {os.fspath(path)!r} is not OTLP/JSON traces (no 'resourceSpans' key)")
-    try:
-        message = ParseDict(_ids(payload, _hex_to_b64), ExportTraceServiceRequest())
-    except Exception as exc:
-        raise SpanFileError(f"spans file {os.fspath(path)!r} is not valid OTLP/JSON traces: {exc}") from exc
+    return payload
+
+
+def _spans_of(message: ExportTraceServiceRequest) -> list[ReadableSpan]:
     spans: list[ReadableSpan] = []
     for resource_spans in message.resource_spans:
         resource = Resource({kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes})
