@@ -129,6 +129,11 @@ def test_backward_spans_follow_the_node_rule(fake_world, sequence_parallel) -> N
             if r.kind == "module" and r.phase == "backward"
         }.items()
     }
+    # each backward collective names, as its module, the innermost backward module span around it
+    for record in _walk_all(mode):
+        if record.kind == "module" and record.phase == "backward":
+            for child in _walk_direct_collectives(record):
+                assert child.attributes["hp.collective.module"] == record.fqn
     counts = mode.get_comm_module_counts()
     for fqn in set(counts) | set(owners):
         assert owners.get(fqn, 0) == sum(counts.get(fqn, {}).get("backward", {}).values()), fqn
@@ -138,6 +143,15 @@ def _walk(record):
     yield record
     for child in record.children:
         yield from _walk(child)
+
+
+def _walk_direct_collectives(record):
+    """Collectives under `record` with no module span between (through redistributes)."""
+    for child in record.children:
+        if child.kind == "collective":
+            yield child
+        elif child.kind != "module":
+            yield from _walk_direct_collectives(child)
 
 
 def _walk_all(mode: CommDebugMode):
