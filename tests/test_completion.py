@@ -70,3 +70,15 @@ def test_late_rank_completion_not_launch(tmp_path) -> None:
     assert rank0["_c10d_functional.all_reduce"]["launch_s"] < 0.4 * delay
     assert rank0["c10d.allreduce_"]["launch_s"] < 0.4 * delay
     print("rank 0:", json.dumps(rank0, indent=1))
+
+
+def test_watchdog_probe_is_done_when_dtensor_reads_the_result(tp_mlp) -> None:
+    """DTensor waits for its collectives by reading their AsyncCollectiveTensor (out of any
+    mode's sight): the in-flight probe must see that wait too, not only a direct wait_tensor."""
+    model, x = tp_mlp
+    with CommDebugMode(module=model) as mode:
+        mode._recorder.wants_completion = True  # what the hang watchdog switches on
+        train_step(model, x)
+        mode._recorder.forget_completed()
+        assert mode._recorder.in_flight() == []  # both all_reduces were waited for
+    assert [s.attributes[schema.COLLECTIVE_COMPLETION] for s in _collectives(mode)] == ["wait", "wait"]

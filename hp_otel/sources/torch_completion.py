@@ -50,6 +50,7 @@ class Completions:
     def __init__(self, observer: Observer) -> None:
         self._observer = observer
         self._by_storage: dict[int, Any] = {}  # storage of a functional output -> the observer's token
+        self._probes: dict[int, Any] = {}  # storage of a functional output -> the watchdog's probe (`.done`)
 
     def launched(self, functional: bool, result: Any, token: Any) -> None:
         """A collective op returned `result` without finishing; `token` is the observer's."""
@@ -79,17 +80,28 @@ class Completions:
 
         future.then(completed)
 
+    def probe(self, output: torch.Tensor, probe: Any) -> None:
+        """Set `probe.done` when the wait of `output` is seen (the hang watchdog asks it)."""
+        probes = self._probes
+        if len(probes) >= _MAX_PENDING:  # results never waited for: forget the oldest
+            probes.pop(next(iter(probes)))
+        probes[_storage_key(output)] = probe
+
     def waited(self, tensor: Any) -> None:
         """`wait_tensor(tensor)` returned: the collective that made its storage is done."""
-        if not self._by_storage or not isinstance(tensor, torch.Tensor):
+        if not (self._by_storage or self._probes) or not isinstance(tensor, torch.Tensor):
             return
-        token = self._by_storage.pop(_storage_key(tensor), None)
+        key = _storage_key(tensor)
+        probe = self._probes.pop(key, None)
+        if probe is not None:
+            probe.done = True
+        token = self._by_storage.pop(key, None)
         if token is not None:
             self._observer.on_collective_complete(token, time.time_ns(), s.COMPLETION_WAIT)
 
     def waited_in(self, args: Any, kwargs: Any) -> None:
         """An op that read AsyncCollectiveTensors returned: their waits are done."""
-        if not self._by_storage:
+        if not (self._by_storage or self._probes):
             return
         for value in (*args, *kwargs.values()):
             for item in value if isinstance(value, (list, tuple)) else (value,):
@@ -99,3 +111,4 @@ class Completions:
 
     def clear(self) -> None:
         self._by_storage.clear()
+        self._probes.clear()

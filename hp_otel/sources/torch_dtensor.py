@@ -119,7 +119,6 @@ class _WorkDone:
 
 
 _FAKE_WORK: Any = getattr(torch._C._distributed_c10d, "FakeWork", ())
-_MAX_UNWAITED = 4096
 
 
 class _CollectiveMode(TorchDispatchMode):
@@ -137,7 +136,6 @@ class _CollectiveMode(TorchDispatchMode):
         self._observer = observer
         self._specs = specs
         self._completions = Completions(observer)
-        self._unwaited: dict[int, _Waited] = {}  # id(result tensor) -> its probe, until wait_tensor
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if DTensor in types:
@@ -167,20 +165,14 @@ class _CollectiveMode(TorchDispatchMode):
     def _wait(self, func: Any, args: Any, kwargs: Any) -> Any:
         """A wait_tensor, or an op reading AsyncCollectiveTensors (which waits inside): the
         watchdog's probe is done, and the collectives it waited for complete now."""
-        waited = None
-        if self._unwaited and func is WAIT_TENSOR and args:
-            waited = self._unwaited.pop(id(args[0]), None)
         result = func(*args, **kwargs)
-        if waited is not None:
-            waited.done = True
-        if self._observer.accepting:
-            try:
-                if func is WAIT_TENSOR:
-                    self._completions.waited(args[0] if args else kwargs.get("tensor"))
-                else:
-                    self._completions.waited_in(args, kwargs)
-            except Exception as exc:
-                self._observer.on_fault("collective_complete", exc)
+        try:
+            if func is WAIT_TENSOR:
+                self._completions.waited(args[0] if args else kwargs.get("tensor"))
+            else:
+                self._completions.waited_in(args, kwargs)
+        except Exception as exc:
+            self._observer.on_fault("collective_complete", exc)
         return result
 
     def _issue(self, spec: CollectiveSpec, args: Any, kwargs: Any, start: int) -> tuple[Any, str, Any]:
@@ -226,10 +218,7 @@ class _CollectiveMode(TorchDispatchMode):
             if output is None:
                 return None
             waited = _Waited()
-            unwaited = self._unwaited
-            if len(unwaited) >= _MAX_UNWAITED:  # results never waited for: forget the oldest
-                unwaited.pop(next(iter(unwaited)))
-            unwaited[id(output)] = waited
+            self._completions.probe(output, waited)  # done when its wait is seen (by storage, views too)
             return waited
         work = result[-1] if isinstance(result, tuple) and result else result
         return _WorkDone(work) if isinstance(work, torch.ScriptObject) else None
