@@ -98,8 +98,8 @@ def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
 
     assert isinstance(telemetry, Telemetry)
     parts = [f"rank {rank}: run id {telemetry.config.run_id}"]
-    if telemetry.config.traces_endpoint:
-        parts.append(f"spans -> {telemetry.config.traces_endpoint} ({telemetry.config.traces_protocol})")
+    if telemetry.traces_endpoint:
+        parts.append(f"spans -> {telemetry.traces_endpoint} ({telemetry.config.traces_protocol})")
     if telemetry.prometheus_port is not None:
         parts.append(f"metrics at http://127.0.0.1:{telemetry.prometheus_port}/metrics")
     print("; ".join(parts), flush=True)
