@@ -5,11 +5,15 @@ runs in fc2's output hook.  `CommDebugMode` picks hyper-parallel by itself when 
 importable (or say `engine="hyper_parallel"`).
 
 Run on CPU with two processes:
-    HYPER_PARALLEL_PLATFORM=torch torchrun --nproc-per-node 2 examples/hyper_parallel_mlp.py
+    HYPER_PARALLEL_PLATFORM=torch .venv/bin/torchrun --nproc-per-node 2 examples/hyper_parallel_mlp.py [OUT_DIR]
+(every rank writes OUT_DIR/hyper_parallel_comm_rank<r>.json; OUT_DIR defaults to hp_otel_out)
 (hp_otel's tests run it against their stand-in: PYTHONPATH=tests/stand_ins.)
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -45,7 +49,9 @@ def main() -> None:
         print(mode.get_sharding_info())  # {'fc1.weight': 'Shard(dim=0)', 'fc2.weight': 'Shard(dim=1)'}
         for level in (0, 1, 2):
             print(mode.generate_comm_debug_tracing_table(noise_level=level))
-        mode.generate_json_dump("hyper_parallel_comm.json", noise_level=2)
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "hp_otel_out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode.generate_json_dump(out_dir / f"hyper_parallel_comm_rank{dist.get_rank()}.json", noise_level=2)
     dist.barrier()  # rank 0 prints first; nobody tears the group down under it
     dist.destroy_process_group()
 
