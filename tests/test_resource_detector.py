@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from installed_metadata import subprocess_env, write_dist_info
 
 from hp_otel import launcher_env
 from hp_otel.providers import build_resource
 from hp_otel.resource_detector import rank_attributes
-from tests.installed_metadata import subprocess_env, write_dist_info
 
 RANK_KEYS = ("hp.rank", "hp.local_rank", "hp.world_size", "hp.run.id")
 
