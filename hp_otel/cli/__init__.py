@@ -116,11 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("file", type=Path, help="an OTLP/JSON spans file")
     render.add_argument("--noise-level", type=_noise_level, default=1, metavar="0-3", help=NOISE_LEVEL_HELP)
+
+    from hp_otel.cli import pictures
+
+    pictures.add_parsers(sub, _DEFAULTS)  # plot, export
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("plot", "export"):
+        from hp_otel.cli.pictures import run
+
+        return run(args)
     if args.command == "demo":
         from hp_otel.cli.demo import DemoConfig, run_demo
 
