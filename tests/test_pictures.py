@@ -142,3 +142,12 @@ def test_merged_with_torch_profiler_the_collectives_line_up_with_its_ops(tp_mlp,
     assert len(ours) == len(theirs) == 2
     for event in ours:
         assert len([t for t in theirs if within(event, t)]) == 1, (event, theirs)
+
+
+def test_otlp_json_files_write_enums_as_integers(rank_files) -> None:
+    """OTLP/JSON: "enum fields MUST be encoded as integer values" (span kind, status code)."""
+    files, _ = rank_files
+    payload = json.loads(files[0].read_text())
+    spans = [sp for rs in payload["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]]
+    assert spans and all(isinstance(sp["kind"], int) for sp in spans)
+    assert "SPAN_KIND" not in files[0].read_text()
