@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -30,6 +31,7 @@ from hp_otel import providers
 from hp_otel import schema as s
 from hp_otel.config import OTLP, SAMPLERS, ExportConfig
 from hp_otel.launcher_env import local_rank
+from hp_otel.prometheus_sd import write_target
 from hp_otel.providers import build_resource
 
 logger = logging.getLogger("hp_otel")
@@ -244,6 +246,7 @@ class Telemetry:
     span_processors: list[DropCountingBatchSpanProcessor] = field(default_factory=list)
     metric_readers: list[MetricReader] = field(default_factory=list)
     prometheus_port: int | None = None
+    prometheus_sd_file: Path | None = None  # this rank's file_sd target (HP_OTEL_PROMETHEUS_SD_DIR)
     _prometheus_server: Any = None
     _shut_down: bool = field(default=False, repr=False)
 
@@ -295,6 +298,8 @@ class Telemetry:
         if self._prometheus_server is not None:
             self._prometheus_server.shutdown()
             self._prometheus_server.server_close()
+        if self.prometheus_sd_file is not None:
+            self.prometheus_sd_file.unlink(missing_ok=True)  # Prometheus stops scraping a rank that is gone
         return done
 
 
@@ -344,11 +349,13 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
     readers = make_metric_readers(config)
     prometheus_server = None
     prometheus_port = None
+    sd_file = None
     if config.prometheus_port is not None:
         prometheus_reader, prometheus_server, prometheus_port = start_prometheus(
             config.prometheus_host, config.prometheus_port
         )
         readers.append(prometheus_reader)
+        sd_file = write_target(config.prometheus_host, prometheus_port, config.run_id)
     meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
     return Telemetry(
         config=config,
@@ -359,6 +366,7 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
         metric_readers=readers,
         prometheus_port=prometheus_port,
         _prometheus_server=prometheus_server,
+        prometheus_sd_file=sd_file,
     )
 
 

@@ -74,7 +74,7 @@ def _exported_names() -> set[str]:
     from hp_otel.providers import build_resource
 
     reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0}))
+    provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0, "hp.run.id": "run-1"}))
     try:
         with CommDebugMode(meter_provider=provider) as mode:
             design_mlp_forward(mode.observer)
