@@ -25,6 +25,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Tracer
 
+from hp_otel import codec
 from hp_otel import events as ev
 from hp_otel import schema as s
 from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
@@ -218,7 +219,7 @@ class SpanRecorder:
             return
         try:
             phase, fqn = self._count(info, phase)
-            self._measure(info, phase, fqn, end_ns - start_ns)
+            self._measure(info, phase, fqn, end_ns - start_ns, error)
             self._emit(ev.Collective(start_ns, end_ns, info, error, phase))
         except Exception as exc:
             self.on_fault("collective", exc)
@@ -238,8 +239,12 @@ class SpanRecorder:
         fqn, phase = modules[-1]
         return phase, fqn
 
-    def _measure(self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int) -> None:
-        key = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
+    def _measure(
+        self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int, error: BaseException | None = None
+    ) -> None:
+        key: tuple[Any, ...] = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
+        if error is not None:  # a failed call: its own series, with error.type (OTel's convention)
+            key += (codec.error_type(error),)
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
         if self.live:
             self._record_durations(key, (duration_ns,))
