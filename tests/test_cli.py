@@ -136,3 +136,21 @@ def test_every_command_runs_without_numpy(args, stdout_has, progress, tmp_path) 
     assert result.returncode == 0, result.stderr[-3000:]
     assert stdout_has in result.stdout, result.stdout
     assert (f"hp-otel {args[0]}" in result.stderr) is progress  # progress on stderr, stdout stays the result
+
+
+@pytest.mark.slow  # a real 2-process torchrun
+def test_the_torchrun_example_writes_every_ranks_file_into_its_folder(tmp_path) -> None:
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    example = Path(__file__).resolve().parent.parent / "examples" / "tp_mlp_comm_debug.py"
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", str(example), str(out)],
+        capture_output=True, text=True, timeout=180, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["comm_rank0.json", "comm_rank1.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing in the working directory
+    for rank in (0, 1):
+        assert json.loads((out / f"comm_rank{rank}.json").read_text())["total_counts"] == 2
