@@ -54,7 +54,7 @@ def init_gloo(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
-def _rank_main(rank: int, config: DemoConfig, show_progress: bool = False) -> None:
+def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -63,7 +63,7 @@ def _rank_main(rank: int, config: DemoConfig, show_progress: bool = False) -> No
     from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
     from hp_otel.otlp_json import write_spans
 
-    say = to_stderr("demo") if show_progress and rank == 0 else quiet
+    say = to_stderr("demo", progress_started) if progress_started is not None and rank == 0 else quiet
     init_gloo(rank, config.world_size, config.port)
     say(f"{config.world_size} ranks joined the gloo group; running {config.steps} step(s)")
     telemetry = None
@@ -140,5 +140,6 @@ def run_demo(config: DemoConfig, progress: Progress = quiet) -> None:
         config = dataclasses.replace(config, port=free_port())
     if not config.run_id:  # one id for all ranks of this run: their step traces share it
         config = dataclasses.replace(config, run_id=os.environ.get("HP_OTEL_RUN_ID") or f"demo-{uuid.uuid4().hex[:12]}")
-    mp.spawn(_rank_main, args=(config, progress is not quiet), nprocs=config.world_size, join=True)
+    started = progress.started if isinstance(progress, to_stderr) else None  # rank 0 reports on the same clock
+    mp.spawn(_rank_main, args=(config, started), nprocs=config.world_size, join=True)
     progress(f"done; files in {config.out_dir}/")

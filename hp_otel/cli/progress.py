@@ -13,11 +13,17 @@ def quiet(message: str) -> None:
     """A Progress that says nothing (the library default)."""
 
 
-def to_stderr(command: str) -> Progress:
-    """A Progress printing `hp-otel COMMAND [12.3 s]: message` lines to stderr."""
-    started = time.monotonic()
+class to_stderr:  # lower case: called like a function, progress = to_stderr("bench")
+    """A Progress printing `hp-otel COMMAND [12.3 s]: message` lines to stderr.
 
-    def say(message: str) -> None:
-        print(f"hp-otel {command} [{time.monotonic() - started:5.1f} s]: {message}", file=sys.stderr, flush=True)
+    Seconds count from `started` (a `time.time()`, so a child process can report on its
+    parent's clock: pass it `progress.started`).
+    """
 
-    return say
+    def __init__(self, command: str, started: float | None = None) -> None:
+        self.command = command
+        self.started = time.time() if started is None else started
+
+    def __call__(self, message: str) -> None:
+        elapsed = time.time() - self.started
+        print(f"hp-otel {self.command} [{elapsed:5.1f} s]: {message}", file=sys.stderr, flush=True)
