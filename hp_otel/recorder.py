@@ -58,6 +58,7 @@ class SpanRecorder:
         self._build_lock = threading.Lock()
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
         self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
+        self._window_context: Any = None
         self._active = False
         self._suspended = 0  # > 0 while a nested mode records instead of this one
         self.accepting = False  # active and not suspended: the one flag the hot path reads
@@ -89,7 +90,8 @@ class SpanRecorder:
     def start(self) -> None:
         """Begin a window: its spans nest under whatever span is current now."""
         self.materialise()  # spans of an earlier window are built with that window's builder
-        self._builder = SpanBuilder(self._tracer, self._store, otel_context.get_current(), self.live, self.on_fault)
+        self._window_context = otel_context.get_current()  # the step's span: durations' exemplars link to it
+        self._builder = SpanBuilder(self._tracer, self._store, self._window_context, self.live, self.on_fault)
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
         self.active = True
@@ -255,15 +257,16 @@ class SpanRecorder:
         pending, self._pending_durations = self._pending_durations, {}
         for key, durations in pending.items():
             try:
-                self._record_durations(key, durations)
+                self._record_durations(key, durations, self._window_context)
             except Exception as exc:
                 self.on_fault("metrics", exc)
 
-    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int]) -> None:
+    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int], context: Any = None) -> None:
+        """Record durations; recorded in a sampled span's context, the SDK attaches exemplars of its trace."""
         attrs = self._instruments.totals.attributes(key)
         record = self._instruments.duration.record
         for duration_ns in durations:
-            record(duration_ns / 1e9, attrs)
+            record(duration_ns / 1e9, attrs, context=context)
 
     # --- faults -------------------------------------------------------------------
     def on_fault(self, where: str, exc: BaseException) -> None:

@@ -64,3 +64,23 @@ def test_duration_points_carry_exemplars_of_the_sampled_step_trace() -> None:
     (point,) = metric_points(reader, schema.METRIC_DURATION)
     assert point.exemplars, "no exemplar on the duration histogram"
     assert {e.trace_id for e in point.exemplars} == {spans.trace_id}
+
+
+def test_deferred_windows_of_the_instrumentor_carry_exemplars_of_their_step(tp_mlp) -> None:
+    """Always-on windows record durations at their end: in the step's context, so exemplars still link to it."""
+    import hp_otel
+    from hp_otel.cli.tp_mlp import train_step
+    from hp_otel.instrumentation import HpOtelInstrumentor
+
+    model, x = tp_mlp
+    tracer_provider, meter_provider, _, reader = _providers()
+    instrumentor = HpOtelInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    try:
+        with hp_otel.step(5, run_id="exemplars", module=model) as spans:
+            train_step(model, x)
+    finally:
+        instrumentor.uninstrument()
+    points = metric_points(reader, schema.METRIC_DURATION)
+    assert points and all(point.exemplars for point in points)
+    assert {e.trace_id for point in points for e in point.exemplars} == {spans.trace_id}
