@@ -26,8 +26,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Tracer
 
+from hp_otel import codec, matching
 from hp_otel import events as ev
-from hp_otel import matching
 from hp_otel import schema as s
 from hp_otel.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 from hp_otel.instruments import Instruments
@@ -68,6 +68,7 @@ class SpanRecorder:
         # Async collectives awaiting completion: their duration is recorded when the window ends.
         self._awaiting: list[tuple[ev.Collective, tuple[Any, ...]]] = []
         self._thread = threading.get_ident()  # the window's thread: live spans end on it only
+        self._window_context: Any = None
         self._active = False
         self._suspended = 0  # > 0 while a nested mode records instead of this one
         self.accepting = False  # active and not suspended: the one flag the hot path reads
@@ -106,6 +107,7 @@ class SpanRecorder:
         """Begin a window: its spans nest under whatever span is current now."""
         self.materialise()  # spans of an earlier window are built with that window's builder
         parent_ctx = otel_context.get_current()
+        self._window_context = parent_ctx  # the step's span: durations' exemplars link to it
         self.window = matching.window_for(parent_ctx)
         self._seqs.clear()
         self._in_flight.clear()
@@ -335,7 +337,7 @@ class SpanRecorder:
                 issue,
                 s.COMPLETION_LAUNCH if awaits else s.COMPLETION_CALL,
             )
-            key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns)
+            key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
             if awaits:
                 self._awaiting.append((event, key))
             self._emit(event)
@@ -440,9 +442,18 @@ class SpanRecorder:
             self.on_fault("node_attribution", exc)
             return None
 
-    def _measure(self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int | None) -> tuple[Any, ...]:
+    def _measure(
+        self,
+        info: CollectiveInfo,
+        phase: str,
+        fqn: str,
+        duration_ns: int | None,
+        error: BaseException | None = None,
+    ) -> tuple[Any, ...]:
         """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
-        key = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
+        key: tuple[Any, ...] = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
+        if error is not None:  # a failed call: its own series, with error.type (OTel's convention)
+            key += (codec.error_type(error),)
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
         if duration_ns is None:
             return key
@@ -456,15 +467,16 @@ class SpanRecorder:
         pending, self._pending_durations = self._pending_durations, {}
         for key, durations in pending.items():
             try:
-                self._record_durations(key, durations)
+                self._record_durations(key, durations, self._window_context)
             except Exception as exc:
                 self.on_fault("metrics", exc)
 
-    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int]) -> None:
+    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int], context: Any = None) -> None:
+        """Record durations; recorded in a sampled span's context, the SDK attaches exemplars of its trace."""
         attrs = self._instruments.totals.attributes(key)
         record = self._instruments.duration.record
         for duration_ns in durations:
-            record(duration_ns / 1e9, attrs)
+            record(duration_ns / 1e9, attrs, context=context)
 
     # --- faults -------------------------------------------------------------------
     def on_fault(self, where: str, exc: BaseException) -> None:
