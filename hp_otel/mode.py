@@ -28,6 +28,7 @@ from hp_otel.providers import default_meter_provider, default_tracer_provider, g
 from hp_otel.recorder import SpanRecorder
 from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
+from hp_otel.signal_guard import signals_deferred
 from hp_otel.span_store import LocalSpanStore
 
 logger = logging.getLogger("hp_otel")
@@ -147,38 +148,72 @@ class CommDebugMode:
     def __enter__(self) -> CommDebugMode:
         if self._token is not None:
             raise RuntimeError("this CommDebugMode is already active; create a new one to nest")
+        # All or nothing, also for Ctrl-C: signals wait until the hooks are in (a
+        # signal's handler then runs, its KeyboardInterrupt lands in the except below);
+        # anything that still interrupts (a second signal, an asynchronous exception)
+        # rolls back what was installed before it propagates.
+        try:
+            with signals_deferred():
+                self._activate()
+            return self
+        except BaseException:
+            with signals_deferred():
+                self._deactivate(None)
+            raise
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        # Uninstalling finishes even when interrupted; the interrupt is raised afterwards.
+        try:
+            with signals_deferred():
+                self._deactivate(exc)
+        except BaseException:
+            with signals_deferred():
+                self._deactivate(exc)
+            raise
+
+    def _activate(self) -> None:
         self.clear()
         self._token = _current_mode.set(self)
-        self._outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
-        if self._outer is not None:
-            self._outer._recorder.suspended += 1
+        outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
+        if outer is not None:
+            outer._recorder.suspended += 1
+            self._outer = outer
         self._recorder.start()
         with _install_lock:
             for source in self._sources:
+                self._installed.append(source)  # listed first: a half-installed source is uninstalled too
                 try:
                     source.install(self._recorder)
-                    self._installed.append(source)
                 except Exception as exc:  # a source that cannot install must not stop training
                     self._recorder.on_fault(f"install:{type(source).__name__}", exc)
+                    self._installed.pop()
                     self._uninstall_one(source)
-        return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def _deactivate(self, exc: BaseException | None) -> None:
+        """Undo `_activate` (or the part of it that ran); safe to call again."""
+        interrupted: list[BaseException] = []
         with _install_lock:
             while self._installed:
-                self._uninstall_one(self._installed.pop())
-        self._recorder.stop(exc)
-        if self._build_on_exit:
-            self._recorder.materialise()
-        if self._outer is not None:
-            self._outer._recorder.suspended -= 1
-            self._outer = None
+                source = self._installed.pop()
+                try:
+                    self._uninstall_one(source)
+                except BaseException as error:  # not an Exception: finish the others, then raise it
+                    interrupted.append(error)
+        if self._recorder.active:
+            self._recorder.stop(exc)
+            if self._build_on_exit:
+                self._recorder.materialise()
+        outer, self._outer = self._outer, None
+        if outer is not None:
+            outer._recorder.suspended -= 1
         token, self._token = self._token, None
         if token is not None:
             try:
                 _current_mode.reset(token)
             except ValueError:  # exited in another context than entered: leave that context alone
                 pass
+        if interrupted:
+            raise interrupted[0]
 
     def _uninstall_one(self, source: Source) -> None:
         try:
