@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
+from hp_otel import signal_guard
 from hp_otel.call_tree import CallRecord, build_call_tree
 from hp_otel.files import check_path, write_text_atomically
 from hp_otel.instruments import get_instruments
@@ -28,7 +29,7 @@ from hp_otel.providers import default_meter_provider, default_tracer_provider, g
 from hp_otel.recorder import SpanRecorder
 from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
-from hp_otel.signal_guard import signals_deferred
+from hp_otel.signal_guard import GUARD
 from hp_otel.span_store import LocalSpanStore
 
 logger = logging.getLogger("hp_otel")
@@ -143,33 +144,47 @@ class CommDebugMode:
         self._installed: list[Source] = []
         self._token: contextvars.Token[CommDebugMode | None] | None = None
         self._outer: CommDebugMode | None = None
+        self._guarded = False  # this window holds the signal guard (entered on the main thread)
 
     # --- context manager -------------------------------------------------------
+    @signal_guard.protect
     def __enter__(self) -> CommDebugMode:
-        if self._token is not None:
-            raise RuntimeError("this CommDebugMode is already active; create a new one to nest")
-        # All or nothing, also for Ctrl-C: signals wait until the hooks are in (a
-        # signal's handler then runs, its KeyboardInterrupt lands in the except below);
-        # anything that still interrupts (a second signal, an asynchronous exception)
-        # rolls back what was installed before it propagates.
+        GUARD.critical += 1  # first: a Ctrl-C from here on waits until the hooks are in (signal_guard)
+        # All or nothing: a held signal is sent again by send_held(); a KeyboardInterrupt
+        # from it (or anything else that interrupts) rolls back what was installed.
+        entering = False
         try:
-            with signals_deferred():
+            try:
+                if self._token is not None:
+                    raise RuntimeError("this CommDebugMode is already active; create a new one to nest")
+                entering = True
+                self._guarded = signal_guard.acquire()
                 self._activate()
+            finally:
+                GUARD.critical -= 1  # first in the block: nothing can interrupt before it
+                signal_guard.send_held()
             return self
         except BaseException:
-            with signals_deferred():
-                self._deactivate(None)
+            if entering:
+                GUARD.critical += 1
+                try:
+                    self._deactivate(None)
+                finally:
+                    GUARD.critical -= 1
+                    signal_guard.send_held()
             raise
 
+    @signal_guard.protect
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        # Uninstalling finishes even when interrupted; the interrupt is raised afterwards.
+        GUARD.critical += 1  # first: see __enter__
         try:
-            with signals_deferred():
-                self._deactivate(exc)
+            self._deactivate(exc)
         except BaseException:
-            with signals_deferred():
-                self._deactivate(exc)
+            self._deactivate(exc)  # finish what the interruption left, then let it propagate
             raise
+        finally:
+            GUARD.critical -= 1
+            signal_guard.send_held()  # a Ctrl-C that came meanwhile is raised here, after uninstalling
 
     def _activate(self) -> None:
         self.clear()
@@ -212,6 +227,9 @@ class CommDebugMode:
                 _current_mode.reset(token)
             except ValueError:  # exited in another context than entered: leave that context alone
                 pass
+        guarded, self._guarded = self._guarded, False
+        if guarded:
+            signal_guard.release()
         if interrupted:
             raise interrupted[0]
 

@@ -1,79 +1,117 @@
 """Hold back Ctrl-C (and SIGTERM) while hp_otel installs or removes its hooks.
 
-Python runs a signal's handler between any two bytecodes of the main thread, so a
+Python runs a signal's handler between two bytecodes of the main thread, so a
 `KeyboardInterrupt` can land half-way through installing function modes, module hooks
-and patches, leaving some in place for good. `signals_deferred()` swaps the Python-level
-handlers for one that only notes the signal, and once the block is done puts the
-handlers back and calls them with what arrived, so the interrupt is raised (or whatever
-your handler does) right after the block: installing and removing stay all-or-nothing.
+and patches, leaving some in place for good. While a window is open on the main thread
+the SIGINT/SIGTERM handlers set from Python are replaced by one guard: while
+`CommDebugMode.__enter__` / `__exit__` install or uninstall (and at the very first
+instruction of those calls, which no code inside them could protect) it only notes the
+signal, and sends it again when they are done, so your handler runs (and a
+KeyboardInterrupt is raised) right after; anywhere else it calls your handler at once,
+so the body of a window is interrupted exactly as before.
 
-Only handlers set from Python are swapped (a signal left at the OS default kills the
-process anyway), only on the main thread (the only one Python runs handlers on), and
-never twice (a deferral inside a deferral keeps the outer one's handler).
+When the last window closes your handlers are put back (unless you set others
+meanwhile: then those stay). Only handlers set from Python are guarded (a signal at the
+OS default kills the process anyway), and only from the main thread (the only one
+Python runs handlers on).
 """
 
 from __future__ import annotations
 
+import dis
 import signal
 import threading
-from types import FrameType, TracebackType
+from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any
 
-try:  # the C functions themselves: `signal.signal` wraps them in Python (enum conversions), more places to interrupt
+try:  # the C functions: `signal.signal` wraps them in Python (enum conversions), more places to interrupt
     import _signal as _c_signal
 except ImportError:  # pragma: no cover - other interpreters
     _c_signal = signal  # type: ignore[assignment]
 
-DEFERRED_SIGNALS = tuple(int(getattr(signal, name)) for name in ("SIGINT", "SIGTERM") if hasattr(signal, name))
+GUARDED_SIGNALS = tuple(int(getattr(signal, name)) for name in ("SIGINT", "SIGTERM") if hasattr(signal, name))
 
 
-class _Hold:
-    """The stand-in handler: remembers each signal that arrives while the block runs."""
+class _Guard:
+    """The one handler installed while windows are open on the main thread."""
 
     def __init__(self) -> None:
-        self.caught: list[tuple[int, FrameType | None]] = []
+        self.originals: dict[int, Any] = {}  # the handlers it stands in for
+        self.held: list[int] = []
+        self.windows = 0  # open windows that installed it
+        self.critical = 0  # installs and uninstalls under way (any thread)
+        self.protected: dict[CodeType, int] = {}  # code -> offset of its first instruction
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.caught.append((signum, frame))
+        if self._must_hold(frame):
+            self.held.append(signum)
+            return
+        self.originals[signum](signum, frame)
+
+    def _must_hold(self, frame: FrameType | None) -> bool:
+        """The main thread is installing or uninstalling, or at the first instruction of a protected call."""
+        protected = self.protected
+        while frame is not None:
+            start = protected.get(frame.f_code)
+            if start is not None:
+                return self.critical > 0 or frame.f_lasti <= start
+            frame = frame.f_back
+        return False
 
 
-class signals_deferred:  # used like a function: `with signals_deferred():`
-    """Context manager: the block's signals are delivered to their handlers after it ends."""
+_guard = _Guard()
+GUARD = _guard  # `GUARD.critical += 1` is the first statement of a protected call: no signal can land before it
 
-    __slots__ = ("_hold", "_saved")
 
-    def __enter__(self) -> signals_deferred:
-        self._hold = _Hold()
-        self._saved: list[tuple[int, Any]] = []
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        try:
-            for signum in DEFERRED_SIGNALS:
-                handler = _c_signal.getsignal(signum)
-                if callable(handler) and not isinstance(handler, _Hold):
-                    _c_signal.signal(signum, self._hold)
-                    self._saved.append((signum, handler))
-        except BaseException:  # not the main interpreter, or interrupted while swapping
-            self._restore()
-            raise
-        return self
+def protect(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for a call that runs `GUARD.critical += 1` first and `GUARD.critical -= 1; send_held()` last.
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._restore()
-        caught, self._hold.caught = self._hold.caught, []
-        handlers = dict(self._saved)
-        for signum, frame in caught:
-            handlers[signum](signum, frame)  # the default SIGINT handler raises KeyboardInterrupt here
+    A signal that Python handles at its very first instruction (before that statement)
+    is held too.
+    """
+    code = function.__code__
+    _guard.protected[code] = next(i.offset for i in dis.get_instructions(code) if i.opname == "RESUME")
+    return function
 
-    def _restore(self) -> None:
-        """Put every saved handler back, even if a restored one raises on a signal meanwhile."""
-        saved, self._saved = self._saved, []
-        self._restore_from(saved, 0)
-        self._saved = saved  # kept for delivering what was caught
 
-    def _restore_from(self, saved: list[tuple[int, Any]], index: int) -> None:
-        if index < len(saved):
-            try:
-                _c_signal.signal(*saved[index])
-            finally:
-                self._restore_from(saved, index + 1)
+def acquire() -> bool:
+    """Guard the handlers for one more open window; False (nothing to release) off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if _guard.windows == 0:
+        _guard.originals = {}
+        for signum in GUARDED_SIGNALS:
+            handler = _c_signal.getsignal(signum)
+            if callable(handler) and handler is not _guard:
+                _guard.originals[signum] = handler
+                _c_signal.signal(signum, _guard)
+    _guard.windows += 1
+    return True
+
+
+def release() -> None:
+    """One window that `acquire()`d closed; the last one puts the handlers back."""
+    _guard.windows -= 1
+    if _guard.windows > 0:
+        return
+    for signum, handler in _guard.originals.items():
+        if _c_signal.getsignal(signum) is _guard:  # a handler you set meanwhile stays
+            _c_signal.signal(signum, handler)
+
+
+def send_held() -> None:
+    """After `GUARD.critical -= 1`: once nothing is being installed, send the signals held meanwhile again.
+
+    On the main thread their handler runs right here (SIGINT's default raises
+    KeyboardInterrupt); from another thread the main thread gets them at its next step.
+    """
+    if _guard.critical > 0:
+        return
+    while _guard.held:
+        signal.raise_signal(_guard.held.pop(0))
+
+
+def is_installed(signum: int = int(signal.SIGINT)) -> bool:
+    """True while the guard stands in for this signal's handler."""
+    return _c_signal.getsignal(signum) is _guard

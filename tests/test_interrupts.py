@@ -1,17 +1,15 @@
 """Ctrl-C while a window is entered or exited leaves nothing of hp_otel installed.
 
-A real SIGINT (`signal.raise_signal`) is sent at many points of `__enter__` and
-`__exit__`: a line-trace hook counts the lines Python runs there (ours, torch's hook
-registration, the mode stacks) and raises the signal at the N-th one. After the
-`KeyboardInterrupt` the function and dispatch mode stacks, every module's hooks, the
-patched redistribute function, the current mode and the SIGINT handler must all be as
-they were before the window.
+A real SIGINT (`signal.raise_signal`) is sent at every point of `with mode: pass` where
+Python would run a signal handler (function entries and call returns, found with a
+profile hook: ours, torch's hook registration, the mode stacks). After the
+`KeyboardInterrupt` (which must come) the function and dispatch mode stacks, every
+module's hooks, the patched redistribute function, the current mode and the SIGINT
+handler must all be as they were before the window.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import signal
 import sys
 import threading
@@ -24,8 +22,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import hp_otel.mode as mode_module
-from hp_otel import CommDebugMode
-from hp_otel.signal_guard import signals_deferred
+from hp_otel import CommDebugMode, signal_guard
 
 REDISTRIBUTE_MODULES = (
     "torch.distributed.tensor._redistribute",
@@ -53,116 +50,83 @@ def _state(model: torch.nn.Module) -> tuple[object, ...]:
     )
 
 
-class _SignalAtLine:
-    """A trace function that sends SIGINT to this process at the N-th line run (None: only count)."""
+class _SignalAtEvent:
+    """A profile function that sends SIGINT to this process at the N-th check point (None: only count).
 
-    def __init__(self, target: int | None) -> None:
+    Python runs a signal's handler when a function starts and when a call returns; the
+    profile events `call`, `return` and `c_return` are exactly those points (C calls
+    included: torch's hook registration, `signal.signal`). Sending the signal there is a
+    Ctrl-C that Python handles at that point.
+    """
+
+    def __init__(self, target: int | None, skip: frozenset[object] = frozenset()) -> None:
         self.target = target
-        self.lines = 0
-        self.where: tuple[object, int] | None = None
+        self.points = 0
+        self.skip = skip
+        self.where: tuple[str, str] | None = None
 
     def __call__(self, frame, event, arg):  # type: ignore[no-untyped-def]
-        if event == "line":
-            self.lines += 1
-            if self.lines == self.target:
-                self.where = (frame.f_code, frame.f_lineno)
-                signal.raise_signal(signal.SIGINT)
-        return self
+        if event not in ("call", "return", "c_return") or (event, frame.f_code) in self.skip:
+            return
+        self.points += 1
+        if self.points == self.target:
+            self.where = (event, f"{frame.f_code.co_name}:{frame.f_lineno}")
+            signal.raise_signal(signal.SIGINT)
 
 
-def _traced(call, target: int | None) -> tuple[int, BaseException | None, tuple[object, int] | None]:
-    tracer = _SignalAtLine(target)
+def _window(mode: CommDebugMode) -> None:
+    with mode:
+        pass
+
+
+# The profile's own call into `_window`, and `__enter__`'s return: a `with` statement goes
+# straight from `__enter__` into its block (no signal is handled in between; a direct
+# `__enter__()` caller must handle one itself, as the instrumentor does).
+_NOT_CHECK_POINTS = frozenset(
+    {("call", _window.__code__), ("return", _window.__code__), ("return", CommDebugMode.__enter__.__code__)}
+)
+
+
+def _interrupted_window(model: torch.nn.Module, target: int | None) -> tuple[int, BaseException | None, object]:
+    profiler = _SignalAtEvent(target, _NOT_CHECK_POINTS)
+    mode = CommDebugMode(model, engine="torch")
     error = None
-    sys.settrace(tracer)
+    sys.setprofile(profiler)
     try:
-        call()
+        _window(mode)
     except KeyboardInterrupt as exc:
         error = exc
     finally:
-        sys.settrace(None)
-    return tracer.lines, error, tracer.where
-
-
-def _before_exit_defers(where: tuple[object, int] | None) -> bool:
-    """The one place no Python code can guard: `__exit__`'s lines before its `signals_deferred()`.
-
-    A signal Python handles there (at the call of `__exit__`, or at its first line: a
-    traced exception there is reported at the `try` before it) raises before any code of
-    ours runs. It is a window of a few bytecodes between the body's end and the guard.
-    """
-    code = CommDebugMode.__exit__.__code__
-    if where is None or where[0] is not code:
-        return False
-    lines, first = inspect.getsourcelines(CommDebugMode.__exit__)
-    guard = next(i for i, line in enumerate(lines) if "signals_deferred()" in line) + first
-    return where[1] <= guard
-
-
-def _offsets(total: int, samples: int = 60) -> list[int]:
-    """Every one of the first and last 25 lines, and `samples` spread over the rest."""
-    edges = set(range(1, min(total, 25) + 1)) | set(range(max(1, total - 24), total + 1))
-    step = max(total // samples, 1)
-    return sorted(edges | set(range(1, total + 1, step)))
+        sys.setprofile(None)
+    return profiler.points, error, profiler.where
 
 
 @pytest.fixture
 def model() -> torch.nn.Module:
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals are delivered on the main thread only; run this test there")
-    return _model()
-
-
-def test_sigint_during_enter_leaves_nothing_installed(model: torch.nn.Module) -> None:
-    before = _state(model)
-    with CommDebugMode(model, engine="torch"):  # warm the caches, so every try runs the same lines
+    model = _model()
+    with CommDebugMode(model, engine="torch"):  # warm the caches, so every try runs the same calls
         pass
-    mode = CommDebugMode(model, engine="torch")
-    total, error, _ = _traced(mode.__enter__, None)
-    assert error is None and _state(model) != before
-    mode.__exit__(None, None, None)
-    assert _state(model) == before
+    return model
+
+
+def test_sigint_at_every_point_of_enter_and_exit_leaves_nothing_installed(model: torch.nn.Module) -> None:
+    before = _state(model)
+    total, error, _ = _interrupted_window(model, None)
+    assert error is None and _state(model) == before and total > 100
 
     leaks = []
-    for offset in _offsets(total):
-        mode = CommDebugMode(model, engine="torch")
-        _, error, _ = _traced(mode.__enter__, offset)
-        if error is None:  # the signal came after the last point that checks for it: the window is entered
-            mode.__exit__(None, None, None)
-            leaks.append((offset, "not raised"))
-        if _state(model) != before:
-            leaks.append((offset, _state(model)))
-            mode.__exit__(None, None, None)  # clean up for the next offset
-    assert not leaks, (
-        f"{len({o for o, _ in leaks})} of {len(_offsets(total))} offsets in {total} lines leaked: {leaks[:2]}"
-    )
-
-
-def test_sigint_during_exit_still_uninstalls_everything(model: torch.nn.Module) -> None:
-    before = _state(model)
-    with CommDebugMode(model, engine="torch"):
-        pass
-    mode = CommDebugMode(model, engine="torch")
-    mode.__enter__()
-    total, error, _ = _traced(functools.partial(mode.__exit__, None, None, None), None)
-    assert error is None and _state(model) == before
-
-    leaks, unguarded = [], 0
-    for offset in _offsets(total):
-        mode = CommDebugMode(model, engine="torch")
-        mode.__enter__()
-        _, error, where = _traced(functools.partial(mode.__exit__, None, None, None), offset)
-        if error is None:
-            leaks.append((offset, "not raised"))
-        if _state(model) != before or mode.active:
-            mode.__exit__(None, None, None)
-            if _before_exit_defers(where):
-                unguarded += 1
-                continue
-            leaks.append((offset, where))
-    assert unguarded <= 2  # `try:` and the line after it, nothing more
-    assert not leaks, (
-        f"{len({o for o, _ in leaks})} of {len(_offsets(total))} offsets in {total} lines leaked: {leaks[:2]}"
-    )
+    for point in range(1, total + 1):
+        _, error, where = _interrupted_window(model, point)
+        after = _state(model)
+        if error is None or after != before or signal_guard.GUARD.critical or signal_guard.GUARD.held:
+            leaks.append((point, where, error is not None, after))
+            for _ in range(3):  # clean up for the next point
+                if mode_module._current_mode.get() is not None:
+                    mode_module._current_mode.get().__exit__(None, None, None)
+            mode_module._current_mode.set(None)
+    assert not leaks, f"{len(leaks)} of {total} points left hp_otel installed or swallowed the signal: {leaks[:2]}"
 
 
 def test_sigint_in_a_window_body_still_counts_and_cleans_up(model: torch.nn.Module) -> None:
@@ -175,31 +139,47 @@ def test_sigint_in_a_window_body_still_counts_and_cleans_up(model: torch.nn.Modu
     assert _state(model) == before
 
 
-def test_deferred_signal_reaches_a_users_own_handler_once() -> None:
+def test_a_users_handler_gets_the_held_signal_once_and_is_put_back(model: torch.nn.Module) -> None:
     seen: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+
+    def mine(signum, frame):  # type: ignore[no-untyped-def]
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGINT, mine)
     try:
-        with signals_deferred():
-            signal.raise_signal(signal.SIGINT)
-            assert seen == []  # held back while the block runs
-            assert signal.getsignal(signal.SIGINT) is not previous
-        assert seen == [signal.SIGINT]
-        assert signal.getsignal(signal.SIGINT).__class__ is not signals_deferred
+        with CommDebugMode(model, engine="torch"):
+            assert signal_guard.is_installed()
+            signal.raise_signal(signal.SIGINT)  # in the body: straight to the user's handler
+            assert seen == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is mine
+        _, error, where = _interrupted_window(model, 40)  # held while installing, then delivered once
+        assert error is None and seen == [signal.SIGINT] * 2, where
+        assert signal.getsignal(signal.SIGINT) is mine and mode_module._current_mode.get() is None
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def test_deferral_off_the_main_thread_changes_nothing() -> None:
-    result: list[object] = []
+def test_a_handler_set_inside_a_window_stays(model: torch.nn.Module) -> None:
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with CommDebugMode(model, engine="torch"):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_windows_off_the_main_thread_leave_the_handlers_alone(model: torch.nn.Module) -> None:
+    seen: list[object] = []
 
     def run() -> None:
-        with signals_deferred():
-            result.append(signal.getsignal(signal.SIGINT))
+        with CommDebugMode(model, engine="torch"):
+            seen.append(signal.getsignal(signal.SIGINT))
 
     thread = threading.Thread(target=run)
     thread.start()
     thread.join()
-    assert result == [signal.getsignal(signal.SIGINT)]
+    assert seen == [signal.getsignal(signal.SIGINT)] and not signal_guard.is_installed()
 
 
 def test_sigint_from_another_thread_at_random_times(model: torch.nn.Module) -> None:
@@ -208,15 +188,16 @@ def test_sigint_from_another_thread_at_random_times(model: torch.nn.Module) -> N
     interrupts = 0
     for delay_us in range(0, 3000, 100):
         timer = threading.Timer(delay_us / 1e6, signal.raise_signal, (signal.SIGINT,))
-        timer.start()
         try:
+            timer.start()
             for _ in range(200):
                 with CommDebugMode(model, engine="torch"):
                     pass
             timer.join()
-            time.sleep(0.001)  # the signal is handled at the next bytecode boundary of this thread
+            time.sleep(5)  # sent by now: handled at this thread's next bytecode boundary
+            pytest.fail("the SIGINT never arrived")
         except KeyboardInterrupt:
             interrupts += 1
         timer.join()
         assert _state(model) == before, f"installed after an interrupt {delay_us} us into the windows"
-    assert interrupts > 0
+    assert interrupts == 30
