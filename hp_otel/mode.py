@@ -327,7 +327,7 @@ class CommDebugMode:
                 UserWarning,
                 stacklevel=2,
             )
-        return table.render_table(self.get_finished_spans(), level)
+        return table.render_table(self.get_finished_spans(), level, dropped=self.get_dropped_record_count())
 
     generate_tracing_table = generate_comm_debug_tracing_table
 
