@@ -91,6 +91,18 @@ class ExportConfig:
     metric_export_interval_ms: int = 10_000
     shutdown_timeout_s: float = 5.0
 
+    def __repr__(self) -> str:
+        """Every setting, with header values and URL credentials replaced by `***` (reprs end up in logs)."""
+        shown = []
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "headers":
+                value = {key: "***" for key in value}
+            elif name.endswith("_endpoint"):
+                value = redacted_url(value)
+            shown.append(f"{name}={value!r}")
+        return f"ExportConfig({', '.join(shown)})"
+
     @classmethod
     def resolve(
         cls,
@@ -191,11 +203,33 @@ def _positive(value: Any, name: str, default: Any) -> Any:
 
 
 def _parse_pairs(text: str, source: str) -> dict[str, str]:
-    """`k1=v1,k2=v2` (the format of OTEL_EXPORTER_OTLP_HEADERS)."""
+    """`k1=v1,k2=v2` (the format of OTEL_EXPORTER_OTLP_HEADERS).
+
+    Values are credentials (`Authorization=Bearer ...`), so an error names the entry by
+    its position and, where there is one, its key; never the value.
+    """
     out: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for number, part in enumerate(filter(None, (p.strip() for p in text.split(","))), start=1):
         key, sep, value = part.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{source} must be comma-separated key=value pairs, got {part!r}")
+        if not sep:
+            raise ConfigError(
+                f"{source} must be comma-separated key=value pairs; entry {number} ({len(part)} characters, "
+                "not shown: it may hold a credential) has no '='"
+            )
+        if not key.strip():
+            raise ConfigError(f"{source} must be comma-separated key=value pairs; entry {number} has an empty key")
         out[key.strip()] = value.strip()
     return out
+
+
+def redacted_url(url: str | None) -> str | None:
+    """The URL without a password or token in its user part (`https://user:***@host`)."""
+    if not url or "@" not in url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    userinfo, at, host = rest.partition("@")
+    if not at or "/" in userinfo:
+        return url
+    return f"{scheme}://***@{host}"
