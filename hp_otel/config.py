@@ -83,6 +83,7 @@ class ExportConfig:
     headers: dict[str, str] = field(default_factory=dict)
     prometheus_host: str = "localhost"
     prometheus_port: int | None = None  # the base port; each rank serves base + local rank
+    prometheus_port_source: str = "prometheus_port"  # the setting it came from, for error messages
     sampler: str | None = None  # None: the SDK reads OTEL_TRACES_SAMPLER itself
     sampler_arg: float | None = None
     max_queue_size: int = 2048
@@ -183,6 +184,7 @@ class ExportConfig:
             headers=headers,
             prometheus_host=prometheus_host or env_value("OTEL_EXPORTER_PROMETHEUS_HOST", environ) or "localhost",
             prometheus_port=port,
+            prometheus_port_source=port_source if port_value is not None else "prometheus_port",
             sampler=chosen_sampler,
             sampler_arg=sampler_arg,
             max_queue_size=_positive(max_queue_size, "max_queue_size", defaults.max_queue_size),

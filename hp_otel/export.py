@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import logging
 import threading
 import time
@@ -165,14 +167,32 @@ def prometheus_port_for_this_rank(base_port: int) -> int:
     return 0 if base_port == 0 else base_port + (local_rank() or 0)
 
 
-def start_prometheus(host: str, base_port: int) -> tuple[MetricReader, Any, int]:
-    """A PrometheusMetricReader and the prometheus_client HTTP server exposing it; returns (reader, server, port)."""
+class PrometheusPortError(OSError):
+    """The Prometheus endpoint's port cannot be bound (busy, or not allowed)."""
+
+
+def start_prometheus(host: str, base_port: int, source: str = "prometheus_port") -> tuple[MetricReader, Any, int]:
+    """A PrometheusMetricReader and the prometheus_client HTTP server exposing it; returns (reader, server, port).
+
+    A port that cannot be bound raises PrometheusPortError naming the port, the rule
+    (base + local rank) and the setting `source` the base came from.
+    """
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
 
     port = prometheus_port_for_this_rank(base_port)
+    try:
+        server, _thread = start_http_server(port, addr=host)
+    except OSError as exc:
+        rank = local_rank()
+        rule = f"{source}={base_port} + local rank {rank}" if rank else f"{source}={base_port}"
+        why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+        raise PrometheusPortError(
+            exc.errno,
+            f"Prometheus port {port} on {host!r} {why} (the port is {rule}); set {source} to a free base port "
+            "(each rank of a host adds its local rank), or 0 for any free port",
+        ) from exc
     reader = PrometheusMetricReader()
-    server, _thread = start_http_server(port, addr=host)
     return reader, server, int(server.server_port)
 
 
@@ -259,34 +279,48 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
         extra.setdefault(s.RESOURCE_RUN_ID, config.run_id)
     resource = build_resource(extra)
 
-    # shutdown_on_exit=False: the SDK's own atexit hook would wait up to 30 s on a dead endpoint.
-    tracer_provider = TracerProvider(
-        resource=resource, sampler=make_sampler(config.sampler, config.sampler_arg), shutdown_on_exit=False
-    )
-    processor = None
-    if config.traces_endpoint:
-        processor = DropCountingBatchSpanProcessor(
-            make_span_exporter(config), config.max_queue_size, config.schedule_delay_ms
-        )
-        tracer_provider.add_span_processor(processor)
-
-    readers: list[MetricReader] = []
-    if config.metrics_endpoint:
-        readers.append(
-            PeriodicExportingMetricReader(
-                make_metric_exporter(config),
-                export_interval_millis=config.metric_export_interval_ms,
-                export_timeout_millis=config.export_timeout_s * 1000,
-            )
-        )
-    prometheus_server = None
-    prometheus_port = None
+    # The Prometheus port first: if it is busy nothing else has been started (no batch or
+    # reader threads left behind); anything later that fails stops what was started.
+    prometheus_reader = prometheus_server = prometheus_port = None
     if config.prometheus_port is not None:
         prometheus_reader, prometheus_server, prometheus_port = start_prometheus(
-            config.prometheus_host, config.prometheus_port
+            config.prometheus_host, config.prometheus_port, config.prometheus_port_source
         )
-        readers.append(prometheus_reader)
-    meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    tracer_provider = meter_provider = None
+    try:
+        # shutdown_on_exit=False: the SDK's own atexit hook would wait up to 30 s on a dead endpoint.
+        tracer_provider = TracerProvider(
+            resource=resource, sampler=make_sampler(config.sampler, config.sampler_arg), shutdown_on_exit=False
+        )
+        processor = None
+        if config.traces_endpoint:
+            processor = DropCountingBatchSpanProcessor(
+                make_span_exporter(config), config.max_queue_size, config.schedule_delay_ms
+            )
+            tracer_provider.add_span_processor(processor)
+        readers: list[MetricReader] = []
+        if config.metrics_endpoint:
+            readers.append(
+                PeriodicExportingMetricReader(
+                    make_metric_exporter(config),
+                    export_interval_millis=config.metric_export_interval_ms,
+                    export_timeout_millis=config.export_timeout_s * 1000,
+                )
+            )
+        if prometheus_reader is not None:
+            readers.append(prometheus_reader)
+        meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    except BaseException:
+        for stop in (
+            tracer_provider.shutdown if tracer_provider is not None else None,
+            meter_provider.shutdown if meter_provider is not None else None,
+            prometheus_server.shutdown if prometheus_server is not None else None,
+            prometheus_server.server_close if prometheus_server is not None else None,
+        ):
+            if stop is not None:
+                with contextlib.suppress(Exception):
+                    stop()
+        raise
     return Telemetry(
         config=config,
         resource=resource,

@@ -4,10 +4,16 @@ and a dead endpoint's log lines are rate-limited."""
 
 from __future__ import annotations
 
+import errno
+import socket
+import threading
+import time
+
 import pytest
 
+from hp_otel.cli.bench_export import closed_port
 from hp_otel.config import ConfigError, ExportConfig
-from hp_otel.export import build_telemetry, configured
+from hp_otel.export import PrometheusPortError, build_telemetry, configure, configured
 
 SECRET = "Bearer s3cr3t-t0ken-value"
 
@@ -43,3 +49,40 @@ def test_reprs_name_header_keys_but_never_their_values() -> None:
     finally:
         telemetry.shutdown(1)
     assert configured() is None
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_a_busy_prometheus_port_is_named_with_its_setting_and_nothing_keeps_running(busy_port, monkeypatch) -> None:
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    threads_before = set(threading.enumerate())
+    with pytest.raises(PrometheusPortError) as caught:
+        configure(
+            prometheus_port=busy_port,
+            prometheus_host="127.0.0.1",
+            endpoint=f"http://127.0.0.1:{closed_port()}",  # OTLP export too: its threads must not be left running
+            metric_export_interval_ms=50,
+        )
+    message = str(caught.value)
+    assert f"Prometheus port {busy_port} on '127.0.0.1' is already in use" in message
+    assert f"prometheus_port={busy_port}" in message and caught.value.errno == errno.EADDRINUSE
+    time.sleep(0.3)
+    assert set(threading.enumerate()) - threads_before == set()
+    assert configured() is None
+
+
+def test_a_busy_port_from_the_environment_names_the_variable_and_the_local_rank(busy_port, monkeypatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    environ_port = busy_port - 1
+    with pytest.raises(PrometheusPortError, match=rf"OTEL_EXPORTER_PROMETHEUS_PORT={environ_port} \+ local rank 1"):
+        build_telemetry(
+            ExportConfig.resolve(
+                prometheus_host="127.0.0.1", environ={"OTEL_EXPORTER_PROMETHEUS_PORT": str(environ_port)}
+            )
+        )
