@@ -12,7 +12,15 @@ from collections.abc import Mapping
 
 # First set variable wins: torchrun's name, then MindSpore's.
 RANK_VARIABLES = ("RANK", "RANK_ID", "MS_NODE_ID")
-LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "DEVICE_ID")
+# torchrun, MindSpore, then SLURM (srun), Open MPI (mpirun), MPICH/Intel MPI (Hydra) and PMI.
+LOCAL_RANK_VARIABLES = (
+    "LOCAL_RANK",
+    "DEVICE_ID",
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "PMI_LOCAL_RANK",
+)
 WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "RANK_SIZE", "MS_WORKER_NUM")
 
 

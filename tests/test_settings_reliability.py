@@ -13,7 +13,8 @@ import pytest
 
 from hp_otel.cli.bench_export import closed_port
 from hp_otel.config import ConfigError, ExportConfig
-from hp_otel.export import PrometheusPortError, build_telemetry, configure, configured
+from hp_otel.export import PrometheusPortError, build_telemetry, configure, configured, prometheus_port_for_this_rank
+from hp_otel.launcher_env import LOCAL_RANK_VARIABLES
 
 SECRET = "Bearer s3cr3t-t0ken-value"
 
@@ -86,3 +87,16 @@ def test_a_busy_port_from_the_environment_names_the_variable_and_the_local_rank(
                 prometheus_host="127.0.0.1", environ={"OTEL_EXPORTER_PROMETHEUS_PORT": str(environ_port)}
             )
         )
+
+
+@pytest.mark.parametrize(
+    "variable", ["LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"]
+)
+def test_ranks_of_one_host_get_different_prometheus_ports_under_every_launcher(variable: str, monkeypatch) -> None:
+    for name in LOCAL_RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    ports = set()
+    for rank in range(4):
+        monkeypatch.setenv(variable, str(rank))
+        ports.add(prometheus_port_for_this_rank(9464))
+    assert ports == {9464, 9465, 9466, 9467}
