@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace import sampling
 
@@ -140,7 +141,9 @@ class ExportConfig:
             source = "protocol" if protocol else (name if env_value(name, environ) else "OTEL_EXPORTER_OTLP_PROTOCOL")
             protocols[signal] = check_protocol(chosen, source)
 
-        base = endpoint or env_value("OTEL_EXPORTER_OTLP_ENDPOINT", environ)
+        base = _endpoint(endpoint, "endpoint") or _endpoint(
+            env_value("OTEL_EXPORTER_OTLP_ENDPOINT", environ), "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
         traces_exporters = _exporter_names("OTEL_TRACES_EXPORTER", environ)
         metrics_exporters = _exporter_names("OTEL_METRICS_EXPORTER", environ)
         endpoints: dict[str, str | None] = {}
@@ -148,7 +151,10 @@ class ExportConfig:
             ("traces", traces_endpoint, traces_exporters),
             ("metrics", metrics_endpoint, metrics_exporters),
         ):
-            specific = specific_arg or env_value(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", environ)
+            variable = f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+            specific = _endpoint(specific_arg, f"{signal}_endpoint") or _endpoint(
+                env_value(variable, environ), variable
+            )
             wanted = bool(base or specific) or (exporters is not None and "otlp" in exporters)
             if exporters is not None and "otlp" not in exporters and not (specific_arg or endpoint):
                 wanted = False  # OTEL_<SIGNAL>_EXPORTER=none (or prometheus only) turns OTLP off
@@ -170,6 +176,7 @@ class ExportConfig:
             raise ConfigError(f"sampler must be one of {', '.join(SAMPLERS)}, got {chosen_sampler!r}")
         if sampler_arg is not None and not (isinstance(sampler_arg, (int, float)) and 0.0 <= sampler_arg <= 1.0):
             raise ConfigError(f"sampler_arg must be a ratio between 0 and 1, got {sampler_arg!r}")
+        _check_sampler_environment(chosen_sampler, sampler_arg, environ)
 
         headers = _parse_pairs(env_value("OTEL_EXPORTER_OTLP_HEADERS", environ) or "", "OTEL_EXPORTER_OTLP_HEADERS")
         defaults = cls()
@@ -194,6 +201,63 @@ class ExportConfig:
             ),
             shutdown_timeout_s=_positive(shutdown_timeout_s, "shutdown_timeout_s", defaults.shutdown_timeout_s),
         )
+
+
+def _endpoint(value: str | None, source: str) -> str | None:
+    """An OTLP endpoint URL as given, or ConfigError naming `source` (credentials not echoed)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{source} must be a URL string like http://host:4318, got {type(value).__name__}")
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number 0-65535
+    except ValueError as exc:
+        raise ConfigError(
+            f"{source} must be a URL like http://host:4318, got {redacted_url(value)!r} ({exc})"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"{source} must be an http:// or https:// URL with a host, like http://host:4318, "
+            f"got {redacted_url(value)!r}"
+        )
+    return value.strip()
+
+
+# Ratio samplers: the only ones that read OTEL_TRACES_SAMPLER_ARG as a number.
+_RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+
+
+def _check_sampler_environment(sampler: str | None, sampler_arg: float | None, environ: Mapping[str, str]) -> None:
+    """OTEL_TRACES_SAMPLER(_ARG) as the SDK will read them: a known name, and a ratio 0-1 for the ratio samplers.
+
+    The SDK itself only logs a bad value and falls back to another sampler; here it is an error.
+    """
+    name = env_value("OTEL_TRACES_SAMPLER", environ)
+    if sampler is None and name is not None:
+        name = name.lower()
+        allowed = (*SAMPLERS, *_plugin_samplers())
+        if name not in allowed:
+            raise ConfigError(f"OTEL_TRACES_SAMPLER must be one of {', '.join(allowed)}, got {name!r}")
+    arg = env_value("OTEL_TRACES_SAMPLER_ARG", environ)
+    if arg is None or sampler_arg is not None or (sampler or name) not in _RATIO_SAMPLERS:
+        return
+    try:
+        ratio = float(arg)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG must be a ratio between 0 and 1 for {sampler or name}, got {arg!r}")
+
+
+def _plugin_samplers() -> tuple[str, ...]:
+    """Samplers other packages register for OTEL_TRACES_SAMPLER (the SDK's entry point group)."""
+    from importlib.metadata import entry_points
+
+    try:
+        return tuple(sorted(ep.name for ep in entry_points(group="opentelemetry_traces_sampler")))
+    except Exception:  # broken package metadata must not break configuration
+        return ()
 
 
 def _positive(value: Any, name: str, default: Any) -> Any:

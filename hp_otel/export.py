@@ -32,6 +32,7 @@ from hp_otel import providers
 from hp_otel import schema as s
 from hp_otel.config import SAMPLERS, ExportConfig
 from hp_otel.launcher_env import local_rank
+from hp_otel.log_limits import limit_sdk_logs, unlimit_sdk_logs
 from hp_otel.providers import build_resource
 
 logger = logging.getLogger("hp_otel")
@@ -348,7 +349,9 @@ def configure(
     environment variables. From then on `CommDebugMode()`, `hp_otel.step()` and the
     instrumentor use these providers unless given others. Calling it again shuts the
     previous ones down first. `set_global=True` also makes them OpenTelemetry's global
-    providers (for your own spans and metrics).
+    providers (for your own spans and metrics). Until `shutdown()`, the SDK's and OTLP
+    exporters' own log lines (retries, failed batches, full queues) are limited to one
+    per kind per minute (`hp_otel.log_limits`).
     """
     global _configured
     config = ExportConfig.resolve(**settings)
@@ -357,6 +360,7 @@ def configure(
     if previous is not None:
         previous.shutdown()
     result = build_telemetry(config)
+    limit_sdk_logs()  # a dead endpoint's retry and queue lines: one per kind per minute
     with _lock:
         _configured = result
     providers.set_default_providers(result.tracer_provider, result.meter_provider)
@@ -381,6 +385,7 @@ def shutdown(timeout_s: float | None = None) -> bool:
     if current is None:
         return True
     providers.set_default_providers(None, None)
+    unlimit_sdk_logs()
     return current.shutdown(timeout_s)
 
 
