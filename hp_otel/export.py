@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -22,7 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace import sampling as otel_sampling
@@ -60,8 +66,11 @@ class CountingSpanExporter(SpanExporter):
         self._cooldown_s = 0.0
         self._retry_at = 0.0
         self._failure_logged = False
+        self._pid = os.getpid()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if os.getpid() != self._pid:  # a forked child (a DataLoader worker): see ForkSilencedMetricExporter
+            return SpanExportResult.SUCCESS
         self.handed += len(spans)
         now = time.monotonic()
         if now < self._retry_at:
@@ -152,15 +161,58 @@ def make_span_exporter(config: ExportConfig) -> SpanExporter:
     return HttpSpanExporter(endpoint=config.traces_endpoint, headers=headers, timeout=config.export_timeout_s)
 
 
+class ForkSilencedMetricExporter(MetricExporter):
+    """The OTLP metric exporter, silent in a process forked from the one that configured it.
+
+    The SDK restarts its export threads in a forked child (a DataLoader worker with the
+    `fork` start method), which would then export the parent's cumulative totals, frozen
+    at fork time, under the parent's identity: counters seen by a backend would jump
+    back and forth. So in a child, exports are dropped (the same holds for spans, see
+    CountingSpanExporter). Telemetry in a child is off; call `hp_otel.configure()` there
+    to export from it under its own identity.
+    """
+
+    def __init__(self, exporter: MetricExporter) -> None:
+        super().__init__(
+            preferred_temporality=exporter._preferred_temporality,
+            preferred_aggregation=exporter._preferred_aggregation,
+        )
+        self.exporter = exporter
+        self._pid = os.getpid()
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        if os.getpid() != self._pid:
+            return MetricExportResult.SUCCESS
+        return self.exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return os.getpid() != self._pid or self.exporter.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        if os.getpid() == self._pid:
+            self.exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def _after_fork_in_child() -> None:
+    """hp_otel in a forked child: forget the parent's configured telemetry (its exporters are silent here)."""
+    global _configured
+    _configured = None
+    providers.set_default_providers(None, None)
+
+
 def make_metric_exporter(config: ExportConfig) -> Any:
     headers = dict(config.headers) or None
     if config.metrics_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 
-        return GrpcMetricExporter(endpoint=config.metrics_endpoint, headers=headers, timeout=config.export_timeout_s)
+        return ForkSilencedMetricExporter(
+            GrpcMetricExporter(endpoint=config.metrics_endpoint, headers=headers, timeout=config.export_timeout_s)
+        )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 
-    return HttpMetricExporter(endpoint=config.metrics_endpoint, headers=headers, timeout=config.export_timeout_s)
+    return ForkSilencedMetricExporter(
+        HttpMetricExporter(endpoint=config.metrics_endpoint, headers=headers, timeout=config.export_timeout_s)
+    )
 
 
 def prometheus_port_for_this_rank(base_port: int) -> int:
@@ -390,3 +442,5 @@ def shutdown(timeout_s: float | None = None) -> bool:
 
 
 atexit.register(shutdown)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
