@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import warnings
+from asyncio import events as asyncio_events
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,6 +44,39 @@ _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.Contex
 )
 # One lock for installing and removing hooks, so modes entered on several threads do not interleave.
 _install_lock = threading.RLock()
+
+
+# Windows open on each thread (with the asyncio task that opened them), and the modules
+# traced now (id -> (thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
+_thread_state = threading.local()
+_traced_modules: dict[int, tuple[int, int]] = {}
+
+
+def _windows_of_this_thread() -> list[tuple[Any, Any]]:
+    stack = getattr(_thread_state, "windows", None)
+    if stack is None:
+        stack = _thread_state.windows = []
+    return stack
+
+
+def _current_task() -> Any:
+    """The running asyncio task, None outside one (cheap when no event loop runs)."""
+    if asyncio_events._get_running_loop() is None:
+        return None
+    import asyncio
+
+    return asyncio.current_task()
+
+
+def _task_name(task: Any) -> str:
+    return "no asyncio task" if task is None else f"asyncio task {task.get_name()!r}"
+
+
+def _thread_name(ident: int) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return f"thread {thread.name!r}"
+    return f"thread {ident}"
 
 
 def _check_module(module: Any, engine: str) -> None:
@@ -145,6 +179,8 @@ class CommDebugMode:
         self._token: contextvars.Token[CommDebugMode | None] | None = None
         self._outer: CommDebugMode | None = None
         self._guarded = False  # this window holds the signal guard (entered on the main thread)
+        self._claimed_module = False  # this window counts in _traced_modules
+        self._window_stack: list[tuple[Any, Any]] = []  # the windows of the thread that entered it
 
     # --- context manager -------------------------------------------------------
     @signal_guard.protect
@@ -187,6 +223,7 @@ class CommDebugMode:
             signal_guard.send_held()  # a Ctrl-C that came meanwhile is raised here, after uninstalling
 
     def _activate(self) -> None:
+        self._claim_thread_and_module()
         self.clear()
         self._token = _current_mode.set(self)
         outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
@@ -203,6 +240,52 @@ class CommDebugMode:
                     self._recorder.on_fault(f"install:{type(source).__name__}", exc)
                     self._installed.pop()
                     self._uninstall_one(source)
+
+    def _claim_thread_and_module(self) -> None:
+        """Refuse the two layouts hp_otel cannot record correctly, before anything is installed.
+
+        torch's function and dispatch modes belong to a thread: windows of asyncio tasks
+        interleaved on one thread would each record the other's collectives. Module hooks
+        belong to the module: two threads tracing one model would mix their module spans.
+        """
+        task = _current_task()
+        with _install_lock:
+            stack = _windows_of_this_thread()
+            if stack and stack[-1][1] is not task:
+                raise RuntimeError(
+                    f"CommDebugMode: another window is open on this thread in {_task_name(stack[-1][1])}, and this one "
+                    f"would open in {_task_name(task)}. torch's modes belong to the thread, so windows of "
+                    "interleaved asyncio tasks would record each other's collectives: open them one task at a "
+                    "time (e.g. under an asyncio.Lock) or run each task's traced work in its own thread"
+                )
+            if self.module is not None:
+                owner, windows = _traced_modules.get(id(self.module), (None, 0))
+                if owner is not None and owner != threading.get_ident():
+                    raise RuntimeError(
+                        f"CommDebugMode: module {type(self.module).__name__} is already traced by a window on "
+                        f"another thread ({_thread_name(owner)}). Module hooks belong to the module, not the thread, "
+                        "so two threads tracing one model would mix their module spans: trace it on one thread "
+                        "at a time, or give each thread its own model (or module=None)"
+                    )
+                _traced_modules[id(self.module)] = (threading.get_ident(), windows + 1)
+                self._claimed_module = True
+            stack.append((self, task))
+            self._window_stack = stack  # exiting on another thread still removes it from this one
+
+    def _release_thread_and_module(self) -> None:
+        with _install_lock:
+            stack, self._window_stack = self._window_stack, []
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0] is self:
+                    del stack[i]
+                    break
+            if self._claimed_module:
+                self._claimed_module = False
+                owner, windows = _traced_modules.get(id(self.module), (None, 1))
+                if windows <= 1:
+                    _traced_modules.pop(id(self.module), None)
+                else:
+                    _traced_modules[id(self.module)] = (owner, windows - 1)
 
     def _deactivate(self, exc: BaseException | None) -> None:
         """Undo `_activate` (or the part of it that ran); safe to call again."""
@@ -227,6 +310,7 @@ class CommDebugMode:
                 _current_mode.reset(token)
             except ValueError:  # exited in another context than entered: leave that context alone
                 pass
+        self._release_thread_and_module()
         guarded, self._guarded = self._guarded, False
         if guarded:
             signal_guard.release()
