@@ -47,7 +47,14 @@ class _Guard:
         if self._must_hold(frame):
             self.held.append(signum)
             return
-        self.originals[signum](signum, frame)
+        handler = self.originals.get(signum)
+        if callable(handler):
+            handler(signum, frame)
+        elif signum == signal.SIGINT:
+            signal.default_int_handler(signum, frame)
+        else:  # nothing to stand in for: act as the OS default would
+            _c_signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
 
     def _must_hold(self, frame: FrameType | None) -> bool:
         """The main thread is installing or uninstalling, or at the first instruction of a protected call."""
@@ -80,12 +87,15 @@ def acquire() -> bool:
     if threading.current_thread() is not threading.main_thread():
         return False
     if _guard.windows == 0:
-        _guard.originals = {}
         for signum in GUARDED_SIGNALS:
             handler = _c_signal.getsignal(signum)
-            if callable(handler) and handler is not _guard:
+            if handler is _guard:  # put back by code that saved it: it still stands in for the same handler
+                continue
+            if callable(handler):
                 _guard.originals[signum] = handler
                 _c_signal.signal(signum, _guard)
+            else:
+                _guard.originals.pop(signum, None)
     _guard.windows += 1
     return True
 

@@ -201,3 +201,16 @@ def test_sigint_from_another_thread_at_random_times(model: torch.nn.Module) -> N
         timer.join()
         assert _state(model) == before, f"installed after an interrupt {delay_us} us into the windows"
     assert interrupts == 30
+
+
+def test_the_guard_put_back_later_by_code_that_saved_it_still_works(model: torch.nn.Module) -> None:
+    with CommDebugMode(model, engine="torch"):
+        saved = signal.getsignal(signal.SIGINT)  # the guard
+    signal.signal(signal.SIGINT, saved)  # e.g. a library restoring what it saw
+    try:
+        with CommDebugMode(model, engine="torch"):
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
