@@ -1,12 +1,14 @@
-"""What a hyper-parallel user writes: trace the forward of the design document's TP MLP.
+"""What a hyper-parallel user writes: trace forward and backward of the design document's TP MLP.
 
-fc1 is column-sharded and fc2 row-sharded; the one all_reduce (Partial -> Replicate)
-runs in fc2's output hook.  `CommDebugMode` picks hyper-parallel by itself when it is
-importable (or say `engine="hyper_parallel"`).
+fc1 is column-sharded and fc2 row-sharded with hyper-parallel's `shard_module`; the one
+forward all_reduce (Partial -> Replicate) runs in fc2's output hook, its backward
+counterpart (torch.distributed.nn.functional's all_reduce backward) in fc2's backward.
+`CommDebugMode` picks hyper-parallel by itself when it is importable (or say
+`engine="hyper_parallel"`).
 
-Run on CPU with two processes:
-    HYPER_PARALLEL_PLATFORM=torch torchrun --nproc-per-node 2 examples/hyper_parallel_mlp.py
-(hp_otel's tests run it against their stand-in: PYTHONPATH=tests/stand_ins.)
+Run on CPU with two processes, hyper-parallel's source on PYTHONPATH (it is not on PyPI):
+    HYPER_PARALLEL_PLATFORM=torch PYTHONPATH=/path/to/hyper-parallel \\
+        torchrun --nproc-per-node 2 examples/hyper_parallel_mlp.py
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from hyper_parallel import ColwiseParallel, RowwiseParallel, init_device_mesh, parallelize_module
+from hyper_parallel import DTensor, init_device_mesh, shard_module
+from hyper_parallel.core.placement_types import Replicate, Shard
+from hyper_parallel.core.shard.sharding_plan import ShardingPlan
 from torch import nn
 
 from hp_otel import CommDebugMode
@@ -32,18 +36,25 @@ class TwoLayerMLP(nn.Module):
 
 def main() -> None:
     dist.init_process_group("gloo")  # before the mesh: hyper-parallel's default backend is hccl
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     torch.manual_seed(0)
-    model = parallelize_module(TwoLayerMLP(), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-    x = torch.randn(4, 16)
+    plan = ShardingPlan(
+        plan={"fc1.weight": (Shard(0),), "fc2.weight": (Shard(1),)},
+        input_plan={"input": (Replicate(),)},
+        output_plan={"fc2.output": (Replicate(),)},
+    )
+    model = shard_module(TwoLayerMLP(), mesh, plan)
+    x = DTensor.from_local(torch.randn(4, 16), mesh, (Replicate(),))
 
     with CommDebugMode(module=model) as mode:
-        model(x)
+        model(x).sum().backward()
 
     if dist.get_rank() == 0:
-        print(mode.get_comm_counts())  # {'differentiable_all_reduce': 1}
-        print(mode.get_sharding_info())  # {'fc1.weight': 'Shard(dim=0)', 'fc2.weight': 'Shard(dim=1)'}
-        for level in (0, 1, 2):
+        print(mode.get_comm_counts())
+        print(mode.get_comm_module_counts())
+        print(mode.get_sharding_info())
+        for level in (0, 1, 2, 3):
+            print(f"--- noise_level={level}")
             print(mode.generate_comm_debug_tracing_table(noise_level=level))
         mode.generate_json_dump("hyper_parallel_comm.json", noise_level=2)
     dist.barrier()  # rank 0 prints first; nobody tears the group down under it

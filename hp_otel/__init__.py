@@ -5,5 +5,16 @@ from hp_otel.infos import CollectiveInfo, TensorInfo
 from hp_otel.mode import CommDebugMode
 from hp_otel.steps import step
 from hp_otel.version import __version__
+from hp_otel.watchdog import HangWatchdog
 
-__all__ = ["CollectiveInfo", "CommDebugMode", "Telemetry", "TensorInfo", "__version__", "configure", "shutdown", "step"]
+__all__ = [
+    "CollectiveInfo",
+    "CommDebugMode",
+    "HangWatchdog",
+    "Telemetry",
+    "TensorInfo",
+    "__version__",
+    "configure",
+    "shutdown",
+    "step",
+]

@@ -10,6 +10,7 @@ the same way, so they cache what repeats every step.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hp_otel import schema as s
@@ -107,6 +108,16 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
     }
 
 
+def encode_collective_place(attrs: Mapping[str, Any], phase: str, fqn: str) -> dict[str, Any]:
+    """A collective's encoded attributes plus where it was issued (phase, innermost module)."""
+    return {**attrs, s.PHASE: phase, s.COLLECTIVE_MODULE: fqn}
+
+
+def encode_collective_match(seq: int, window: str, match_id: str) -> dict[str, Any]:
+    """What identifies one collective across ranks: its sequence number in the window, and the shared id."""
+    return {s.COLLECTIVE_SEQ: seq, s.COLLECTIVE_WINDOW: window, s.COLLECTIVE_MATCH_ID: match_id}
+
+
 def encode_redistribute(src_placements: str, dst_placements: str, shape: tuple[int, ...], phase: str) -> dict[str, Any]:
     return {
         s.CALL_KIND: s.KIND_REDISTRIBUTE,
@@ -201,6 +212,28 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
         bytes=int(get(s.COLLECTIVE_BYTES, 0)),
         reduce_op=str(get(s.COLLECTIVE_REDUCE_OP, "")),
         is_async=bool(get(s.COLLECTIVE_ASYNC, False)),
+    )
+
+
+@dataclass(frozen=True)
+class CollectiveMatch:
+    """A collective span's cross-rank identity, decoded (seq -1: recorded without one)."""
+
+    seq: int
+    window: str
+    module: str
+    match_id: str
+    in_flight: bool
+
+
+def decode_collective_match(attrs: Mapping[str, Any]) -> CollectiveMatch:
+    get = attrs.get
+    return CollectiveMatch(
+        seq=int(get(s.COLLECTIVE_SEQ, -1)),
+        window=str(get(s.COLLECTIVE_WINDOW, "")),
+        module=str(get(s.COLLECTIVE_MODULE, "")),
+        match_id=str(get(s.COLLECTIVE_MATCH_ID, "")),
+        in_flight=bool(get(s.COLLECTIVE_IN_FLIGHT, False)),
     )
 
 

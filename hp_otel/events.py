@@ -8,7 +8,7 @@ own timestamps, so building later gives the same spans as building at once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
@@ -65,6 +65,26 @@ class RedistributeExit:
     error: BaseException | None
 
 
+@dataclass(slots=True, eq=False)
+class CollectiveIssue:
+    """A collective was issued and has not returned yet: its issue time, sequence number and place.
+
+    Compared by identity: the recorder keeps the in-flight ones (what a hang watchdog
+    writes) and the source hands this back as the ticket of the completing call.
+    """
+
+    start_ns: int
+    info: CollectiveInfo
+    seq: int  # index among this window's collectives on the group
+    phase: str
+    fqn: str  # innermost open module, "" if none
+    dumped_to: str = ""  # set by the watchdog when it wrote a file while this was in flight
+    waited_s: float = 0.0
+    # After the call returned: says whether its work is done (a Work, an unwaited result), or None.
+    pending: Callable[[], bool] | None = None
+    returned: bool = False
+
+
 @dataclass(slots=True)
 class Collective:
     """A collective call: a leaf span of the innermost open call."""
@@ -74,6 +94,9 @@ class Collective:
     info: CollectiveInfo
     error: BaseException | None
     phase: str
+    seq: int = -1
+    fqn: str = ""
+    issue: CollectiveIssue | None = None  # its issue record, when the source reported one
 
 
 @dataclass(slots=True)
@@ -92,6 +115,7 @@ Event = (
     | OpExit
     | RedistributeEnter
     | RedistributeExit
+    | CollectiveIssue
     | Collective
     | WindowEnd
 )

@@ -11,6 +11,7 @@ import contextvars
 import logging
 import os
 import threading
+import time
 import warnings
 from asyncio import events as asyncio_events
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
 from hp_otel.signal_guard import GUARD
 from hp_otel.span_store import LocalSpanStore
+from hp_otel.watchdog import HangWatchdog
 
 logger = logging.getLogger("hp_otel")
 
@@ -127,6 +129,9 @@ class CommDebugMode:
         extra_sources: your own sources (objects with `install(observer)` and
             `uninstall()`, see `hp_otel.observer.Source`), installed after the engine's:
             the way to trace a framework hp_otel does not know.
+        watchdog: a `hp_otel.HangWatchdog`: while the window is open, a collective that does
+            not complete within its timeout makes this rank write its spans so far (the
+            in-flight collective included) for `hp-otel ranks`. Off by default.
     """
 
     def __init__(
@@ -140,6 +145,7 @@ class CommDebugMode:
         live_spans: bool | None = None,
         record_spans: bool = True,
         extra_sources: Iterable[Source] = (),
+        watchdog: HangWatchdog | None = None,
     ) -> None:
         from hp_otel.sources import check_engine, default_sources
 
@@ -167,6 +173,9 @@ class CommDebugMode:
         if not isinstance(record_spans, bool):
             raise TypeError(f"record_spans must be True or False, got {record_spans!r}")
         extra = _check_sources(extra_sources)
+        if watchdog is not None and not isinstance(watchdog, HangWatchdog):
+            raise TypeError(f"watchdog must be a hp_otel.HangWatchdog or None, got {type(watchdog).__name__}")
+        self._watchdog = watchdog
         # Deferred spans meant for real processors (an exporter) are built when the window ends.
         self._build_on_exit = not live and not is_internal_tracer_provider(tracer_provider)
         self._store = LocalSpanStore(max_spans)
@@ -181,6 +190,7 @@ class CommDebugMode:
         self._guarded = False  # this window holds the signal guard (entered on the main thread)
         self._claimed_module = False  # this window counts in _traced_modules
         self._window_stack: list[tuple[Any, Any]] = []  # the windows of the thread that entered it
+        self._watchdog_started = False
 
     # --- context manager -------------------------------------------------------
     @signal_guard.protect
@@ -240,6 +250,12 @@ class CommDebugMode:
                     self._recorder.on_fault(f"install:{type(source).__name__}", exc)
                     self._installed.pop()
                     self._uninstall_one(source)
+        if self._watchdog is not None:
+            try:
+                self._watchdog.start(self)
+                self._watchdog_started = True
+            except Exception as exc:  # a watchdog that cannot start must not stop training
+                self._recorder.on_fault("watchdog_start", exc)
 
     def _claim_thread_and_module(self) -> None:
         """Refuse the two layouts hp_otel cannot record correctly, before anything is installed.
@@ -290,6 +306,12 @@ class CommDebugMode:
     def _deactivate(self, exc: BaseException | None) -> None:
         """Undo `_activate` (or the part of it that ran); safe to call again."""
         interrupted: list[BaseException] = []
+        if self._watchdog_started:
+            self._watchdog_started = False
+            try:
+                self._watchdog.stop()  # type: ignore[union-attr]
+            except Exception as error:
+                self._recorder.on_fault("watchdog_stop", error)
         with _install_lock:
             while self._installed:
                 source = self._installed.pop()
@@ -438,6 +460,29 @@ class CommDebugMode:
             comm_module_counts=self.get_comm_module_counts(),
             dropped_records=self.get_dropped_record_count(),
         )
+
+    def write_spans(self, path: str | os.PathLike[str], *, in_flight: bool = True) -> None:
+        """Write the window's spans as OTLP/JSON (what `hp-otel render` and `hp-otel ranks` read), atomically.
+
+        Safe from another thread while the window records (the hang watchdog writes from
+        its own). `in_flight`: also the collectives issued and not completed yet, as
+        spans marked `hp.collective.in_flight` (start = issue time, end = now). The
+        file's resource names this rank (`hp.rank`) even when no launcher variable does.
+        """
+        from hp_otel import schema
+        from hp_otel.otlp_json import write_spans
+        from hp_otel.steps import current_rank
+
+        check_path(path, "path")
+        spans = list(self.get_finished_spans())
+        if in_flight:
+            pending = self._recorder.in_flight_spans(time.time_ns())
+            if pending:  # an op that returned while its work is not done: written once, as in flight
+                match = schema.COLLECTIVE_MATCH_ID
+                waiting = {span.attributes.get(match) for span in pending}
+                spans = [span for span in spans if (span.attributes or {}).get(match) not in waiting]
+                spans.extend(pending)
+        write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()})
 
     def clear(self) -> None:
         """Forget every record and count (the OTel counters, being cumulative, keep theirs)."""

@@ -8,7 +8,7 @@ Every method must be safe to call at any time: the recorder never raises from th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
 
@@ -30,6 +30,13 @@ class Observer(Protocol):
 
     def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None: ...
 
+    def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
+        """A collective is about to run: returns a ticket for `on_collective` (None when not recording).
+
+        Optional for sources: a collective that never returns is visible only through this
+        (the hang watchdog writes it as in flight), and its sequence number is taken here.
+        """
+
     def on_collective(
         self,
         info: CollectiveInfo,
@@ -37,6 +44,7 @@ class Observer(Protocol):
         end_ns: int,
         error: BaseException | None = None,
         phase: str | None = None,
+        ticket: Any = None,
     ) -> None: ...
 
     def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None: ...

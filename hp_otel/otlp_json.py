@@ -66,13 +66,38 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     return _ids(MessageToDict(message), _b64_to_hex)
 
 
-def write_spans(path: str | os.PathLike[str], spans: Sequence[ReadableSpan], argument: str = "path") -> None:
-    """Write finished spans to `path` as OTLP/JSON (the format `read_spans` and `hp-otel render` read)."""
+def write_spans(
+    path: str | os.PathLike[str],
+    spans: Sequence[ReadableSpan],
+    argument: str = "path",
+    resource_defaults: Mapping[str, int | str] | None = None,
+) -> None:
+    """Write finished spans to `path` as OTLP/JSON (the format `read_spans` and `hp-otel render` read).
+
+    `resource_defaults` are resource attributes set where the spans' resource lacks them
+    (the rank, so a per-rank file names its rank even without launcher variables); with
+    them, a file without spans still holds the resource.
+    """
     spans = tuple(spans) if not isinstance(spans, (str, bytes)) and hasattr(spans, "__iter__") else spans
     if not isinstance(spans, tuple) or not all(isinstance(span, ReadableSpan) for span in spans):
         raise TypeError(f"spans must be a sequence of finished spans (ReadableSpan), got {type(spans).__name__}")
     payload = spans_to_otlp_json(spans)
+    if resource_defaults:
+        _add_resource_defaults(payload, resource_defaults)
     write_text_atomically(path, lambda handle: json.dump(payload, handle), argument=argument)
+
+
+def _add_resource_defaults(payload: dict[str, Any], defaults: Mapping[str, int | str]) -> None:
+    resource_spans = payload.setdefault("resourceSpans", [])
+    if not resource_spans:
+        resource_spans.append({"resource": {"attributes": []}, "scopeSpans": []})
+    for entry in resource_spans:
+        attributes = entry.setdefault("resource", {}).setdefault("attributes", [])
+        present = {kv.get("key") for kv in attributes}
+        for key, value in defaults.items():
+            if key not in present:
+                encoded = {"intValue": str(value)} if isinstance(value, int) else {"stringValue": str(value)}
+                attributes.append({"key": key, "value": encoded})
 
 
 def _any_value(value: AnyValue) -> Any:
@@ -99,7 +124,14 @@ def max_bytes_limit(max_bytes: int | None = None, environ: Mapping[str, str] = o
 
 
 def read_spans(path: str | os.PathLike[str], max_bytes: int | None = None) -> list[ReadableSpan]:
-    """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong.
+    """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong (see read_trace_file)."""
+    return read_trace_file(path, max_bytes)[0]
+
+
+def read_trace_file(
+    path: str | os.PathLike[str], max_bytes: int | None = None
+) -> tuple[list[ReadableSpan], list[dict[str, Any]]]:
+    """The spans of an OTLP/JSON traces file, and the attributes of every resource in it (also one without spans).
 
     The whole file is parsed in memory (about 10x its size at the peak), so files
     over `max_bytes` (default: `HP_OTEL_RENDER_MAX_BYTES`, else 256 MiB) are refused
@@ -121,7 +153,9 @@ def read_spans(path: str | os.PathLike[str], max_bytes: int | None = None) -> li
             f"{MEMORY_PER_FILE_BYTE}x the file size in memory); raise it with --max-bytes or {MAX_BYTES_VARIABLE}"
         )
     try:
-        return _read(name)
+        message = _parse(name)
+        resources = [{kv.key: _any_value(kv.value) for kv in rs.resource.attributes} for rs in message.resource_spans]
+        return _spans_of(message), resources
     except MemoryError:
         raise SpanFileError(
             f"spans file {name!r} ({size:,} bytes) needs more memory than is available to read "
@@ -134,7 +168,7 @@ def read_spans(path: str | os.PathLike[str], max_bytes: int | None = None) -> li
         ) from None
 
 
-def _read(name: str) -> list[ReadableSpan]:
+def _parse(name: str) -> ExportTraceServiceRequest:
     try:
         with open(name, encoding="utf-8") as handle:
             payload = json.load(handle)
@@ -149,12 +183,14 @@ def _read(name: str) -> list[ReadableSpan]:
     except ValueError as exc:
         raise SpanFileError(f"spans file {name!r} has a trace or span id that is not hex: {exc}") from exc
     try:
-        message = ParseDict(payload, ExportTraceServiceRequest())
+        return ParseDict(payload, ExportTraceServiceRequest())
     except (RecursionError, MemoryError):
         raise
     except Exception as exc:
         raise SpanFileError(f"spans file {name!r} is not valid OTLP/JSON traces: {exc}") from exc
-    del payload
+
+
+def _spans_of(message: ExportTraceServiceRequest) -> list[ReadableSpan]:
     spans: list[ReadableSpan] = []
     for resource_spans in message.resource_spans:
         resource = Resource({kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes})

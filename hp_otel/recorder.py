@@ -23,9 +23,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Tracer
 
 from hp_otel import events as ev
+from hp_otel import matching
 from hp_otel import schema as s
 from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
 from hp_otel.instruments import Instruments
@@ -34,6 +36,7 @@ from hp_otel.span_store import LocalSpanStore
 
 logger = logging.getLogger("hp_otel")
 _now = time.time_ns
+_MAX_IN_FLIGHT = 4096
 
 
 class SpanRecorder:
@@ -65,6 +68,12 @@ class SpanRecorder:
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
         self.fault_counts: dict[str, int] = {}
+        # Per window: the next sequence number of each group (name, ranks), and the
+        # collectives issued that have not returned (what a hang watchdog writes).
+        self._seqs: dict[tuple[str, tuple[int, ...]], int] = {}
+        self._in_flight: dict[ev.CollectiveIssue, None] = {}
+        self.window: matching.Window | None = None
+        self.wants_completion = False  # sources attach a done-probe to returned collectives (watchdog on)
 
     # --- lifecycle -----------------------------------------------------------
     @property
@@ -88,7 +97,11 @@ class SpanRecorder:
     def start(self) -> None:
         """Begin a window: its spans nest under whatever span is current now."""
         self.materialise()  # spans of an earlier window are built with that window's builder
-        self._builder = SpanBuilder(self._tracer, self._store, otel_context.get_current(), self.live, self.on_fault)
+        parent_ctx = otel_context.get_current()
+        self.window = matching.window_for(parent_ctx)
+        self._seqs.clear()
+        self._in_flight.clear()
+        self._builder = SpanBuilder(self._tracer, self._store, parent_ctx, self.live, self.on_fault, self.window)
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
         self.active = True
@@ -206,6 +219,23 @@ class SpanRecorder:
             self.on_fault("redistribute_exit", exc)
 
     # --- observer: collectives --------------------------------------------------
+    def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
+        if not self.accepting:
+            return None
+        try:
+            modules = self._modules
+            fqn, module_phase = modules[-1] if modules else ("", s.PHASE_FORWARD)
+            issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), phase or module_phase, fqn)
+            in_flight = self._in_flight
+            if len(in_flight) >= _MAX_IN_FLIGHT:  # work nobody waits for: forget the oldest
+                in_flight.pop(next(iter(in_flight)), None)
+            in_flight[issue] = None
+            self._emit(issue)
+            return issue
+        except Exception as exc:
+            self.on_fault("collective_issue", exc)
+            return None
+
     def on_collective(
         self,
         info: CollectiveInfo,
@@ -213,15 +243,63 @@ class SpanRecorder:
         end_ns: int,
         error: BaseException | None = None,
         phase: str | None = None,
+        ticket: Any = None,
     ) -> None:
+        issue = ticket if type(ticket) is ev.CollectiveIssue else None
+        if issue is not None:
+            issue.returned = True
+            if issue.pending is None or error is not None:  # else in flight until its work is done
+                self._in_flight.pop(issue, None)
         if not self.accepting:
             return
         try:
+            seq = issue.seq if issue is not None else self._next_seq(info)
             phase, fqn = self._count(info, phase)
             self._measure(info, phase, fqn, end_ns - start_ns)
-            self._emit(ev.Collective(start_ns, end_ns, info, error, phase))
+            issued_in = issue.fqn if issue is not None else fqn
+            self._emit(ev.Collective(start_ns, end_ns, info, error, phase, seq, issued_in, issue))
         except Exception as exc:
             self.on_fault("collective", exc)
+
+    def _next_seq(self, info: CollectiveInfo) -> int:
+        """This collective's index among the window's collectives on its group (one dict update)."""
+        key = (info.group, info.group_ranks)
+        seqs = self._seqs
+        seq = seqs.get(key, 0)
+        seqs[key] = seq + 1
+        return seq
+
+    def forget_completed(self) -> None:
+        """Drop returned collectives whose work is done (the watchdog's thread calls this)."""
+        for issue in self.in_flight():
+            pending = issue.pending
+            if issue.returned and pending is not None:
+                try:
+                    done = pending()
+                except Exception:  # a handle that cannot say: it returned, count it done
+                    done = True
+                if done:
+                    self._in_flight.pop(issue, None)
+
+    def in_flight(self) -> list[ev.CollectiveIssue]:
+        """Collectives issued in this window that have not returned, oldest first (any thread may ask)."""
+        return list(dict(self._in_flight))  # one C-level copy: safe while the training thread adds and removes
+
+    def in_flight_spans(self, now_ns: int) -> list[ReadableSpan]:
+        """The in-flight collectives as finished spans marked in flight (for a file; nothing is exported)."""
+        self.forget_completed()
+        self.materialise()
+        builder = self._builder
+        if builder is None:
+            return []
+        spans = []
+        with self._build_lock:
+            for issue in self.in_flight():
+                try:
+                    spans.append(builder.in_flight_span(issue, now_ns))
+                except Exception as exc:  # live spans change under us on the training thread: skip this one
+                    self.on_fault("in_flight_span", exc)
+        return spans
 
     def _count(self, info: CollectiveInfo, phase_hint: str | None) -> tuple[str, str]:
         """Exact counts, overall and for each open module; returns the innermost module's (phase, fqn)."""

@@ -58,6 +58,15 @@ COLLECTIVE_DTYPE: Final = "hp.collective.dtype"
 COLLECTIVE_BYTES: Final = "hp.collective.bytes"
 COLLECTIVE_REDUCE_OP: Final = "hp.collective.reduce_op"
 COLLECTIVE_ASYNC: Final = "hp.collective.async"
+# Matching the same collective across ranks (rank_compare.py, `hp-otel ranks`).
+COLLECTIVE_SEQ: Final = "hp.collective.seq"  # index among this rank's collectives on the group, per window
+COLLECTIVE_WINDOW: Final = "hp.collective.window"  # what the seq counts within: "step 3" or "window 0"
+COLLECTIVE_MODULE: Final = "hp.collective.module"  # innermost module open when it was issued ("" if none)
+COLLECTIVE_MATCH_ID: Final = "hp.collective.match_id"  # same on every rank for the same collective (hex)
+COLLECTIVE_IN_FLIGHT: Final = "hp.collective.in_flight"  # issued, not completed when the file was written
+WATCHDOG_EVENT: Final = "hp.watchdog.dump"  # span event: the watchdog wrote the spans so far
+WATCHDOG_PATH: Final = "hp.watchdog.path"
+WATCHDOG_WAITED_S: Final = "hp.watchdog.waited_s"
 
 NORMALISED_OPS: Final = (
     "all_reduce",

@@ -15,13 +15,16 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import Span, Status, StatusCode, Tracer
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
 from hp_otel import codec
 from hp_otel import events as ev
 from hp_otel import schema as s
 from hp_otel.infos import CollectiveInfo, ModuleInfo
+from hp_otel.matching import Window
 from hp_otel.span_store import LocalSpanStore
 
 _LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
@@ -62,8 +65,11 @@ class SpanBuilder:
         parent_ctx: Any,
         live: bool,
         on_fault: Callable[[str, BaseException], None] | None = None,
+        window: Window | None = None,
     ) -> None:
         self._tracer = tracer
+        self._window = window  # what collective sequence numbers count within (matching.py)
+        self._issued: dict[ev.CollectiveIssue, Any] = {}  # in flight -> the parent context it was issued under
         # A user's span processor raising inside start/end: counted here, and the span
         # still reaches the local store (the SDK sets the end time before the processors run).
         self._on_fault = on_fault or _ignore_fault
@@ -81,6 +87,7 @@ class SpanBuilder:
             ev.OpExit: self._op_exit,
             ev.RedistributeEnter: self._redistribute_enter,
             ev.RedistributeExit: self._redistribute_exit,
+            ev.CollectiveIssue: self._collective_issue,
             ev.Collective: self._collective,
             ev.BackwardEnd: self._backward_end,
             ev.WindowEnd: self._window_end,
@@ -129,9 +136,9 @@ class SpanBuilder:
             self._on_fault("span_processor", exc)
         self._export(span)
 
-    def _start_span(self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int) -> Span:
+    def _start_span(self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None) -> Span:
         try:
-            return self._tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns)
+            return self._tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns, links=links)
         except Exception as exc:  # a span processor's on_start raised: the SDK span is lost to us
             self._on_fault("span_processor", exc)
             return _LOST_SPAN
@@ -187,16 +194,69 @@ class SpanBuilder:
         if frame is not None:
             self._end(frame, e.time_ns, e.error)
 
+    def _collective_issue(self, e: ev.CollectiveIssue) -> None:
+        self._issued[e] = self._stack[-1].ctx if self._stack else self._parent_ctx
+
     def _collective(self, e: ev.Collective) -> None:
         info = e.info
         attrs = self._collective_attrs.get(info)
         if attrs is None:
             attrs = self._collective_attrs[info] = codec.encode_collective(info)
-        parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
-        span = self._start_span(info.op, parent_ctx, {**attrs, s.PHASE: e.phase}, e.start_ns)
+        issued_under = self._issued.pop(e.issue, None) if e.issue is not None else None
+        parent_ctx = issued_under or (self._stack[-1].ctx if self._stack else self._parent_ctx)
+        attrs, links = self._matching(attrs, e.seq, e.fqn, e.phase)
+        span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
+        if e.issue is not None and e.issue.dumped_to:
+            span.add_event(
+                s.WATCHDOG_EVENT,
+                {s.WATCHDOG_PATH: e.issue.dumped_to, s.WATCHDOG_WAITED_S: e.issue.waited_s},
+                timestamp=e.start_ns + int(e.issue.waited_s * 1e9),
+            )
         if e.error is not None:
             mark_error(span, e.error)
         self._end_span(span, e.end_ns)
+
+    def _matching(self, attrs: dict[str, Any], seq: int, fqn: str, phase: str) -> tuple[dict[str, Any], Any]:
+        """A collective's attributes with its phase and cross-rank identity; its link to the shared context."""
+        attrs = codec.encode_collective_place(attrs, phase, fqn)
+        if seq < 0 or self._window is None:
+            return attrs, None
+        match_id, link = self._window.link(attrs[s.COLLECTIVE_GROUP], attrs[s.COLLECTIVE_GROUP_RANKS], seq)
+        attrs.update(codec.encode_collective_match(seq, self._window.label, match_id))
+        return attrs, (link,)
+
+    def in_flight_span(self, issue: ev.CollectiveIssue, now_ns: int) -> ReadableSpan:
+        """A finished span for a collective that has not returned: start = issue time, end = now,
+        `hp.collective.in_flight` true. Made directly, not by the tracer: it goes to a file, never
+        to your processors (the real span follows if the call ever returns)."""
+        parent_ctx = self._issued.get(issue) or (self._stack[-1].ctx if self._stack else self._parent_ctx)
+        parent = trace.get_current_span(parent_ctx).get_span_context()
+        attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, issue.fqn, issue.phase)
+        attrs[s.COLLECTIVE_IN_FLIGHT] = True
+        trace_id = parent.trace_id if parent.is_valid else RandomIdGenerator().generate_trace_id()
+        context = SpanContext(trace_id, RandomIdGenerator().generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
+        events = ()
+        if issue.dumped_to:
+            events = (
+                Event(
+                    s.WATCHDOG_EVENT,
+                    {s.WATCHDOG_PATH: issue.dumped_to, s.WATCHDOG_WAITED_S: issue.waited_s},
+                    timestamp=now_ns,
+                ),
+            )
+        return ReadableSpan(
+            name=issue.info.op,
+            context=context,
+            parent=parent if parent.is_valid else None,
+            resource=getattr(self._tracer, "resource", None) or Resource.get_empty(),
+            instrumentation_scope=getattr(self._tracer, "_instrumentation_scope", None),
+            attributes=attrs,
+            events=events,
+            links=links or (),
+            kind=SpanKind.INTERNAL,
+            start_time=issue.start_ns,
+            end_time=max(now_ns, issue.start_ns),
+        )
 
     def _window_end(self, e: ev.WindowEnd) -> None:
         """Close every span still open, with error status if the window raised."""

@@ -31,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, TracerProvider
 
-from hp_otel import launcher_env
+from hp_otel import launcher_env, matching
 from hp_otel import schema as s
 from hp_otel.span_builder import mark_error
 from hp_otel.version import __version__
@@ -161,6 +161,7 @@ class StepSpans:
 
     def begin(self) -> None:
         self.trace_id, self.root_span_id = step_ids(self.run_id, self.step)
+        matching.register_step(self.trace_id, self.step)  # windows inside count their collectives per step
         tracer, root_tracer = _tracers(self.tracer_provider)
         attributes: dict[str, Any] = {s.STEP: self.step, s.RESOURCE_RUN_ID: self.run_id}
         world_size = launcher_env.world_size()

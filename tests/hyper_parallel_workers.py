@@ -85,6 +85,21 @@ def _design_mlp(rank: int, world_size: int, release: str) -> None:
     assert all(after[k] is v for k, v in slots.items()), f"{release}: not restored"
 
 
+def _backward(rank: int, world_size: int, release: str) -> None:
+    """Backward communicates as in the real release: torch.distributed.nn.functional's all_reduce backward."""
+    from hp_otel import CommDebugMode
+
+    model = hp_mlp.build(world_size)
+    with CommDebugMode(module=model) as mode:
+        model(torch.randn(4, 16)).sum().backward()
+    _eq(mode.get_comm_counts(), {"differentiable_all_reduce": 1, "torch.distributed.all_reduce": 1})
+    _eq(
+        mode.get_comm_module_counts()["fc2"],
+        {"forward": {"differentiable_all_reduce": 1}, "backward": {"torch.distributed.all_reduce": 1}},
+    )
+    _eq(mode.get_callback_error_counts(), {})
+
+
 def _redistributions(rank: int, world_size: int, release: str) -> None:
     from hyper_parallel.core.dtensor import DTensor, Partial, Replicate, Shard, init_device_mesh
     from hyper_parallel.platform import GroupInfo, get_platform
@@ -103,7 +118,7 @@ def _redistributions(rank: int, world_size: int, release: str) -> None:
         torch.testing.assert_close(partial.redistribute(mesh, [Shard(0)]).to_local(), full.chunk(world_size, 0)[rank])
         gathered, _ = platform.all_gather_into_tensor(torch.full((1, 2), float(rank)), info)
         torch.testing.assert_close(gathered, torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
-        summed = platform.all_reduce(torch.ones(2), info)
+        summed, _ = platform.all_reduce(torch.ones(2), info)
         torch.testing.assert_close(summed, torch.full((2,), float(world_size)))
         platform.broadcast(torch.ones(2), 0, group=dist.group.WORLD)
         if release != "snapshot":
@@ -146,6 +161,7 @@ def hyper_parallel_worker(rank: int, world_size: int, port: int) -> None:
         for release in RELEASES:
             with hyper_parallel_release(release):
                 _design_mlp(rank, world_size, release)
+                _backward(rank, world_size, release)
                 _redistributions(rank, world_size, release)
         dist.barrier()  # no rank tears gloo down while its peer still talks to it
     finally:

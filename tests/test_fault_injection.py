@@ -122,13 +122,13 @@ FAULTS = [
     Fault(
         "collective describe after the call",
         _fail(collectives.CollectiveSpec, "describe"),
-        ("collective_describe",),
+        ("collective_issue", "collective_describe"),  # described when issued, and again after
         sees_collectives=False,
     ),
     Fault(
         "collective wrapper after the call",
         _fail(dtensor_source, "_in_backward"),
-        ("collective_after",),
+        ("collective_issue", "collective_after"),  # the phase is read when issued, and again after
         sees_collectives=False,
     ),
     Fault("collective callback", _fail_event(ev.Collective), ("collective",)),

@@ -19,7 +19,12 @@ from stand_in import RELEASES, hyper_parallel_release
 from hp_otel import CommDebugMode, schema
 from hp_otel.sources import default_sources
 from hp_otel.sources import hyper_parallel as source_module
-from hp_otel.sources.hyper_parallel import DIFFERENTIABLE_COLLECTIVES, PLATFORM_COLLECTIVES, HyperParallelSource
+from hp_otel.sources.hyper_parallel import (
+    DIFFERENTIABLE_COLLECTIVES,
+    PLATFORM_COLLECTIVES,
+    TORCH_DISTRIBUTED_COLLECTIVES,
+    HyperParallelSource,
+)
 
 ALL_COLLECTIVES = (*DIFFERENTIABLE_COLLECTIVES, *PLATFORM_COLLECTIVES)
 
@@ -103,6 +108,7 @@ def test_hooked_functions_per_release(hp) -> None:
     with CommDebugMode():
         hooked = set(source_module.hooked_functions())
     platform = {f"TorchPlatform.{n}" for n in PLATFORM_COLLECTIVES}
+    platform |= {f"torch.distributed.{n}" for n in TORCH_DISTRIBUTED_COLLECTIVES}  # fully_shard and backward
     four = ["differentiable_all_gather_concat", "differentiable_all_to_all", "differentiable_all_reduce"]
     four.append("differentiable_reduce_scatter")
     single = ["differentiable_all_to_all_single", "differentiable_all_to_all_single_async"]
@@ -199,7 +205,10 @@ def test_a_fault_in_our_callback_never_reaches_the_traced_code(hp, monkeypatch) 
     with CommDebugMode(module=model) as mode:
         out = model(x)
     assert torch.equal(out.to_local(), expected)
-    assert mode.get_callback_error_counts() == {"collective_describe:differentiable_all_reduce": 1}
+    assert mode.get_callback_error_counts() == {  # described when issued, and again after the call
+        "collective_issue:differentiable_all_reduce": 1,
+        "collective_describe:differentiable_all_reduce": 1,
+    }
     assert mode.get_total_counts() == 0
 
 

@@ -1,4 +1,4 @@
-"""The `hp-otel` command: demo | bench | render."""
+"""The `hp-otel` command: demo | bench | render | ranks."""
 
 from __future__ import annotations
 
@@ -69,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="refuse files larger than N bytes (default: HP_OTEL_RENDER_MAX_BYTES, else 256 MiB)",
     )
+
+    ranks = sub.add_parser(
+        "ranks",
+        help="compare per-rank spans files: first divergence, hang suspects, stragglers "
+        "(exit 0 agree, 3 not, 2 bad input)",
+    )
+    ranks.add_argument("files", type=Path, nargs="+", metavar="FILE", help="one spans file (OTLP/JSON) per rank")
+    ranks.add_argument("--json", action="store_true", help="the report as JSON")
+    ranks.add_argument("--top", type=_positive, default=5, help="largest skews to list")
     return parser
 
 
@@ -106,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run_bench(rounds=args.rounds, steps=args.steps)
         print("\n".join(format_results(results)))
         return 0
+    if args.command == "ranks":
+        from hp_otel.cli.ranks import run_ranks
+
+        return run_ranks(args.files, args.json, args.top)
     from hp_otel.call_tree import build_call_tree, check_attribute_types, count_collectives
     from hp_otel.otlp_json import SpanFileError, read_spans
     from hp_otel.render.table import render_table

@@ -59,7 +59,6 @@ def _rank_main(rank: int, config: DemoConfig) -> None:
     import hp_otel
     from hp_otel import CommDebugMode
     from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
-    from hp_otel.otlp_json import write_spans
 
     init_gloo(rank, config.world_size, config.port)
     telemetry = None
@@ -81,7 +80,7 @@ def _rank_main(rank: int, config: DemoConfig) -> None:
         if telemetry is not None:
             _report_export(rank, telemetry, config)
         mode.generate_json_dump(config.out_dir / f"comm_rank{rank}.json", noise_level=3)
-        write_spans(config.out_dir / f"spans_rank{rank}.json", mode.get_finished_spans())
+        mode.write_spans(config.out_dir / f"spans_rank{rank}.json")
         if rank == 0:
             _report(mode, config, sys.stdout)
         dist.barrier()

@@ -26,6 +26,8 @@ from hp_otel.render.levels import NoiseLevel, noise_level
 from hp_otel.render.module_info import parameter_info, sharding_info
 
 _INDENT = "  "
+_PER_RECORD_FIELDS = ("duration_ns", "start_ns", "seq", "error", "children")
+_PER_RECORD_ATTRIBUTES = frozenset({s.COLLECTIVE_SEQ, s.COLLECTIVE_MATCH_ID})
 _CHUNK_CHARS = 1 << 16  # what one write() gets at most (roughly): the file grows as the tree is walked
 
 
@@ -62,11 +64,18 @@ def record_to_json(record: CallRecord) -> dict[str, Any]:
             "reduce_op": c.reduce_op,
             "async": c.is_async,
         }
+        match = codec.decode_collective_match(record.attributes)
+        if match.seq >= 0:  # what `hp-otel ranks` lines up across ranks
+            out["window"] = match.window
+            out["issued_in_module"] = match.module
     else:
         src, dst, shape = codec.decode_redistribute(record.attributes)
         out = {"type": "redistribute", "src_placements": src, "dst_placements": dst, "tensor_shape": list(shape)}
     out["phase"] = record.phase
     out["duration_ns"] = record.duration_ns
+    if record.kind == s.KIND_COLLECTIVE and s.COLLECTIVE_SEQ in record.attributes:
+        out["start_ns"] = record.start_ns
+        out["seq"] = int(record.attributes[s.COLLECTIVE_SEQ])
     if record.error:
         out["error"] = record.error
     out["children"] = []
@@ -167,13 +176,16 @@ class _Encoder:
     def _head(self, record: CallRecord, depth: int) -> str:
         """`{` and every field up to `"duration_ns": ` (exclusive of its value)."""
         try:
-            key: tuple[Any, ...] | None = (record.kind, record.name, depth, tuple(record.attributes.items()))
+            attrs = record.attributes
+            if s.COLLECTIVE_SEQ in attrs:  # a collective's identity changes every call: not part of its head
+                attrs = {k: v for k, v in attrs.items() if k not in _PER_RECORD_ATTRIBUTES}
+            key: tuple[Any, ...] | None = (record.kind, record.name, depth, tuple(attrs.items()))
             head = self._heads.get(key)  # type: ignore[arg-type]
         except TypeError:  # unhashable attribute values: encode without caching
             key, head = None, None
         if head is None:
             fields = record_to_json(record)
-            for late in ("duration_ns", "error", "children"):  # the per-record fields, in this order
+            for late in _PER_RECORD_FIELDS:  # written per record, in this order
                 fields.pop(late, None)
             inner = "\n" + _INDENT * (depth + 1)
             parts = [f"{_encode_str(k)}: {encode(v, depth + 1)}" for k, v in fields.items()]
@@ -188,6 +200,9 @@ class _Encoder:
         """One record (a dict at `depth`), its children streamed after its own fields."""
         inner = "\n" + _INDENT * (depth + 1)
         text = self._head(record, depth) + int.__repr__(record.duration_ns)
+        seq = record.attributes.get(s.COLLECTIVE_SEQ) if record.kind == s.KIND_COLLECTIVE else None
+        if seq is not None:
+            text += f',{inner}"start_ns": {int.__repr__(record.start_ns)},{inner}"seq": {int.__repr__(int(seq))}'
         if record.error:
             text += "," + inner + '"error": ' + _encode_str(record.error)
         yield text + "," + inner + '"children": '

@@ -276,18 +276,36 @@ def wrap_collective(
             return function(*args, **kwargs)
         _inside.active = True
         start = time.time_ns()
+        ticket = _issue(observer, reader, args, kwargs, start, phase_of)
         try:
             result = function(*args, **kwargs)
         except BaseException as error:
             _inside.active = False
-            _report(observer, reader, args, kwargs, None, start, time.time_ns(), error, phase_of, handles)
+            _report(observer, reader, args, kwargs, None, start, time.time_ns(), error, phase_of, handles, ticket)
             raise
         _inside.active = False
-        _report(observer, reader, args, kwargs, result, start, time.time_ns(), None, phase_of, handles)
+        _report(observer, reader, args, kwargs, result, start, time.time_ns(), None, phase_of, handles, ticket)
         return result
 
     traced_collective.__hp_otel_original__ = function  # type: ignore[attr-defined]
     return traced_collective
+
+
+def _issue(
+    observer: Any,
+    reader: CallReader,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    start: int,
+    phase_of: Callable[[], str | None],
+) -> Any:
+    """Report the call before it runs: its sequence number, and a record a hang watchdog can see."""
+    try:
+        info = reader.describe(reader.bind(args, kwargs), None)
+        return observer.on_collective_issue(info, start, phase_of())
+    except Exception as exc:
+        observer.on_fault(f"collective_issue:{reader.name}", exc)
+        return None
 
 
 def _report(
@@ -301,6 +319,7 @@ def _report(
     error: BaseException | None,
     phase_of: Callable[[], str | None],
     handles: AsyncHandles,
+    ticket: Any = None,
 ) -> None:
     try:
         arguments = reader.bind(args, kwargs)
@@ -308,14 +327,16 @@ def _report(
         phase = phase_of()
     except Exception as exc:
         observer.on_fault(f"collective_describe:{reader.name}", exc)
+        if ticket is not None:  # described when issued: report it as it was issued
+            observer.on_collective(ticket.info, start, end, error, None, ticket)
         return
     if error is None and info.is_async:
         handle = result[-1] if isinstance(result, tuple) and result else result
         try:
             if handle is not None and handles.track(
-                handle, lambda end_ns: observer.on_collective(info, start, end_ns, None, phase), observer
+                handle, lambda end_ns: observer.on_collective(info, start, end_ns, None, phase, ticket), observer
             ):
                 return
         except Exception as exc:
             observer.on_fault("collective_async_handle", exc)
-    observer.on_collective(info, start, end, error, phase)
+    observer.on_collective(info, start, end, error, phase, ticket)

@@ -8,7 +8,14 @@
   and/or functions of `hyper_parallel.core.dtensor._utils` — and the platform's
   non-differentiable `all_reduce`, `all_gather_into_tensor`, `reduce_scatter_tensor`,
   `broadcast`.  Missing ones are skipped; a platform module is imported only when its
-  framework already is (tracing torch never imports MindSpore).
+  framework already is (tracing torch never imports MindSpore);
+- on torch, also the `torch.distributed` collectives (`torch.distributed.all_reduce`,
+  ...) that hyper-parallel calls directly: its `fully_shard` all-gathers and
+  reduce-scatters with them, and the backward of every `differentiable_*` runs them
+  (`torch.distributed.nn.functional`'s autograd functions).  One called from inside a
+  traced platform collective is not reported again, so a forward `differentiable_*`
+  stays one call.  The design document counts platform collectives only; without these
+  a backward pass and FSDP would show no communication at all.
 
 Counts use hyper-parallel's own names (`differentiable_all_reduce`), spans carry the
 normalised op (`all_reduce`) like every other source.  Module tracking is separate
@@ -74,8 +81,25 @@ PLATFORM_COLLECTIVES: dict[str, str] = {
     "reduce_scatter_tensor": "reduce_scatter",
     "broadcast": "broadcast",
 }
-# Attribute access reaching the dispatcher is bookkeeping, not an op the user wrote.
-_SKIPPED_OPS = frozenset({"__get__", "__set__", "__delete__"})
+# torch.distributed function -> normalised op; count keys are "torch.distributed.<name>"
+TORCH_DISTRIBUTED_MODULE = "torch.distributed"
+TORCH_DISTRIBUTED_COLLECTIVES: dict[str, str] = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+    "scatter": "scatter",
+    "gather": "gather",
+    "reduce": "reduce",
+    "barrier": "barrier",
+}
+# Attribute access reaching the dispatcher is bookkeeping, not an op the user wrote; so is MindSpore's
+# `CellBackwardHook`, the op a Cell backward hook (ours, when tracking modules) wraps a DTensor input in.
+_SKIPPED_OPS = frozenset({"__get__", "__set__", "__delete__", "CellBackwardHook"})
 
 _slot = ObserverSlot("hp_otel_hyper_parallel_observer")
 _handles = AsyncHandles()
@@ -258,6 +282,14 @@ def _plan_collectives() -> list[AttributePatch]:
 
         return wrap
 
+    def wrap_torch_distributed(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+            reader = CallReader(f"{TORCH_DISTRIBUTED_MODULE}.{name}", TORCH_DISTRIBUTED_COLLECTIVES[name], function,
+                                resolver)  # fmt: skip
+            return wrap_collective(function, reader, _slot, _handles, _torch_phase)
+
+        return wrap
+
     with all_or_nothing() as patches:
         for module_name, class_name, framework in PLATFORM_CLASSES:
             module = _module_if_framework_loaded(module_name, framework)
@@ -267,6 +299,9 @@ def _plan_collectives() -> list[AttributePatch]:
         utils = _module_if_framework_loaded(UTILS_MODULE, "torch")
         if utils is not None:
             patches += patch_owned(utils, DIFFERENTIABLE_COLLECTIVES, wrap_for)
+        distributed = sys.modules.get(TORCH_DISTRIBUTED_MODULE)
+        if distributed is not None:
+            patches += patch_owned(distributed, TORCH_DISTRIBUTED_COLLECTIVES, wrap_torch_distributed)
     return patches
 
 

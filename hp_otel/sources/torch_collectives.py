@@ -8,6 +8,7 @@ count.  Arguments are found by their names in each op's schema, once per op.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +171,17 @@ class CollectiveSpec:
             reduce_op=_reduce_name(self._arg(self._reduce, args, kwargs)),
             is_async=is_async,
         )
+
+    def complete(self, info: CollectiveInfo, result: Any) -> CollectiveInfo:
+        """The info described at issue, with the output the op returned (functional ops return theirs)."""
+        if self._output is None and isinstance(result, torch.Tensor):
+            shape = tuple(result.shape)
+            if shape != info.output_shape:
+                return dataclasses.replace(info, output_shape=shape)
+        return info
+
+    def first_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+        return _first_tensor(self._arg(self._input, args, kwargs))
 
 
 @functools.cache

@@ -89,13 +89,53 @@ class _OpMode(TorchFunctionMode):
         return out
 
 
+class _Waited:
+    """A functional collective's result: done once `wait_tensor` returned for it."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def __call__(self) -> bool:
+        return self.done
+
+
+class _WorkDone:
+    """An eager c10d collective's Work: done when the backend says so (asked from the watchdog thread)."""
+
+    __slots__ = ("_boxed",)
+
+    def __init__(self, boxed: Any) -> None:
+        self._boxed = boxed
+
+    def __call__(self) -> bool:
+        work = torch._C._distributed_c10d.Work.unbox(self._boxed)
+        if isinstance(work, _FAKE_WORK):  # the fake process group's work never reports completion
+            return True
+        return bool(work.is_completed())
+
+
+_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+_FAKE_WORK: Any = getattr(torch._C._distributed_c10d, "FakeWork", ())
+_MAX_UNWAITED = 4096
+
+
 class _CollectiveMode(TorchDispatchMode):
-    """Times and reports every collective op; everything else passes straight through."""
+    """Times and reports every collective op; everything else passes straight through.
+
+    Each collective is reported twice: when issued (its sequence number, and what a hang
+    watchdog sees if it never returns) and when its op returns.  Collective ops return
+    before the work is done (eager c10d ops hand back a Work, functional ones a tensor
+    `wait_tensor` waits for); when the observer asks for it (`wants_completion`, set by
+    the watchdog), the issue record carries a probe that says when the work is done.
+    """
 
     def __init__(self, observer: Observer, specs: dict[Any, CollectiveSpec]) -> None:
         super().__init__()
         self._observer = observer
         self._specs = specs
+        self._unwaited: dict[int, _Waited] = {}  # id(result tensor) -> its probe, until wait_tensor
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if DTensor in types:
@@ -109,29 +149,75 @@ class _CollectiveMode(TorchDispatchMode):
             self._observer.on_fault("collective_before", exc)
             traced = False
         if not traced:  # nearly every op: pass straight through
+            if func is _WAIT_TENSOR and self._unwaited:
+                return self._wait(func, args, kwargs)
             return func(*args, **kwargs)
         start = time.time_ns()
+        info, phase, ticket = self._issue(spec, args, kwargs, start)
         try:
             result = func(*args, **kwargs)
         except BaseException as error:
-            self._report(spec, args, kwargs, None, start, error)
+            self._report(spec, info, phase, ticket, args, kwargs, None, start, error)
             raise
-        self._report(spec, args, kwargs, result, start, None)
+        self._report(spec, info, phase, ticket, args, kwargs, result, start, None)
         return result
 
-    def _report(self, spec: CollectiveSpec, args: Any, kwargs: Any, result: Any, start: int, error: Any) -> None:
+    def _wait(self, func: Any, args: Any, kwargs: Any) -> Any:
+        try:
+            waited = self._unwaited.pop(id(args[0]), None) if args else None
+        except Exception:  # pragma: no cover - a dict pop by id does not fail
+            waited = None
+        result = func(*args, **kwargs)
+        if waited is not None:
+            waited.done = True
+        return result
+
+    def _issue(self, spec: CollectiveSpec, args: Any, kwargs: Any, start: int) -> tuple[Any, str, Any]:
+        observer = self._observer
+        try:
+            info = spec.describe(args, kwargs, None)
+            phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+            return info, phase, observer.on_collective_issue(info, start, phase)
+        except Exception as exc:
+            observer.on_fault("collective_issue", exc)
+            return None, "", None
+
+    def _report(
+        self, spec: CollectiveSpec, info: Any, phase: str, ticket: Any, args: Any, kwargs: Any, result: Any,
+        start: int, error: Any,
+    ) -> None:  # fmt: skip
         end = time.time_ns()
         observer = self._observer
         try:
-            info = spec.describe(args, kwargs, result)
+            info = spec.complete(info, result) if info is not None else spec.describe(args, kwargs, result)
+            if ticket is not None and error is None and getattr(observer, "wants_completion", False):
+                ticket.pending = self._probe(spec, args, kwargs, result)
         except Exception as exc:
             observer.on_fault("collective_describe", exc)
+            if ticket is not None:
+                observer.on_collective(info, start, end, error, phase, ticket)  # closes the issue record
             return
         try:
-            phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
-            observer.on_collective(info, start, end, error, phase)
+            if not phase:
+                phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+            observer.on_collective(info, start, end, error, phase, ticket)
         except Exception as exc:
             observer.on_fault("collective_after", exc)
+
+    def _probe(self, spec: CollectiveSpec, args: Any, kwargs: Any, result: Any) -> Any:
+        """What says when the returned collective's work is done, or None (done when the op returned)."""
+        if spec.functional:
+            output = result if isinstance(result, torch.Tensor) else spec.first_input(args, kwargs)
+            if output is None:
+                return None
+            waited = _Waited()
+            unwaited = self._unwaited
+            if len(unwaited) >= _MAX_UNWAITED:  # results never waited for: forget the oldest
+                unwaited.pop(next(iter(unwaited)))
+            unwaited[id(output)] = waited
+            return waited
+        work = result[-1] if isinstance(result, tuple) and result else result
+        return _WorkDone(work) if isinstance(work, torch.ScriptObject) else None
 
 
 # --- redistribute_local_tensor, patched once for all active modes -------------------

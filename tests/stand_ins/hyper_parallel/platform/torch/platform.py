@@ -30,7 +30,7 @@ class TorchPlatform:
     @staticmethod
     def all_reduce(data, group_info, async_op=False):
         handle = dist.all_reduce(data, group=group_info.group, async_op=async_op)
-        return (data, handle) if async_op else data
+        return data, handle  # as the real release: always a pair
 
     @staticmethod
     def all_gather_into_tensor(data, group_info, async_op=False):
@@ -47,7 +47,8 @@ class TorchPlatform:
     @staticmethod
     def broadcast(data, src, group=None, async_op=False):
         handle = dist.broadcast(data, src, group=group, async_op=async_op)
-        return (data, handle) if async_op else data
+        if async_op:  # as the real release: waits itself, returns nothing
+            handle.wait()
 
     @staticmethod
     def empty_like(tensor):

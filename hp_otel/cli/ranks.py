@@ -1,0 +1,31 @@
+"""`hp-otel ranks FILE...`: compare the ranks' collective sequences (see `hp_otel.rank_compare`).
+
+Exit status: 0 the ranks agree, 3 they diverge or one misses collectives, 2 bad input
+(one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_AGREE = 0
+EXIT_BAD_INPUT = 2
+EXIT_DIVERGE = 3
+
+
+def run_ranks(files: Sequence[Path], as_json: bool, top: int = 5) -> int:
+    from hp_otel.rank_compare import RankInputError, compare_files, format_report, report_to_json
+
+    try:
+        report = compare_files(files)
+    except RankInputError as exc:
+        print(f"hp-otel ranks: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if as_json:
+        print(json.dumps(report_to_json(report), indent=2))
+    else:
+        print(format_report(report, top=top))
+    return EXIT_AGREE if report.agree else EXIT_DIVERGE
