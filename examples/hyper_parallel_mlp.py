@@ -6,12 +6,16 @@ counterpart (torch.distributed.nn.functional's all_reduce backward) in fc2's bac
 `CommDebugMode` picks hyper-parallel by itself when it is importable (or say
 `engine="hyper_parallel"`).
 
-Run on CPU with two processes, hyper-parallel's source on PYTHONPATH (it is not on PyPI):
+Run on CPU with two processes, hyper-parallel's source on PYTHONPATH (it is not on PyPI);
+every rank writes OUT_DIR/hyper_parallel_comm_rank<r>.json (OUT_DIR defaults to hp_otel_out):
     HYPER_PARALLEL_PLATFORM=torch PYTHONPATH=/path/to/hyper-parallel \\
-        torchrun --nproc-per-node 2 examples/hyper_parallel_mlp.py
+        .venv/bin/torchrun --nproc-per-node 2 examples/hyper_parallel_mlp.py [OUT_DIR]
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -56,7 +60,9 @@ def main() -> None:
         for level in (0, 1, 2, 3):
             print(f"--- noise_level={level}")
             print(mode.generate_comm_debug_tracing_table(noise_level=level))
-        mode.generate_json_dump("hyper_parallel_comm.json", noise_level=2)
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "hp_otel_out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode.generate_json_dump(out_dir / f"hyper_parallel_comm_rank{dist.get_rank()}.json", noise_level=2)
     dist.barrier()  # rank 0 prints first; nobody tears the group down under it
     dist.destroy_process_group()
 

@@ -1,12 +1,14 @@
 """What a PyTorch DTensor user writes: trace one training step of a TP MLP.
 
-Run on CPU with two processes:
-    torchrun --nproc-per-node 2 examples/tp_mlp_comm_debug.py
+Run on CPU with two processes (every rank writes hp_otel_out/comm_rank<r>.json; pass
+another folder as the first argument):
+    .venv/bin/torchrun --nproc-per-node 2 examples/tp_mlp_comm_debug.py [OUT_DIR]
 """
 
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -15,7 +17,7 @@ from hp_otel import CommDebugMode
 from hp_otel.cli.tp_mlp import build_tp_mlp
 
 
-def main() -> None:
+def main(out_dir: Path) -> None:
     dist.init_process_group("gloo")
     world_size = dist.get_world_size()
     model = build_tp_mlp(world_size)
@@ -30,9 +32,13 @@ def main() -> None:
         print(mode.get_comm_counts(normalized=True))  # {'all_reduce': 2}
         print(mode.get_comm_module_counts())  # fc2 forward, fc1 backward
         print(mode.generate_comm_debug_tracing_table(noise_level=2))
-        mode.generate_json_dump(f"comm_rank{os.environ.get('RANK', 0)}.json")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode.generate_json_dump(out_dir / f"comm_rank{dist.get_rank()}.json")  # every rank its own file
+    dist.barrier()
+    if dist.get_rank() == 0:
+        print(f"wrote {out_dir}/comm_rank<r>.json for {dist.get_world_size()} ranks")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "hp_otel_out"))

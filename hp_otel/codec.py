@@ -247,5 +247,15 @@ def decode_redistribute(attrs: Mapping[str, Any]) -> tuple[str, str, tuple[int, 
 
 
 def metric_attributes(key: tuple[Any, ...]) -> dict[str, Any]:
-    """Metric attributes from a recorder key, in the order of `schema.METRIC_ATTRIBUTE_KEYS`."""
-    return dict(zip(s.METRIC_ATTRIBUTE_KEYS, key, strict=True))
+    """Metric attributes from a recorder key: `schema.METRIC_ATTRIBUTE_KEYS` in order, then `error.type` if failed."""
+    count = len(s.METRIC_ATTRIBUTE_KEYS)
+    attrs = dict(zip(s.METRIC_ATTRIBUTE_KEYS, key[:count], strict=True))
+    if len(key) > count and key[count]:
+        attrs[s.ERROR_TYPE] = key[count]
+    return attrs
+
+
+def error_type(error: BaseException) -> str:
+    """`error.type` as OTel's conventions define it: the exception's fully qualified class name."""
+    cls = type(error)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"

@@ -1,11 +1,15 @@
-"""Export settings, read the way OpenTelemetry's own SDK reads them.
+"""Export settings: only what OpenTelemetry's SDK and exporters do not decide themselves.
 
-Environment variables follow OTel's conventions (`OTEL_SERVICE_NAME`,
-`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPORTER_OTLP_*`, `OTEL_TRACES_SAMPLER(_ARG)`,
-`OTEL_EXPORTER_PROMETHEUS_HOST/PORT`); arguments to `hp_otel.configure(...)` win over
-them.  The OTLP exporter classes ignore `OTEL_EXPORTER_OTLP_PROTOCOL` (only the SDK's
-auto-configurator reads it), so it is resolved here, together with the per-signal
-endpoints (HTTP appends `/v1/traces` to a base endpoint, gRPC uses it as is).
+hp_otel hands the SDK what it reads on its own: the exporters read
+`OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)ENDPOINT/HEADERS/TIMEOUT/COMPRESSION/CERTIFICATE`
+(per-signal winning, headers percent-decoded), the `BatchSpanProcessor` `OTEL_BSP_*`,
+the periodic metric reader `OTEL_METRIC_EXPORT_INTERVAL/TIMEOUT`, the `TracerProvider`
+`OTEL_TRACES_SAMPLER(_ARG)`, `Resource.create` `OTEL_SERVICE_NAME`/`OTEL_RESOURCE_ATTRIBUTES`.
+What is decided here: whether and where to export (`OTEL_TRACES_EXPORTER` /
+`OTEL_METRICS_EXPORTER` names, looked up in the SDK's exporter entry points; OTLP only
+when an endpoint is set or `otlp` is named), the OTLP protocol (the exporter classes
+ignore `OTEL_EXPORTER_OTLP_PROTOCOL`), the Prometheus port per rank, and the run id.
+Arguments to `hp_otel.configure(...)` win over the environment.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,6 +40,14 @@ DEFAULT_PROTOCOL = "http/protobuf"  # the OTel specification's default
 DEFAULT_PROMETHEUS_PORT = 9464  # OTel's default for OTEL_EXPORTER_PROMETHEUS_PORT
 _DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318"}
 _HTTP_PATHS = {"traces": "/v1/traces", "metrics": "/v1/metrics"}
+# OTEL_<SIGNAL>_EXPORTER names hp_otel handles itself; other names are the SDK's exporter entry points.
+OTLP, NONE, PROMETHEUS = "otlp", "none", "prometheus"
+HEADER_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+)
+_EXPORTER_GROUPS = {"traces": "opentelemetry_traces_exporter", "metrics": "opentelemetry_metrics_exporter"}
 
 
 class ConfigError(ValueError):
@@ -44,6 +57,32 @@ class ConfigError(ValueError):
 def _exporter_names(name: str, environ: Mapping[str, str]) -> set[str] | None:
     value = env_value(name, environ)
     return None if value is None else {part.strip().lower() for part in value.split(",") if part.strip()}
+
+
+def installed_exporters(signal: str) -> list[str]:
+    """The exporter names the SDK's auto-configuration knows for a signal (entry points), plus hp_otel's."""
+    names = {entry.name for entry in entry_points(group=_EXPORTER_GROUPS[signal])} | {OTLP, NONE}
+    if signal == "metrics":
+        names.add(PROMETHEUS)
+    return sorted(names)
+
+
+def _exporters_for(signal: str, names: set[str] | None, otlp_by_endpoint: bool, otlp_by_argument: bool) -> tuple:
+    """Which exporters a signal gets: `OTEL_<SIGNAL>_EXPORTER`'s names, OTLP when an endpoint says so."""
+    variable = f"OTEL_{signal.upper()}_EXPORTER"
+    if names is None:  # not set: OTLP when an endpoint is set (hp_otel exports nothing by default)
+        chosen = [OTLP] if otlp_by_endpoint or otlp_by_argument else []
+    else:
+        unknown = sorted(names - set(installed_exporters(signal)))
+        if unknown:
+            raise ConfigError(
+                f"{variable} names {', '.join(unknown)}, which is not an installed exporter; "
+                f"allowed: {', '.join(installed_exporters(signal))}"
+            )
+        chosen = sorted(names - {NONE, PROMETHEUS})
+        if otlp_by_argument and OTLP not in chosen:  # configure(endpoint=...) wins over the variable
+            chosen.append(OTLP)
+    return tuple(chosen)
 
 
 def check_protocol(protocol: str, source: str) -> str:
@@ -72,25 +111,30 @@ def signal_endpoint(signal: str, protocol: str, base: str | None, specific: str 
 
 @dataclass(frozen=True)
 class ExportConfig:
-    """Everything `hp_otel.configure()` needs; build it with `ExportConfig.resolve(...)`."""
+    """Everything `hp_otel.configure()` needs; build it with `ExportConfig.resolve(...)`.
+
+    None means "not set here": the SDK component reads its own environment variable.
+    """
 
     service_name: str | None = None
     resource_attributes: dict[str, Any] = field(default_factory=dict)
     run_id: str | None = None
-    traces_endpoint: str | None = None  # None: no OTLP span export
-    metrics_endpoint: str | None = None  # None: no OTLP metric export
+    traces_exporters: tuple[str, ...] = ()  # "otlp" and/or SDK exporter names ("console"); () = no span export
+    metrics_exporters: tuple[str, ...] = ()  # the same for metrics (Prometheus: prometheus_port)
+    traces_endpoint: str | None = None  # from an argument; None: the exporter reads OTEL_EXPORTER_OTLP_*
+    metrics_endpoint: str | None = None
     traces_protocol: str = DEFAULT_PROTOCOL
     metrics_protocol: str = DEFAULT_PROTOCOL
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # from an argument; {}: the exporter reads the variables
     prometheus_host: str = "localhost"
     prometheus_port: int | None = None  # the base port; each rank serves base + local rank
     prometheus_port_source: str = "prometheus_port"  # the setting it came from, for error messages
     sampler: str | None = None  # None: the SDK reads OTEL_TRACES_SAMPLER itself
     sampler_arg: float | None = None
-    max_queue_size: int = 2048
-    schedule_delay_ms: int = 1000
-    export_timeout_s: float = 5.0
-    metric_export_interval_ms: int = 10_000
+    max_queue_size: int | None = None  # None: OTEL_BSP_MAX_QUEUE_SIZE (SDK default 2048)
+    schedule_delay_ms: int | None = None  # None: OTEL_BSP_SCHEDULE_DELAY (SDK default 5000)
+    export_timeout_s: float | None = None  # None: OTEL_EXPORTER_OTLP_(<SIGNAL>_)TIMEOUT (default 10 s)
+    metric_export_interval_ms: int | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL (SDK default 60000)
     shutdown_timeout_s: float = 5.0
 
     def __repr__(self) -> str:
@@ -105,6 +149,14 @@ class ExportConfig:
             shown.append(f"{name}={value!r}")
         return f"ExportConfig({', '.join(shown)})"
 
+    @property
+    def otlp_traces(self) -> bool:
+        return OTLP in self.traces_exporters
+
+    @property
+    def otlp_metrics(self) -> bool:
+        return OTLP in self.metrics_exporters
+
     @classmethod
     def resolve(
         cls,
@@ -116,11 +168,13 @@ class ExportConfig:
         traces_endpoint: str | None = None,
         metrics_endpoint: str | None = None,
         protocol: str | None = None,
+        headers: Mapping[str, str] | None = None,
         prometheus_port: int | None = None,
         prometheus_host: str | None = None,
         sampler: str | None = None,
         sampler_arg: float | None = None,
         max_queue_size: int | None = None,
+        schedule_delay_ms: int | None = None,
         export_timeout_s: float | None = None,
         metric_export_interval_ms: int | None = None,
         shutdown_timeout_s: float | None = None,
@@ -129,9 +183,10 @@ class ExportConfig:
         """Arguments first, then OTel's environment variables, then OTel's defaults.
 
         OTLP export is on when an endpoint is set (argument or `OTEL_EXPORTER_OTLP_*ENDPOINT`)
-        and `OTEL_TRACES_EXPORTER` / `OTEL_METRICS_EXPORTER` do not say `none`; a
-        Prometheus endpoint when a port is set (argument or `OTEL_EXPORTER_PROMETHEUS_PORT`)
-        or `OTEL_METRICS_EXPORTER` names `prometheus` (port 9464).
+        or `OTEL_<SIGNAL>_EXPORTER` names `otlp`; that variable may also name `console`,
+        `none` or any exporter installed for the SDK. A Prometheus endpoint when a port is set
+        (argument or `OTEL_EXPORTER_PROMETHEUS_PORT`) or `OTEL_METRICS_EXPORTER` names
+        `prometheus` (port 9464). Settings left None here are read by the SDK from `os.environ`.
         """
         base_protocol = protocol or env_value("OTEL_EXPORTER_OTLP_PROTOCOL", environ)
         protocols = {}
@@ -141,24 +196,26 @@ class ExportConfig:
             source = "protocol" if protocol else (name if env_value(name, environ) else "OTEL_EXPORTER_OTLP_PROTOCOL")
             protocols[signal] = check_protocol(chosen, source)
 
-        base = _endpoint(endpoint, "endpoint") or _endpoint(
-            env_value("OTEL_EXPORTER_OTLP_ENDPOINT", environ), "OTEL_EXPORTER_OTLP_ENDPOINT"
-        )
-        traces_exporters = _exporter_names("OTEL_TRACES_EXPORTER", environ)
-        metrics_exporters = _exporter_names("OTEL_METRICS_EXPORTER", environ)
+        # Endpoints are checked here (a clear ConfigError, credentials not echoed); the exporters read them.
+        endpoint = _endpoint(endpoint, "endpoint")
+        base_in_env = _endpoint(env_value("OTEL_EXPORTER_OTLP_ENDPOINT", environ), "OTEL_EXPORTER_OTLP_ENDPOINT")
+        exporters: dict[str, tuple[str, ...]] = {}
         endpoints: dict[str, str | None] = {}
-        for signal, specific_arg, exporters in (
-            ("traces", traces_endpoint, traces_exporters),
-            ("metrics", metrics_endpoint, metrics_exporters),
-        ):
+        for signal, specific_arg in (("traces", traces_endpoint), ("metrics", metrics_endpoint)):
             variable = f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
-            specific = _endpoint(specific_arg, f"{signal}_endpoint") or _endpoint(
-                env_value(variable, environ), variable
+            specific_in_env = _endpoint(env_value(variable, environ), variable)
+            specific_arg = _endpoint(specific_arg, f"{signal}_endpoint")
+            exporters[signal] = _exporters_for(
+                signal,
+                _exporter_names(f"OTEL_{signal.upper()}_EXPORTER", environ),
+                otlp_by_endpoint=bool(base_in_env or specific_in_env),
+                otlp_by_argument=bool(endpoint or specific_arg),
             )
-            wanted = bool(base or specific) or (exporters is not None and "otlp" in exporters)
-            if exporters is not None and "otlp" not in exporters and not (specific_arg or endpoint):
-                wanted = False  # OTEL_<SIGNAL>_EXPORTER=none (or prometheus only) turns OTLP off
-            endpoints[signal] = signal_endpoint(signal, protocols[signal], base, specific) if wanted else None
+            # Only an argument is resolved here; else the exporter reads the variables itself.
+            endpoints[signal] = (
+                signal_endpoint(signal, protocols[signal], endpoint, specific_arg) if endpoint or specific_arg else None
+            )
+        metrics_names = _exporter_names("OTEL_METRICS_EXPORTER", environ)
 
         port_value: Any = prometheus_port
         port_source = "prometheus_port"
@@ -167,7 +224,7 @@ class ExportConfig:
                 env_value("OTEL_EXPORTER_PROMETHEUS_PORT", environ),
                 "OTEL_EXPORTER_PROMETHEUS_PORT",
             )
-        if port_value is None and metrics_exporters and "prometheus" in metrics_exporters:
+        if port_value is None and metrics_names and PROMETHEUS in metrics_names:
             port_value = DEFAULT_PROMETHEUS_PORT
         port = _port(port_value, port_source) if port_value is not None else None
 
@@ -178,28 +235,31 @@ class ExportConfig:
             raise ConfigError(f"sampler_arg must be a ratio between 0 and 1, got {sampler_arg!r}")
         _check_sampler_environment(chosen_sampler, sampler_arg, environ)
 
-        headers = _parse_pairs(env_value("OTEL_EXPORTER_OTLP_HEADERS", environ) or "", "OTEL_EXPORTER_OTLP_HEADERS")
-        defaults = cls()
+        # The exporters parse (and percent-decode) the header variables themselves; a malformed
+        # one is refused here with a clear error instead of being dropped with a warning.
+        for variable in HEADER_VARIABLES:
+            _parse_pairs(env_value(variable, environ) or "", variable)
         return cls(
             service_name=service_name,
             resource_attributes=dict(resource_attributes or {}),
             run_id=run_id or launcher_run_id(environ),
+            traces_exporters=exporters["traces"],
+            metrics_exporters=exporters["metrics"],
             traces_endpoint=endpoints["traces"],
             metrics_endpoint=endpoints["metrics"],
             traces_protocol=protocols["traces"],
             metrics_protocol=protocols["metrics"],
-            headers=headers,
+            headers=dict(headers or {}),
             prometheus_host=prometheus_host or env_value("OTEL_EXPORTER_PROMETHEUS_HOST", environ) or "localhost",
             prometheus_port=port,
             prometheus_port_source=port_source if port_value is not None else "prometheus_port",
             sampler=chosen_sampler,
             sampler_arg=sampler_arg,
-            max_queue_size=_positive(max_queue_size, "max_queue_size", defaults.max_queue_size),
-            export_timeout_s=_positive(export_timeout_s, "export_timeout_s", defaults.export_timeout_s),
-            metric_export_interval_ms=_positive(
-                metric_export_interval_ms, "metric_export_interval_ms", defaults.metric_export_interval_ms
-            ),
-            shutdown_timeout_s=_positive(shutdown_timeout_s, "shutdown_timeout_s", defaults.shutdown_timeout_s),
+            max_queue_size=_positive(max_queue_size, "max_queue_size", None, int),
+            schedule_delay_ms=_positive(schedule_delay_ms, "schedule_delay_ms", None, int),
+            export_timeout_s=_positive(export_timeout_s, "export_timeout_s", None, float),
+            metric_export_interval_ms=_positive(metric_export_interval_ms, "metric_export_interval_ms", None, int),
+            shutdown_timeout_s=_positive(shutdown_timeout_s, "shutdown_timeout_s", cls.shutdown_timeout_s, float),
         )
 
 
@@ -260,12 +320,12 @@ def _plugin_samplers() -> tuple[str, ...]:
         return ()
 
 
-def _positive(value: Any, name: str, default: Any) -> Any:
+def _positive(value: Any, name: str, default: Any, kind: type = float) -> Any:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{name} must be a positive number, got {value!r}")
-    return type(default)(value)
+    return kind(value)
 
 
 def _parse_pairs(text: str, source: str) -> dict[str, str]:

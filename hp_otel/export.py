@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -36,9 +37,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from hp_otel import providers
 from hp_otel import schema as s
-from hp_otel.config import SAMPLERS, ExportConfig
+from hp_otel.config import OTLP, SAMPLERS, ExportConfig
 from hp_otel.launcher_env import local_rank
 from hp_otel.log_limits import limit_sdk_logs, unlimit_sdk_logs
+from hp_otel.prometheus_sd import write_target
 from hp_otel.providers import build_resource
 
 logger = logging.getLogger("hp_otel")
@@ -112,9 +114,13 @@ class DropCountingBatchSpanProcessor(BatchSpanProcessor):
     arrives while it is full pushes the oldest one out.
     """
 
-    def __init__(self, exporter: SpanExporter, max_queue_size: int, schedule_delay_millis: float) -> None:
+    def __init__(
+        self, exporter: SpanExporter, max_queue_size: int | None = None, schedule_delay_millis: float | None = None
+    ) -> None:
         self.counting = CountingSpanExporter(exporter)
-        self.max_queue_size = max_queue_size
+        # None: the SDK's own value, from OTEL_BSP_MAX_QUEUE_SIZE / OTEL_BSP_SCHEDULE_DELAY / ..._MAX_EXPORT_BATCH_SIZE.
+        self.max_queue_size = max_queue_size or BatchSpanProcessor._default_max_queue_size()
+        batch_size = BatchSpanProcessor._default_max_export_batch_size()
         self.emitted = 0
         self.dropped = 0
         self._drop_logged = False
@@ -122,7 +128,7 @@ class DropCountingBatchSpanProcessor(BatchSpanProcessor):
             self.counting,
             max_queue_size=max_queue_size,
             schedule_delay_millis=schedule_delay_millis,
-            max_export_batch_size=min(512, max_queue_size),
+            max_export_batch_size=min(batch_size, self.max_queue_size),
         )
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -149,16 +155,28 @@ def make_sampler(name: str | None, arg: float | None) -> otel_sampling.Sampler |
     return SAMPLERS[name](1.0 if arg is None else float(arg))
 
 
+def _otlp_arguments(config: ExportConfig, endpoint: str | None) -> dict[str, Any]:
+    """Only what configure() was given: the exporter reads everything else (per-signal first) itself."""
+    arguments: dict[str, Any] = {}
+    if endpoint:
+        arguments["endpoint"] = endpoint
+    if config.headers:
+        arguments["headers"] = dict(config.headers)
+    if config.export_timeout_s is not None:
+        arguments["timeout"] = config.export_timeout_s
+    return arguments
+
+
 def make_span_exporter(config: ExportConfig) -> SpanExporter:
     """The OTLP span exporter of the configured protocol (the classes do not read OTEL_EXPORTER_OTLP_PROTOCOL)."""
-    headers = dict(config.headers) or None
+    arguments = _otlp_arguments(config, config.traces_endpoint)
     if config.traces_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 
-        return GrpcSpanExporter(endpoint=config.traces_endpoint, headers=headers, timeout=config.export_timeout_s)
+        return GrpcSpanExporter(**arguments)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 
-    return HttpSpanExporter(endpoint=config.traces_endpoint, headers=headers, timeout=config.export_timeout_s)
+    return HttpSpanExporter(**arguments)
 
 
 class ForkSilencedMetricExporter(MetricExporter):
@@ -201,18 +219,55 @@ def _after_fork_in_child() -> None:
 
 
 def make_metric_exporter(config: ExportConfig) -> Any:
-    headers = dict(config.headers) or None
+    arguments = _otlp_arguments(config, config.metrics_endpoint)
     if config.metrics_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
 
-        return ForkSilencedMetricExporter(
-            GrpcMetricExporter(endpoint=config.metrics_endpoint, headers=headers, timeout=config.export_timeout_s)
-        )
+        return GrpcMetricExporter(**arguments)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 
-    return ForkSilencedMetricExporter(
-        HttpMetricExporter(endpoint=config.metrics_endpoint, headers=headers, timeout=config.export_timeout_s)
-    )
+    return HttpMetricExporter(**arguments)
+
+
+def _sdk_exporter(signal: str, name: str) -> Any:
+    """An exporter the SDK's auto-configuration would make for this OTEL_<SIGNAL>_EXPORTER name (`console`, ...)."""
+    from importlib.metadata import entry_points
+
+    group = f"opentelemetry_{signal}_exporter"
+    (entry,) = entry_points(group=group, name=name)
+    return entry.load()()
+
+
+def make_span_exporters(config: ExportConfig) -> list[SpanExporter]:
+    """One exporter per name in `config.traces_exporters` (`otlp`: hp_otel's protocol choice)."""
+    return [
+        make_span_exporter(config) if name == OTLP else _sdk_exporter("traces", name)
+        for name in config.traces_exporters
+    ]
+
+
+def make_metric_readers(config: ExportConfig) -> list[MetricReader]:
+    """A periodic reader per metric exporter; interval and timeout from OTEL_METRIC_EXPORT_* unless given."""
+    readers: list[MetricReader] = []
+    for name in config.metrics_exporters:
+        exporter = make_metric_exporter(config) if name == OTLP else _sdk_exporter("metrics", name)
+        if isinstance(exporter, MetricReader):  # some entry points are readers already
+            readers.append(exporter)
+            continue
+        readers.append(
+            PeriodicExportingMetricReader(
+                ForkSilencedMetricExporter(exporter),  # a forked child exports nothing of the parent's
+                export_interval_millis=config.metric_export_interval_ms,
+                export_timeout_millis=None if config.export_timeout_s is None else config.export_timeout_s * 1000,
+            )
+        )
+    return readers
+
+
+def exporter_endpoint(exporter: Any) -> str | None:
+    """Where an OTLP exporter sends (as it resolved it from arguments and variables), for messages."""
+    endpoint = getattr(exporter, "_endpoint", None)
+    return endpoint if isinstance(endpoint, str) else None
 
 
 def prometheus_port_for_this_rank(base_port: int) -> int:
@@ -257,20 +312,36 @@ class Telemetry:
     resource: Resource
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
-    span_processor: DropCountingBatchSpanProcessor | None = None
+    span_processors: list[DropCountingBatchSpanProcessor] = field(default_factory=list)
+    metric_readers: list[MetricReader] = field(default_factory=list)
     prometheus_port: int | None = None
+    prometheus_sd_file: Path | None = None  # this rank's file_sd target (HP_OTEL_PROMETHEUS_SD_DIR)
     _prometheus_server: Any = None
     _shut_down: bool = field(default=False, repr=False)
 
     @property
+    def span_processor(self) -> DropCountingBatchSpanProcessor | None:
+        """The first span export processor (OTLP when configured), None without span export."""
+        return self.span_processors[0] if self.span_processors else None
+
+    @property
+    def traces_endpoint(self) -> str | None:
+        """Where OTLP spans go, as the exporter resolved it (None without OTLP span export)."""
+        for processor in self.span_processors:
+            endpoint = exporter_endpoint(processor.counting.exporter)
+            if endpoint:
+                return endpoint
+        return None
+
+    @property
     def dropped_spans(self) -> int:
-        """Spans the bounded export queue dropped (the local tables and counts are unaffected)."""
-        return self.span_processor.dropped if self.span_processor else 0
+        """Spans the bounded export queues dropped (the local tables and counts are unaffected)."""
+        return sum(processor.dropped for processor in self.span_processors)
 
     @property
     def failed_spans(self) -> int:
-        """Spans the exporter could not deliver (endpoint down, refused, timed out)."""
-        return self.span_processor.counting.failed if self.span_processor else 0
+        """Spans the exporters could not deliver (endpoint down, refused, timed out)."""
+        return sum(processor.counting.failed for processor in self.span_processors)
 
     def force_flush(self, timeout_s: float | None = None) -> bool:
         """Send what is queued now, waiting at most `timeout_s` (default: the shutdown timeout)."""
@@ -296,6 +367,8 @@ class Telemetry:
         if self._prometheus_server is not None:
             self._prometheus_server.shutdown()
             self._prometheus_server.server_close()
+        if self.prometheus_sd_file is not None:
+            self.prometheus_sd_file.unlink(missing_ok=True)  # Prometheus stops scraping a rank that is gone
         return done
 
 
@@ -335,33 +408,26 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
     # The Prometheus port first: if it is busy nothing else has been started (no batch or
     # reader threads left behind); anything later that fails stops what was started.
     prometheus_reader = prometheus_server = prometheus_port = None
+    sd_file = None
     if config.prometheus_port is not None:
         prometheus_reader, prometheus_server, prometheus_port = start_prometheus(
             config.prometheus_host, config.prometheus_port, config.prometheus_port_source
         )
     tracer_provider = meter_provider = None
+    processors: list[DropCountingBatchSpanProcessor] = []
     try:
         # shutdown_on_exit=False: the SDK's own atexit hook would wait up to 30 s on a dead endpoint.
         tracer_provider = TracerProvider(
             resource=resource, sampler=make_sampler(config.sampler, config.sampler_arg), shutdown_on_exit=False
         )
-        processor = None
-        if config.traces_endpoint:
-            processor = DropCountingBatchSpanProcessor(
-                make_span_exporter(config), config.max_queue_size, config.schedule_delay_ms
-            )
+        for exporter in make_span_exporters(config):
+            processor = DropCountingBatchSpanProcessor(exporter, config.max_queue_size, config.schedule_delay_ms)
             tracer_provider.add_span_processor(processor)
-        readers: list[MetricReader] = []
-        if config.metrics_endpoint:
-            readers.append(
-                PeriodicExportingMetricReader(
-                    make_metric_exporter(config),
-                    export_interval_millis=config.metric_export_interval_ms,
-                    export_timeout_millis=config.export_timeout_s * 1000,
-                )
-            )
+            processors.append(processor)
+        readers = make_metric_readers(config)
         if prometheus_reader is not None:
             readers.append(prometheus_reader)
+            sd_file = write_target(config.prometheus_host, prometheus_port, config.run_id)
         meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
     except BaseException:
         for stop in (
@@ -379,9 +445,11 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
         resource=resource,
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
-        span_processor=processor,
+        span_processors=processors,
+        metric_readers=readers,
         prometheus_port=prometheus_port,
         _prometheus_server=prometheus_server,
+        prometheus_sd_file=sd_file,
     )
 
 

@@ -28,6 +28,9 @@ from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
+from hp_otel import launcher_env
+from hp_otel import schema as s
+from hp_otel.model_tracker import ModelTracker
 from hp_otel.steps import StepSpans, begin_step, running, set_step_handler
 
 logger = logging.getLogger("hp_otel")
@@ -74,6 +77,8 @@ class StepSession:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.module = module
+        # No module given (zero-code): find the model the optimizer trains, for module attribution.
+        self.tracker = ModelTracker()
         self.implicit_steps = 0  # optimizer.step() calls seen
         self.explicit = False  # once the user marks steps, optimizer.step() no longer does
         self._implicit: tuple[StepSpans, Any] | None = None
@@ -81,11 +86,21 @@ class StepSession:
         self._hook: Any = None
 
     # --- windows ----------------------------------------------------------------
+    def _model(self, optimizer: Any = None) -> Any:
+        """The module to attribute collectives to: given, else the one the tracker found (then it stops)."""
+        if self.module is None and self.tracker.tracking:
+            found = self.tracker.find(optimizer)
+            if found is not None:
+                self.module = found
+                self.tracker.stop()
+                logger.info("hp_otel: attributing collectives to the modules of %s", type(found).__name__)
+        return self.module
+
     def _open_window(self, spans: StepSpans, module: Any) -> Any:
         from hp_otel.mode import CommDebugMode
 
         mode = CommDebugMode(
-            module=module if module is not None else self.module,
+            module=module if module is not None else self._model(),
             tracer_provider=self.tracer_provider,
             meter_provider=self.meter_provider,
             live_spans=False,  # the step pays an append per event; spans are built when it ends
@@ -127,6 +142,7 @@ class StepSession:
         try:
             with self._lock:
                 self._close_implicit()
+                self._model(optimizer)
                 step = self.implicit_steps
                 self.implicit_steps += 1
                 if is_instrumentation_enabled():
@@ -148,13 +164,28 @@ class StepSession:
         except ImportError:  # no torch: only explicit hp_otel.step() marks steps
             return
         self._hook = register_optimizer_step_post_hook(self._after_optimizer_step)
+        if self.module is None:
+            self.tracker.start()
 
     def stop(self) -> None:
+        self.tracker.stop()
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
         with self._lock:
             self._close_implicit()
+
+
+def _warn_if_resource_lacks_rank(tracer_provider: Any) -> None:
+    """Providers hp_otel did not make (the distro's) lack the ranks unless the resource detector is named."""
+    resource = getattr(tracer_provider, "resource", None)
+    if resource is None or launcher_env.global_rank() is None or s.RESOURCE_RANK in resource.attributes:
+        return
+    logger.warning(
+        "hp_otel: the tracer provider's resource has no %s, so spans and metrics cannot be told apart by rank; "
+        "set OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=hp_otel for the SDK to add it",
+        s.RESOURCE_RANK,
+    )
 
 
 class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -169,9 +200,15 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         global _session
+        if launcher_env.is_launcher_process():
+            # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
+            # and configuring export there would take rank 0's Prometheus port.
+            logger.debug("hp_otel: a launcher process (torchrun/msrun): not instrumented")
+            return
         tracer_provider, meter_provider = _resolve_providers(
             kwargs.get("tracer_provider"), kwargs.get("meter_provider")
         )
+        _warn_if_resource_lacks_rank(tracer_provider)
         session = StepSession(tracer_provider, meter_provider, kwargs.get("module"))
         session.start()
         _session = session

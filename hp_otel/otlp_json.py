@@ -62,8 +62,9 @@ def _hex_to_b64(value: str) -> str:
 
 
 def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """The OTLP/JSON mapping: ids in hex, enums (span kind, status code) as integers, as the OTLP spec says."""
     message = encode_spans(spans)
-    return _ids(MessageToDict(message), _b64_to_hex)
+    return _ids(MessageToDict(message, use_integers_for_enums=True), _b64_to_hex)
 
 
 def write_spans(

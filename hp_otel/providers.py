@@ -8,8 +8,6 @@ importing hp_otel costs nothing.  A caller's providers replace them.
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import weakref
 from typing import Any
@@ -22,8 +20,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import Tracer, TracerProvider
 
-from hp_otel import launcher_env
 from hp_otel import schema as s
+from hp_otel.resource_detector import RankResourceDetector
 from hp_otel.version import __version__
 
 _lock = threading.Lock()
@@ -33,26 +31,17 @@ _default_metric_reader: InMemoryMetricReader | None = None
 
 
 def build_resource(extra: dict[str, Any] | None = None) -> Resource:
-    """Resource with host, pid and the rank layout that torchrun/msrun put in the environment.
+    """Rank identity (the `hp_otel` resource detector) under the SDK's own resource.
 
-    `Resource.create` also applies OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+    `Resource.create` adds the SDK's attributes, the detectors named in
+    OTEL_EXPERIMENTAL_RESOURCE_DETECTORS, OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME,
+    which win over what was detected; `extra` (configure()'s arguments) wins over all.
+    The service is `hp_otel` unless one of them names it.
     """
-    attrs: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
-    for key, value in (
-        (s.RESOURCE_RANK, launcher_env.global_rank()),
-        (s.RESOURCE_LOCAL_RANK, launcher_env.local_rank()),
-        (s.RESOURCE_WORLD_SIZE, launcher_env.world_size()),
-    ):
-        if value is not None:
-            attrs[key] = value
-    run_id = launcher_env.run_id()
-    if run_id:
-        attrs[s.RESOURCE_RUN_ID] = run_id
-    if extra:
-        attrs.update(extra)
-    if not os.environ.get("OTEL_SERVICE_NAME"):
-        attrs.setdefault("service.name", "hp_otel")
-    return Resource.create(attrs)
+    resource = RankResourceDetector().detect().merge(Resource.create())
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "hp_otel"}))
+    return resource.merge(Resource(dict(extra or {})))
 
 
 # Providers installed by `hp_otel.configure()` (export.py); they replace the in-memory defaults.

@@ -26,8 +26,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Tracer
 
+from hp_otel import codec, matching
 from hp_otel import events as ev
-from hp_otel import matching
 from hp_otel import schema as s
 from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
 from hp_otel.instruments import Instruments
@@ -60,6 +60,7 @@ class SpanRecorder:
         self._build_lock = threading.Lock()
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
         self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
+        self._window_context: Any = None
         self._active = False
         self._suspended = 0  # > 0 while a nested mode records instead of this one
         self.accepting = False  # active and not suspended: the one flag the hot path reads
@@ -98,6 +99,7 @@ class SpanRecorder:
         """Begin a window: its spans nest under whatever span is current now."""
         self.materialise()  # spans of an earlier window are built with that window's builder
         parent_ctx = otel_context.get_current()
+        self._window_context = parent_ctx  # the step's span: durations' exemplars link to it
         self.window = matching.window_for(parent_ctx)
         self._seqs.clear()
         self._in_flight.clear()
@@ -255,7 +257,7 @@ class SpanRecorder:
         try:
             seq = issue.seq if issue is not None else self._next_seq(info)
             phase, fqn = self._count(info, phase)
-            self._measure(info, phase, fqn, end_ns - start_ns)
+            self._measure(info, phase, fqn, end_ns - start_ns, error)
             issued_in = issue.fqn if issue is not None else fqn
             self._emit(ev.Collective(start_ns, end_ns, info, error, phase, seq, issued_in, issue))
         except Exception as exc:
@@ -316,8 +318,12 @@ class SpanRecorder:
         fqn, phase = modules[-1]
         return phase, fqn
 
-    def _measure(self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int) -> None:
-        key = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
+    def _measure(
+        self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int, error: BaseException | None = None
+    ) -> None:
+        key: tuple[Any, ...] = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
+        if error is not None:  # a failed call: its own series, with error.type (OTel's convention)
+            key += (codec.error_type(error),)
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
         if self.live:
             self._record_durations(key, (duration_ns,))
@@ -328,15 +334,16 @@ class SpanRecorder:
         pending, self._pending_durations = self._pending_durations, {}
         for key, durations in pending.items():
             try:
-                self._record_durations(key, durations)
+                self._record_durations(key, durations, self._window_context)
             except Exception as exc:
                 self.on_fault("metrics", exc)
 
-    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int]) -> None:
+    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int], context: Any = None) -> None:
+        """Record durations; recorded in a sampled span's context, the SDK attaches exemplars of its trace."""
         attrs = self._instruments.totals.attributes(key)
         record = self._instruments.duration.record
         for duration_ns in durations:
-            record(duration_ns / 1e9, attrs)
+            record(duration_ns / 1e9, attrs, context=context)
 
     # --- faults -------------------------------------------------------------------
     def on_fault(self, where: str, exc: BaseException) -> None:

@@ -114,7 +114,10 @@ DURATION_BUCKETS_S: Final = (
 METRIC_CALLBACK_ERRORS: Final = "hp.callback.errors"
 METRIC_CALLBACK_ERRORS_UNIT: Final = "{error}"
 CALLBACK_NAME: Final = "hp.callback"
-# Metric attributes: bounded cardinality only (no shapes, no ranks).
+# OTel's semantic convention for failed operations: the exception's class, on the span and on the
+# collective metrics of failed calls only (absent when the call succeeded).
+ERROR_TYPE: Final = "error.type"
+# Metric attributes: bounded cardinality only (no shapes, no ranks); `error.type` follows when a call failed.
 METRIC_ATTRIBUTE_KEYS: Final = (
     COLLECTIVE_NAME,
     COLLECTIVE_OP,

@@ -49,8 +49,10 @@ class _Frame:
 
 
 def mark_error(span: Span, error: BaseException | str) -> None:
+    """Error status, the exception event, and `error.type` (OTel's convention; `_OTHER` without an exception)."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     span.set_status(Status(StatusCode.ERROR, text))
+    span.set_attribute(s.ERROR_TYPE, codec.error_type(error) if isinstance(error, BaseException) else "_OTHER")
     if isinstance(error, BaseException):
         span.record_exception(error)
 

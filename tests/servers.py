@@ -106,16 +106,23 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus") or ("/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
 
 
-def start_prometheus(workdir: Path, targets: list[str]) -> tuple[Server, str]:
-    """Prometheus scraping `targets` every second; returns (server, base URL of its HTTP API)."""
+def start_prometheus(workdir: Path, targets: list[str], file_sd: Path | None = None) -> tuple[Server, str]:
+    """Prometheus scraping `targets` (or the file_sd targets in folder `file_sd`) every second.
+
+    Returns (server, base URL of its HTTP API).
+    """
     binary = prometheus_binary()
     if binary is None:
         missing("Debian's prometheus is not installed (apt-get install prometheus)")
     config = workdir / "prometheus.yml"
+    discovery = (
+        f"    file_sd_configs:\n      - files: [{json.dumps(str(file_sd / '*.json'))}]\n        refresh_interval: 1s\n"
+        if file_sd is not None
+        else f"    static_configs:\n      - targets: {json.dumps(targets)}\n"
+    )
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: hp_otel\n    static_configs:\n"
-        f"      - targets: {json.dumps(targets)}\n"
+        "scrape_configs:\n  - job_name: hp_otel\n" + discovery
     )
     port = free_port()
     server = Server(

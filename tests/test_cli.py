@@ -77,3 +77,80 @@ def test_bench_runs_every_variant() -> None:
         "floor",
     ):
         assert any(line.startswith(variant) for line in lines), result.stdout
+
+
+def test_version(capsys) -> None:
+    from hp_otel.version import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"hp-otel {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("demo", ["--noise-level 0-3", "0 collectives only", "(default: 2)", "(default: hp_otel_out)"]),
+        ("render", ["--noise-level 0-3", "(default: 1)", "an OTLP/JSON spans file"]),
+        ("bench", ["--rounds N", "(default: 15)", "(default: 20)", "--spans N", "(default: 100000)", "--scale"]),
+    ],
+)
+def test_help_states_ranges_and_defaults(command, expected, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for phrase in expected:
+        assert phrase in text, text
+    assert "(default: None)" not in text
+
+
+# `pip install hp_otel torch` brings no numpy: every command must still run.
+_WITHOUT_NUMPY = """
+import sys
+sys.modules["numpy"] = None  # as if not installed: `import numpy` fails, find_spec says absent
+from hp_otel.cli import main
+if sys.argv[1] == "render":
+    from hp_otel.cli.bench_scale import record_window
+    from hp_otel.otlp_json import write_spans
+    write_spans(sys.argv[2], record_window(7).get_finished_spans())
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # each runs a command in a child process
+@pytest.mark.parametrize(
+    ("args", "stdout_has", "progress"),
+    [
+        (["bench", "--rounds", "1", "--steps", "1"], "skipped   cannot import it", True),
+        (["bench", "--scale", "--spans", "700"], "noise_level=3: table", True),
+        (["render", "{tmp}/spans.json", "--noise-level", "0"], "Collective(_c10d_functional.all_reduce)", False),
+        (["demo", "--out", "{tmp}/demo"], "collective counts (rank 0): {'_c10d_functional.all_reduce': 2}", True),
+    ],
+    ids=["bench", "bench-scale", "render", "demo"],
+)
+def test_every_command_runs_without_numpy(args, stdout_has, progress, tmp_path) -> None:
+    argv = [arg.format(tmp=tmp_path) for arg in args]
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NUMPY, *argv], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert stdout_has in result.stdout, result.stdout
+    assert (f"hp-otel {args[0]}" in result.stderr) is progress  # progress on stderr, stdout stays the result
+
+
+@pytest.mark.slow  # a real 2-process torchrun
+def test_the_torchrun_example_writes_every_ranks_file_into_its_folder(tmp_path) -> None:
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    example = Path(__file__).resolve().parent.parent / "examples" / "tp_mlp_comm_debug.py"
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", str(example), str(out)],
+        capture_output=True, text=True, timeout=180, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["comm_rank0.json", "comm_rank1.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing in the working directory
+    for rank in (0, 1):
+        assert json.loads((out / f"comm_rank{rank}.json").read_text())["total_counts"] == 2

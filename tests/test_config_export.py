@@ -22,33 +22,34 @@ from hp_otel.launcher_env import run_id as run_id_from_env
 from hp_otel.providers import build_resource
 
 
-def test_http_appends_the_signal_path_to_a_base_endpoint_and_grpc_uses_it_as_is() -> None:
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
-    http = ExportConfig.resolve(environ=env)
+def test_an_endpoint_argument_gets_the_signal_path_for_http_and_is_used_as_is_for_grpc() -> None:
+    http = ExportConfig.resolve(endpoint="http://collector:4318", environ={})
     assert (http.traces_protocol, http.traces_endpoint) == ("http/protobuf", "http://collector:4318/v1/traces")
     assert http.metrics_endpoint == "http://collector:4318/v1/metrics"
-    grpc = ExportConfig.resolve(environ={**env, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
-    assert (grpc.traces_protocol, grpc.traces_endpoint) == ("grpc", "http://collector:4318")
+    grpc = ExportConfig.resolve(endpoint="http://collector:4317", protocol="grpc", environ={})
+    assert (grpc.traces_protocol, grpc.traces_endpoint) == ("grpc", "http://collector:4317")
 
 
-def test_per_signal_settings_win_and_arguments_win_over_the_environment() -> None:
+def test_endpoints_from_the_environment_are_left_to_the_exporter_and_arguments_win() -> None:
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4318",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://b:9999/custom",
         "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc",
     }
     config = ExportConfig.resolve(environ=env)
-    assert config.traces_endpoint == "http://b:9999/custom"
-    assert (config.metrics_protocol, config.metrics_endpoint) == ("grpc", "http://a:4318")
+    assert (config.traces_exporters, config.metrics_exporters) == (("otlp",), ("otlp",))
+    assert config.traces_endpoint is None and config.metrics_endpoint is None  # the exporter reads them
+    assert config.metrics_protocol == "grpc"
     explicit = ExportConfig.resolve(endpoint="http://c:4317", protocol="grpc", environ=env)
     assert (explicit.metrics_protocol, explicit.metrics_endpoint) == ("grpc", "http://c:4317")
 
 
 def test_no_endpoint_means_no_otlp_and_exporter_none_turns_it_off() -> None:
-    assert ExportConfig.resolve(environ={}).traces_endpoint is None
+    assert ExportConfig.resolve(environ={}).traces_exporters == ()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4318", "OTEL_METRICS_EXPORTER": "none"}
     config = ExportConfig.resolve(environ=env)
-    assert config.traces_endpoint and config.metrics_endpoint is None
+    assert config.traces_exporters == ("otlp",) and config.metrics_exporters == ()
+    assert ExportConfig.resolve(environ={"OTEL_TRACES_EXPORTER": "console"}).traces_exporters == ("console",)
 
 
 def test_prometheus_port_from_otel_variables_and_the_rank_rule(monkeypatch) -> None:
@@ -69,6 +70,8 @@ def test_prometheus_port_from_otel_variables_and_the_rank_rule(monkeypatch) -> N
         ({"sampler_arg": 2.0}, {}, "sampler_arg must be a ratio between 0 and 1"),
         ({"max_queue_size": 0}, {}, "max_queue_size must be a positive number"),
         ({}, {"OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, "OTEL_EXPORTER_OTLP_HEADERS must be comma-separated"),
+        ({}, {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=1,b"}, "OTEL_EXPORTER_OTLP_TRACES_HEADERS must be comma"),
+        ({}, {"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER names jaeger, which is not an installed"),
     ],
 )
 def test_bad_settings_name_the_setting_and_what_is_allowed(kwargs, env, message) -> None:

@@ -74,7 +74,7 @@ def _exported_names() -> set[str]:
     from hp_otel.providers import build_resource
 
     reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0}))
+    provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0, "hp.run.id": "run-1"}))
     try:
         with CommDebugMode(meter_provider=provider) as mode:
             design_mlp_forward(mode.observer)
@@ -128,3 +128,17 @@ def test_a_real_compose_implementation_accepts_the_stack() -> None:
     assert set(services) == {"otel-collector", "jaeger", "tempo", "prometheus", "grafana"}
     published = {p["published"] for p in services["otel-collector"]["ports"]}
     assert {"4317", "4318"} <= published
+
+
+def test_duration_exemplars_flow_from_the_collector_to_grafana() -> None:
+    """Configuration only (no Docker here): each hop of the exemplar path is switched on."""
+    collector = _yaml(DEPLOY / "otel-collector.yaml")[0]
+    assert collector["exporters"]["prometheus"]["enable_open_metrics"] is True
+    compose = _yaml(DEPLOY / "docker-compose.yml")[0]
+    assert "--enable-feature=exemplar-storage" in compose["services"]["prometheus"]["command"]
+    (prometheus,) = [d for d in _yaml(DEPLOY / "grafana/provisioning/datasources/datasources.yaml")[0]["datasources"]
+                     if d["uid"] == "prometheus"]  # fmt: skip
+    assert prometheus["jsonData"]["exemplarTraceIdDestinations"] == [{"name": "trace_id", "datasourceUid": "tempo"}]
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/hp_otel_collectives.json").read_text())
+    durations = [t for p in dashboard["panels"] if "duration" in p["title"] for t in p["targets"]]
+    assert durations and all(t.get("exemplar") is True for t in durations)

@@ -46,11 +46,13 @@ def test_a_malformed_headers_variable_never_echoes_a_value(headers: str) -> None
 
 
 def test_reprs_name_header_keys_but_never_their_values() -> None:
-    environ = {
-        "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization={SECRET},x-tenant=acme",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://user:p4ssw0rd@collector.example:4318",
-    }
-    config = ExportConfig.resolve(environ=environ)
+    # Headers and endpoint given as arguments are kept in the config (the exporter gets them);
+    # those from the variables are read by the exporter itself and never stored.
+    config = ExportConfig.resolve(
+        endpoint="https://user:p4ssw0rd@collector.example:4318",
+        headers={"Authorization": SECRET, "x-tenant": "acme"},
+        environ={"OTEL_EXPORTER_OTLP_HEADERS": f"Authorization={SECRET}"},
+    )
     assert config.headers["Authorization"] == SECRET  # the exporter still gets it
     telemetry = build_telemetry(config)
     try:
@@ -155,6 +157,11 @@ def test_sdk_log_lines_are_limited_to_one_per_kind_per_interval(caplog) -> None:
     now = [0.0]
     limiter = RateLimitFilter(interval_s=60, clock=lambda: now[0])
     logger = logging.getLogger(NOISY_LOGGERS[0])
+    # Alone with our filter: the SDK adds its own DuplicateFilter once an exporter was made, and
+    # a configure() another test left would add a second limiter on the real clock.
+    earlier = list(logger.filters)
+    for f in earlier:
+        logger.removeFilter(f)
     logger.addFilter(limiter)
     try:
         with caplog.at_level(logging.WARNING, logger=logger.name):
@@ -165,6 +172,8 @@ def test_sdk_log_lines_are_limited_to_one_per_kind_per_interval(caplog) -> None:
                     logger.error("Failed to export batch code: %s", 503)
     finally:
         logger.removeFilter(limiter)
+        for f in earlier:
+            logger.addFilter(f)
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 4  # two kinds, once per minute each
     assert lines[2] == (

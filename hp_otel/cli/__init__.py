@@ -1,4 +1,8 @@
-"""The `hp-otel` command: demo | bench | render | ranks."""
+"""The `hp-otel` command: see the collectives of a distributed-tensor training step.
+
+demo: a real 2-process CPU run; render: a table from a saved spans file; ranks: compare the
+ranks' files (divergence, hang, stragglers); plot / export: pictures; bench: what tracing costs.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,24 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hp_otel.cli.progress import to_stderr
 from hp_otel.config import PROTOCOLS
+from hp_otel.version import __version__
+
+NOISE_LEVEL_HELP = (
+    "table detail, 0-3: 0 collectives only; 1 + DTensor ops; 2 + forward module boundaries; "
+    "3 + redistributes, backward modules, dtype/bytes/reduce op on collectives"
+)
+
+
+class _DEFAULTS(argparse.HelpFormatter):
+    """Help lines end with the default, where there is one to state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, "", False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def _noise_level(text: str) -> int:
@@ -31,12 +52,21 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hp-otel", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="hp-otel", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"hp-otel {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="2-process CPU tensor-parallel MLP step under CommDebugMode")
+    demo = sub.add_parser(
+        "demo",
+        help="2-process CPU tensor-parallel MLP step under CommDebugMode (about 10 s)",
+        description="A real 2-process CPU (gloo) tensor-parallel MLP forward+backward under CommDebugMode: "
+        "prints rank 0's counts and tables, writes every rank's JSON dump and spans into --out.",
+        formatter_class=_DEFAULTS,
+    )
     demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
-    demo.add_argument("--noise-level", type=_noise_level, default=2)
+    demo.add_argument("--noise-level", type=_noise_level, default=2, metavar="0-3", help=NOISE_LEVEL_HELP)
     demo.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics over OTLP to this endpoint")
     demo.add_argument(
         "--otlp-protocol", choices=PROTOCOLS, help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)"
@@ -44,24 +74,49 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--prometheus-port", type=_port, metavar="N", help="serve /metrics on N + local rank (0: any free port)"
     )
-    demo.add_argument("--steps", type=_positive, default=1, help="training steps, one trace each across ranks")
-    demo.add_argument("--linger", type=float, default=0.0, metavar="S", help="keep /metrics up S seconds at the end")
-    demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (default: random)")
+    demo.add_argument(
+        "--steps", type=_positive, default=1, metavar="N", help="training steps, 1 or more, one trace each across ranks"
+    )
+    demo.add_argument(
+        "--linger", type=float, default=0.0, metavar="S", help="keep /metrics up S seconds at the end (0: exit at once)"
+    )
+    demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (empty: a random one)")
 
-    bench = sub.add_parser("bench", help="overhead against the untraced step and torch's own debug modes")
-    bench.add_argument("--rounds", type=_positive, default=15, help="interleaved rounds (median over rounds)")
-    bench.add_argument("--steps", type=_positive, default=20, help="steps per variant per round (median per block)")
+    bench = sub.add_parser(
+        "bench",
+        help="what tracing costs a step, against untraced and torch's own debug modes (about 1 min)",
+        description="Times the TP-MLP step in one process over torch's fake process group, each variant "
+        "interleaved round after round; prints the median µs per step and the ratio to untraced. "
+        "--export-down and --scale measure other things instead (see their help).",
+        formatter_class=_DEFAULTS,
+    )
+    bench.add_argument(
+        "--rounds", type=_positive, default=15, metavar="N", help="interleaved rounds, 1 or more (median over rounds)"
+    )
+    bench.add_argument(
+        "--steps", type=_positive, default=20, metavar="N", help="steps per variant per round, 1 or more (median)"
+    )
     bench.add_argument(
         "--export-down",
         action="store_true",
-        help="cost of exporting to a refused or blackholed OTLP endpoint, against no export",
+        help="instead: cost of exporting to a refused or blackholed OTLP endpoint (HTTP and gRPC), against no export",
     )
-    bench.add_argument("--scale", action="store_true", help="memory per span and table/JSON time for a long window")
-    bench.add_argument("--spans", type=_positive, default=100_000, help="spans in the --scale window")
+    bench.add_argument(
+        "--scale",
+        action="store_true",
+        help="instead: memory per retained span, and table / JSON dump time per noise level for one long window",
+    )
+    bench.add_argument("--spans", type=_positive, default=100_000, metavar="N", help="spans in the --scale window")
 
-    render = sub.add_parser("render", help="re-render the table and counts from a spans file (OTLP/JSON)")
-    render.add_argument("file", type=Path)
-    render.add_argument("--noise-level", type=_noise_level, default=1)
+    render = sub.add_parser(
+        "render",
+        help="re-render the table and counts from a spans file (OTLP/JSON)",
+        description="Rebuild the collective counts and the tracing table from a spans file "
+        "(the demo's spans_rank<r>.json, or any OTLP/JSON file of hp_otel spans).",
+        formatter_class=_DEFAULTS,
+    )
+    render.add_argument("file", type=Path, help="an OTLP/JSON spans file")
+    render.add_argument("--noise-level", type=_noise_level, default=1, metavar="0-3", help=NOISE_LEVEL_HELP)
     render.add_argument(
         "--max-bytes",
         type=_positive,
@@ -74,15 +129,26 @@ def build_parser() -> argparse.ArgumentParser:
         "ranks",
         help="compare per-rank spans files: first divergence, hang suspects, stragglers "
         "(exit 0 agree, 3 not, 2 bad input)",
+        formatter_class=_DEFAULTS,
     )
-    ranks.add_argument("files", type=Path, nargs="+", metavar="FILE", help="one spans file (OTLP/JSON) per rank")
+    ranks.add_argument(
+        "files", type=Path, nargs="+", metavar="FILE", help="one spans file (OTLP/JSON) or JSON dump per rank"
+    )
     ranks.add_argument("--json", action="store_true", help="the report as JSON")
-    ranks.add_argument("--top", type=_positive, default=5, help="largest skews to list")
+    ranks.add_argument("--top", type=_positive, default=5, metavar="N", help="largest skews to list")
+
+    from hp_otel.cli import pictures
+
+    pictures.add_parsers(sub, _DEFAULTS)  # plot, export
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("plot", "export"):
+        from hp_otel.cli.pictures import run
+
+        return run(args)
     if args.command == "demo":
         from hp_otel.cli.demo import DemoConfig, run_demo
 
@@ -96,24 +162,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 steps=args.steps,
                 linger_s=args.linger,
                 run_id=args.run_id,
-            )
+            ),
+            progress=to_stderr("demo"),
         )
         return 0
     if args.command == "bench" and args.export_down:
         from hp_otel.cli.bench_export import main as bench_export
 
-        print("\n".join(bench_export(args.rounds, args.steps)))
+        print("\n".join(bench_export(args.rounds, args.steps, to_stderr("bench --export-down"))))
         return 0
     if args.command == "bench" and args.scale:
         from hp_otel.cli.bench_scale import format_scale_results, run_scale_bench
 
-        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans))))
+        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=to_stderr("bench --scale")))))
         return 0
     if args.command == "bench":
         from hp_otel.cli.bench import format_results, run_bench
 
-        results = run_bench(rounds=args.rounds, steps=args.steps)
-        print("\n".join(format_results(results)))
+        results, skipped = run_bench(rounds=args.rounds, steps=args.steps, progress=to_stderr("bench"))
+        print("\n".join(format_results(results, skipped)))
         return 0
     if args.command == "ranks":
         from hp_otel.cli.ranks import run_ranks

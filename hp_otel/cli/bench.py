@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hp_otel.cli.progress import Progress, quiet
+
 
 def fake_process_group(world_size: int) -> None:
     import torch.distributed as dist
@@ -25,21 +27,31 @@ def fake_process_group(world_size: int) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
 
 
-def _variants(model: Any) -> dict[str, Callable[[], contextlib.AbstractContextManager[Any]]]:
-    from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
-    from torch.utils._debug_mode import DebugMode
-
+def _variants(model: Any) -> tuple[dict[str, Callable[[], contextlib.AbstractContextManager[Any]]], dict[str, str]]:
+    """The variants to time, and those left out with the reason (torch's debug modes need numpy)."""
     from hp_otel import CommDebugMode
     from hp_otel.sources.torch_dtensor import idle_modes
 
-    return {
+    variants: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
         "untraced": contextlib.nullcontext,
         "hp_otel": lambda: CommDebugMode(module=model),
-        "torch CommDebugMode": TorchCommDebugMode,
-        "torch DebugMode": DebugMode,
-        "hp_otel imported, inactive": contextlib.nullcontext,
-        "floor: bare torch modes": idle_modes,
     }
+    skipped: dict[str, str] = {}
+    try:  # torch.distributed.tensor.debug imports numpy, which `pip install torch` does not install
+        from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
+
+        variants["torch CommDebugMode"] = TorchCommDebugMode
+    except ImportError as exc:
+        skipped["torch CommDebugMode"] = f"cannot import it ({exc}); pip install numpy"
+    try:
+        from torch.utils._debug_mode import DebugMode
+
+        variants["torch DebugMode"] = DebugMode
+    except ImportError as exc:
+        skipped["torch DebugMode"] = f"cannot import it ({exc})"
+    variants["hp_otel imported, inactive"] = contextlib.nullcontext
+    variants["floor: bare torch modes"] = idle_modes
+    return variants, skipped
 
 
 def _time_block(step: Callable[[], Any], make_ctx: Callable[[], Any], steps: int) -> float:
@@ -55,8 +67,14 @@ def _time_block(step: Callable[[], Any], make_ctx: Callable[[], Any], steps: int
 
 
 def run_bench(
-    rounds: int = 15, steps: int = 20, world_size: int = 2, hidden: int = 32, intermediate: int = 64
-) -> dict[str, float]:
+    rounds: int = 15,
+    steps: int = 20,
+    world_size: int = 2,
+    hidden: int = 32,
+    intermediate: int = 64,
+    progress: Progress = quiet,
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Median µs per step for each variant, and the variants that cannot run here with the reason."""
     import torch
 
     from hp_otel import CommDebugMode
@@ -74,7 +92,9 @@ def run_bench(
         train_step(model, batch.detach().requires_grad_(True))
         model.zero_grad(set_to_none=True)
 
-    variants = _variants(model)
+    variants, skipped = _variants(model)
+    for name, reason in skipped.items():
+        progress(f"left out {name!r}: {reason}")
     # "inactive": hp_otel imported and one mode entered and exited before; the variant itself is untraced.
     with CommDebugMode(module=model):
         step()
@@ -83,15 +103,20 @@ def run_bench(
     per_round: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants)
     shuffle = random.Random(0).shuffle
-    for _ in range(rounds):
+    progress(f"{len(variants)} variants x {rounds} rounds x {steps} steps")
+    for done in range(rounds):
         shuffle(order)  # no variant always runs right after another
+        if done and done % max(1, rounds // 5) == 0:
+            progress(f"round {done + 1}/{rounds}")
         for name in order:
             per_round[name].append(_time_block(step, variants[name], steps))
-    return {name: statistics.median(values) for name, values in per_round.items()}
+    return {name: statistics.median(values) for name, values in per_round.items()}, skipped
 
 
-def format_results(results: dict[str, float]) -> Iterator[str]:
+def format_results(results: dict[str, float], skipped: dict[str, str] | None = None) -> Iterator[str]:
     base = results["untraced"]
     yield f"{'variant':<30}{'median µs/step':>16}{'ratio':>9}"
     for name, value in results.items():
         yield f"{name:<30}{value:>16.0f}{value / base:>8.2f}x"
+    for name, reason in (skipped or {}).items():
+        yield f"{name:<30}{'skipped':>16}   {reason}"

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hp_otel.cli.progress import Progress, quiet
+
 
 class Blackhole:
     """A loopback TCP server that accepts connections and never reads or answers."""
@@ -72,13 +74,20 @@ def _variant_telemetry(endpoint: str | None, protocol: str) -> Any:
     if endpoint is None:
         return None, TracerProvider(shutdown_on_exit=False), MeterProvider(shutdown_on_exit=False)
     config = ExportConfig.resolve(
-        endpoint=endpoint, protocol=protocol, metric_export_interval_ms=1000, export_timeout_s=2.0, environ={}
+        endpoint=endpoint,
+        protocol=protocol,
+        schedule_delay_ms=1000,
+        metric_export_interval_ms=1000,
+        export_timeout_s=2.0,
+        environ={},
     )
     telemetry = build_telemetry(config)
     return telemetry, telemetry.tracer_provider, telemetry.meter_provider
 
 
-def run_export_bench(rounds: int = 15, steps: int = 20) -> tuple[dict[str, float], dict[str, Any]]:
+def run_export_bench(
+    rounds: int = 15, steps: int = 20, progress: Progress = quiet
+) -> tuple[dict[str, float], dict[str, Any]]:
     """Median µs per step per variant, and what the exporting variants counted (dropped, failed)."""
     import torch
 
@@ -132,13 +141,17 @@ def run_export_bench(rounds: int = 15, steps: int = 20) -> tuple[dict[str, float
             time_block(fn)  # warm-up
         per_round: dict[str, list[float]] = {name: [] for name in steps_by_name}
         order = list(steps_by_name)
-        for _ in range(rounds):
+        progress(f"{len(steps_by_name)} variants x {rounds} rounds x {steps} steps")
+        for done in range(rounds):
+            if done and done % max(1, rounds // 5) == 0:
+                progress(f"round {done + 1}/{rounds}")
             random.Random(len(per_round["no export"])).shuffle(order)
             for name in order:
                 per_round[name].append(time_block(steps_by_name[name]))
         results = {name: statistics.median(v) for name, v in per_round.items()}
         spread = {name: (min(v), max(v)) for name, v in per_round.items()}
         counts: dict[str, Any] = {"spread": spread}
+        progress("shutting the exporters down (each bounded to 3 s)")
         for name, (telemetry, _, _) in variants.items():
             if telemetry is not None:
                 started = time.monotonic()
@@ -179,7 +192,7 @@ def _quiet_exporter_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def main(rounds: int, steps: int) -> list[str]:
+def main(rounds: int, steps: int, progress: Progress = quiet) -> list[str]:
     with _quiet_exporter_logs():
-        results, counts = run_export_bench(rounds, steps)
+        results, counts = run_export_bench(rounds, steps, progress)
     return list(format_export_results(results, counts))

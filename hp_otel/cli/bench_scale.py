@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hp_otel import CommDebugMode
+from hp_otel.cli.progress import Progress, quiet
 from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
 from hp_otel.render.levels import NOISE_LEVELS
 from hp_otel.render.table import render_table
@@ -101,14 +102,16 @@ def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
     return statistics.median(samples)
 
 
-def time_outputs(spans: int, repeats: int = 3) -> dict[str, float]:
+def time_outputs(spans: int, repeats: int = 3, progress: Progress = quiet) -> dict[str, float]:
     """Seconds to render the table and to write the JSON dump, per noise level."""
+    progress(f"recording a window of {spans} spans")
     mode = record_window(spans)
     finished = mode.get_finished_spans()
     out: dict[str, float] = {"spans": len(finished)}
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "dump.json")
         for level in NOISE_LEVELS:
+            progress(f"table and JSON dump at noise level {level} ({repeats} runs each)")
             out[f"table_level_{level}_s"] = _median_seconds(lambda lv=level: render_table(finished, lv), repeats)
             out[f"json_level_{level}_s"] = _median_seconds(
                 lambda lv=level: mode.generate_json_dump(path, noise_level=lv), repeats
@@ -117,9 +120,13 @@ def time_outputs(spans: int, repeats: int = 3) -> dict[str, float]:
     return out
 
 
-def run_scale_bench(spans: int = 100_000, repeats: int = 3, memory_spans: int = 20_000) -> dict[str, dict[str, float]]:
+def run_scale_bench(
+    spans: int = 100_000, repeats: int = 3, memory_spans: int = 20_000, progress: Progress = quiet
+) -> dict[str, dict[str, float]]:
     """Memory on `memory_spans` spans (tracemalloc slows recording several times), times on `spans`."""
-    return {"memory": measure_memory(min(spans, memory_spans)), "outputs": time_outputs(spans, repeats)}
+    progress(f"memory per span on {min(spans, memory_spans)} spans (traced by tracemalloc)")
+    memory = measure_memory(min(spans, memory_spans))
+    return {"memory": memory, "outputs": time_outputs(spans, repeats, progress)}
 
 
 def format_scale_results(results: dict[str, dict[str, float]]) -> Iterator[str]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from hp_otel.cli.progress import Progress, quiet, to_stderr
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -52,7 +54,7 @@ def init_gloo(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
 
-def _rank_main(rank: int, config: DemoConfig) -> None:
+def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -60,7 +62,9 @@ def _rank_main(rank: int, config: DemoConfig) -> None:
     from hp_otel import CommDebugMode
     from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 
+    say = to_stderr("demo", progress_started) if progress_started is not None and rank == 0 else quiet
     init_gloo(rank, config.world_size, config.port)
+    say(f"{config.world_size} ranks joined the gloo group; running {config.steps} step(s)")
     telemetry = None
     if config.exporting:
         telemetry = hp_otel.configure(
@@ -77,6 +81,8 @@ def _rank_main(rank: int, config: DemoConfig) -> None:
         for step in range(config.steps):
             with hp_otel.step(step), CommDebugMode(module=model) as mode:
                 train_step(model, x)
+            if config.steps > 1:
+                say(f"step {step + 1}/{config.steps} done")
         if telemetry is not None:
             _report_export(rank, telemetry, config)
         mode.generate_json_dump(config.out_dir / f"comm_rank{rank}.json", noise_level=3)
@@ -85,6 +91,7 @@ def _rank_main(rank: int, config: DemoConfig) -> None:
             _report(mode, config, sys.stdout)
         dist.barrier()
         if config.linger_s:
+            say(f"keeping /metrics up for {config.linger_s:g} s (--linger)")
             time.sleep(config.linger_s)
     finally:
         if telemetry is not None:
@@ -97,8 +104,8 @@ def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
 
     assert isinstance(telemetry, Telemetry)
     parts = [f"rank {rank}: run id {telemetry.config.run_id}"]
-    if telemetry.config.traces_endpoint:
-        parts.append(f"spans -> {telemetry.config.traces_endpoint} ({telemetry.config.traces_protocol})")
+    if telemetry.traces_endpoint:
+        parts.append(f"spans -> {telemetry.traces_endpoint} ({telemetry.config.traces_protocol})")
     if telemetry.prometheus_port is not None:
         parts.append(f"metrics at http://127.0.0.1:{telemetry.prometheus_port}/metrics")
     print("; ".join(parts), flush=True)
@@ -123,7 +130,8 @@ def _report(mode: object, config: DemoConfig, out: TextIO) -> None:
     out.flush()
 
 
-def run_demo(config: DemoConfig) -> None:
+def run_demo(config: DemoConfig, progress: Progress = quiet) -> None:
+    progress(f"starting {config.world_size} CPU ranks (torch.multiprocessing, gloo)")
     import torch.multiprocessing as mp
 
     config.out_dir.mkdir(parents=True, exist_ok=True)
@@ -131,4 +139,6 @@ def run_demo(config: DemoConfig) -> None:
         config = dataclasses.replace(config, port=free_port())
     if not config.run_id:  # one id for all ranks of this run: their step traces share it
         config = dataclasses.replace(config, run_id=os.environ.get("HP_OTEL_RUN_ID") or f"demo-{uuid.uuid4().hex[:12]}")
-    mp.spawn(_rank_main, args=(config,), nprocs=config.world_size, join=True)
+    started = progress.started if isinstance(progress, to_stderr) else None  # rank 0 reports on the same clock
+    mp.spawn(_rank_main, args=(config, started), nprocs=config.world_size, join=True)
+    progress(f"done; files in {config.out_dir}/")
