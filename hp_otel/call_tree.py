@@ -67,9 +67,12 @@ class CallRecord:
         return max(self.end_ns - self.start_ns, 0)
 
     def walk(self) -> Iterable[CallRecord]:
-        yield self
-        for child in self.children:
-            yield from child.walk()
+        """This record and everything below it, depth first (iterative: a tree may be deeper than Python's stack)."""
+        stack = [self]
+        while stack:
+            record = stack.pop()
+            yield record
+            stack.extend(reversed(record.children))
 
 
 def span_attributes(span: ReadableSpan) -> Mapping[str, Any]:
@@ -100,22 +103,30 @@ def _record_from_span(span: ReadableSpan, attrs: Mapping[str, Any]) -> CallRecor
     )
 
 
-def build_call_tree(spans: Iterable[ReadableSpan]) -> list[CallRecord]:
+def build_call_tree(spans: Iterable[ReadableSpan], problems: list[str] | None = None) -> list[CallRecord]:
     """Rebuild the call tree from spans in any order (exporters deliver children first).
 
     Spans that are not hp_otel calls are skipped; a span whose parent is missing (not
     hp_otel's, dropped by the retention cap, or never exported) becomes a root.
-    Siblings are ordered by start time.
+    Siblings are ordered by start time. Every span read stays in the tree, also from a
+    damaged file: spans that share a span id are all kept (children go to the first),
+    and spans whose parents form a cycle become roots; each such finding is appended
+    to `problems` (when given) as one line, so a table can say why it looks odd.
     """
     nodes: dict[int, CallRecord] = {}
     links: list[tuple[CallRecord, int | None]] = []
     kinds = s.CALL_KINDS
+    duplicates = 0
     for span in spans:
         attrs = span_attributes(span)
         context = span.context
         if attrs.get(s.CALL_KIND) not in kinds or context is None:
             continue
-        record = nodes[context.span_id] = _record_from_span(span, attrs)
+        record = _record_from_span(span, attrs)
+        if context.span_id in nodes:
+            duplicates += 1
+        else:
+            nodes[context.span_id] = record
         parent = span.parent
         links.append((record, parent.span_id if parent is not None else None))
     roots: list[CallRecord] = []
@@ -123,12 +134,96 @@ def build_call_tree(spans: Iterable[ReadableSpan]) -> list[CallRecord]:
     for record, parent_id in links:
         parent = get(parent_id) if parent_id is not None else None
         (parent.children if parent is not None and parent is not record else roots).append(record)
+    cycles = _break_cycles(roots, links)
     key = _start_time  # stable sort keeps export order on ties
-    for node in nodes.values():
-        if len(node.children) > 1:
-            node.children.sort(key=key)
+    for record, _ in links:
+        if len(record.children) > 1:
+            record.children.sort(key=key)
     roots.sort(key=key)
+    if problems is not None:
+        if duplicates:
+            problems.append(f"{duplicates} span(s) reuse another span's id; all are shown, children under the first")
+        if cycles:
+            problems.append(f"{cycles} parent cycle(s) (a span its own ancestor) cut; the span cut is shown as a root")
     return roots
+
+
+def _break_cycles(roots: list[CallRecord], links: list[tuple[CallRecord, int | None]]) -> int:
+    """Make roots of the records no root reaches (their parents form a cycle); returns how many were cut."""
+    reached: set[int] = set()
+    stack = list(roots)
+    while stack:
+        record = stack.pop()
+        if id(record) not in reached:
+            reached.add(id(record))
+            stack.extend(record.children)
+    if len(reached) == len(links):
+        return 0
+    parent_of = {id(child): record for record, _ in links for child in record.children}
+    cut = 0
+    for record, _ in links:
+        if id(record) in reached:
+            continue
+        # Walk up to the cycle and cut there, so the records hanging below it keep their places.
+        seen: set[int] = set()
+        node = record
+        while id(node) not in seen and id(node) in parent_of and id(parent_of[id(node)]) not in reached:
+            seen.add(id(node))
+            node = parent_of[id(node)]
+        parent = parent_of.get(id(node))
+        if parent is not None:
+            parent.children.remove(node)
+            del parent_of[id(node)]
+        roots.append(node)
+        cut += 1
+        stack = [node]
+        while stack:
+            below = stack.pop()
+            if id(below) not in reached:
+                reached.add(id(below))
+                stack.extend(below.children)
+    return cut
+
+
+def _decode(record: CallRecord) -> None:
+    """Decode what a renderer will read from this record (its kind's attributes)."""
+    if record.kind == s.KIND_COLLECTIVE:
+        record.collective  # noqa: B018 - decoding is the check
+    elif record.kind == s.KIND_OP:
+        record.inputs  # noqa: B018
+        record.outputs  # noqa: B018
+    elif record.kind == s.KIND_MODULE:
+        record.parameters  # noqa: B018
+    else:
+        codec.decode_redistribute(record.attributes)
+
+
+def check_attribute_types(roots: Iterable[CallRecord]) -> None:
+    """Raise ValueError (one line, naming the span and the attribute) if a record cannot be decoded.
+
+    For spans read from a file, which anyone can write: renderers then never meet a
+    wrong type half-way through a table.
+    """
+    for root in roots:
+        for record in root.walk():
+            try:
+                _decode(record)
+            except (TypeError, ValueError, AttributeError) as exc:
+                key = _culprit(record)
+                which = f"attribute {key!r} = {record.attributes[key]!r:.60}" if key else "an attribute"
+                raise ValueError(f"span {record.name!r} ({record.kind}): {which} has the wrong type ({exc})") from None
+
+
+def _culprit(record: CallRecord) -> str | None:
+    """The first attribute without which the record decodes."""
+    for key in record.attributes:
+        trial = CallRecord(record.kind, record.name, {k: v for k, v in record.attributes.items() if k != key}, 0, 0)
+        try:
+            _decode(trial)
+        except (TypeError, ValueError, AttributeError):
+            continue
+        return key
+    return None
 
 
 def _start_time(record: CallRecord) -> int:

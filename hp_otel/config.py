@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace import sampling
 
@@ -127,6 +128,7 @@ class ExportConfig:
     headers: dict[str, str] = field(default_factory=dict)  # from an argument; {}: the exporter reads the variables
     prometheus_host: str = "localhost"
     prometheus_port: int | None = None  # the base port; each rank serves base + local rank
+    prometheus_port_source: str = "prometheus_port"  # the setting it came from, for error messages
     sampler: str | None = None  # None: the SDK reads OTEL_TRACES_SAMPLER itself
     sampler_arg: float | None = None
     max_queue_size: int | None = None  # None: OTEL_BSP_MAX_QUEUE_SIZE (SDK default 2048)
@@ -134,6 +136,18 @@ class ExportConfig:
     export_timeout_s: float | None = None  # None: OTEL_EXPORTER_OTLP_(<SIGNAL>_)TIMEOUT (default 10 s)
     metric_export_interval_ms: int | None = None  # None: OTEL_METRIC_EXPORT_INTERVAL (SDK default 60000)
     shutdown_timeout_s: float = 5.0
+
+    def __repr__(self) -> str:
+        """Every setting, with header values and URL credentials replaced by `***` (reprs end up in logs)."""
+        shown = []
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "headers":
+                value = {key: "***" for key in value}
+            elif name.endswith("_endpoint"):
+                value = redacted_url(value)
+            shown.append(f"{name}={value!r}")
+        return f"ExportConfig({', '.join(shown)})"
 
     @property
     def otlp_traces(self) -> bool:
@@ -182,11 +196,15 @@ class ExportConfig:
             source = "protocol" if protocol else (name if env_value(name, environ) else "OTEL_EXPORTER_OTLP_PROTOCOL")
             protocols[signal] = check_protocol(chosen, source)
 
-        base_in_env = env_value("OTEL_EXPORTER_OTLP_ENDPOINT", environ)
+        # Endpoints are checked here (a clear ConfigError, credentials not echoed); the exporters read them.
+        endpoint = _endpoint(endpoint, "endpoint")
+        base_in_env = _endpoint(env_value("OTEL_EXPORTER_OTLP_ENDPOINT", environ), "OTEL_EXPORTER_OTLP_ENDPOINT")
         exporters: dict[str, tuple[str, ...]] = {}
         endpoints: dict[str, str | None] = {}
         for signal, specific_arg in (("traces", traces_endpoint), ("metrics", metrics_endpoint)):
-            specific_in_env = env_value(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", environ)
+            variable = f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"
+            specific_in_env = _endpoint(env_value(variable, environ), variable)
+            specific_arg = _endpoint(specific_arg, f"{signal}_endpoint")
             exporters[signal] = _exporters_for(
                 signal,
                 _exporter_names(f"OTEL_{signal.upper()}_EXPORTER", environ),
@@ -215,6 +233,7 @@ class ExportConfig:
             raise ConfigError(f"sampler must be one of {', '.join(SAMPLERS)}, got {chosen_sampler!r}")
         if sampler_arg is not None and not (isinstance(sampler_arg, (int, float)) and 0.0 <= sampler_arg <= 1.0):
             raise ConfigError(f"sampler_arg must be a ratio between 0 and 1, got {sampler_arg!r}")
+        _check_sampler_environment(chosen_sampler, sampler_arg, environ)
 
         # The exporters parse (and percent-decode) the header variables themselves; a malformed
         # one is refused here with a clear error instead of being dropped with a warning.
@@ -233,6 +252,7 @@ class ExportConfig:
             headers=dict(headers or {}),
             prometheus_host=prometheus_host or env_value("OTEL_EXPORTER_PROMETHEUS_HOST", environ) or "localhost",
             prometheus_port=port,
+            prometheus_port_source=port_source if port_value is not None else "prometheus_port",
             sampler=chosen_sampler,
             sampler_arg=sampler_arg,
             max_queue_size=_positive(max_queue_size, "max_queue_size", None, int),
@@ -241,6 +261,63 @@ class ExportConfig:
             metric_export_interval_ms=_positive(metric_export_interval_ms, "metric_export_interval_ms", None, int),
             shutdown_timeout_s=_positive(shutdown_timeout_s, "shutdown_timeout_s", cls.shutdown_timeout_s, float),
         )
+
+
+def _endpoint(value: str | None, source: str) -> str | None:
+    """An OTLP endpoint URL as given, or ConfigError naming `source` (credentials not echoed)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{source} must be a URL string like http://host:4318, got {type(value).__name__}")
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number 0-65535
+    except ValueError as exc:
+        raise ConfigError(
+            f"{source} must be a URL like http://host:4318, got {redacted_url(value)!r} ({exc})"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"{source} must be an http:// or https:// URL with a host, like http://host:4318, "
+            f"got {redacted_url(value)!r}"
+        )
+    return value.strip()
+
+
+# Ratio samplers: the only ones that read OTEL_TRACES_SAMPLER_ARG as a number.
+_RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+
+
+def _check_sampler_environment(sampler: str | None, sampler_arg: float | None, environ: Mapping[str, str]) -> None:
+    """OTEL_TRACES_SAMPLER(_ARG) as the SDK will read them: a known name, and a ratio 0-1 for the ratio samplers.
+
+    The SDK itself only logs a bad value and falls back to another sampler; here it is an error.
+    """
+    name = env_value("OTEL_TRACES_SAMPLER", environ)
+    if sampler is None and name is not None:
+        name = name.lower()
+        allowed = (*SAMPLERS, *_plugin_samplers())
+        if name not in allowed:
+            raise ConfigError(f"OTEL_TRACES_SAMPLER must be one of {', '.join(allowed)}, got {name!r}")
+    arg = env_value("OTEL_TRACES_SAMPLER_ARG", environ)
+    if arg is None or sampler_arg is not None or (sampler or name) not in _RATIO_SAMPLERS:
+        return
+    try:
+        ratio = float(arg)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG must be a ratio between 0 and 1 for {sampler or name}, got {arg!r}")
+
+
+def _plugin_samplers() -> tuple[str, ...]:
+    """Samplers other packages register for OTEL_TRACES_SAMPLER (the SDK's entry point group)."""
+    from importlib.metadata import entry_points
+
+    try:
+        return tuple(sorted(ep.name for ep in entry_points(group="opentelemetry_traces_sampler")))
+    except Exception:  # broken package metadata must not break configuration
+        return ()
 
 
 def _positive(value: Any, name: str, default: Any, kind: type = float) -> Any:
@@ -252,11 +329,33 @@ def _positive(value: Any, name: str, default: Any, kind: type = float) -> Any:
 
 
 def _parse_pairs(text: str, source: str) -> dict[str, str]:
-    """`k1=v1,k2=v2` (the format of OTEL_EXPORTER_OTLP_HEADERS)."""
+    """`k1=v1,k2=v2` (the format of OTEL_EXPORTER_OTLP_HEADERS).
+
+    Values are credentials (`Authorization=Bearer ...`), so an error names the entry by
+    its position and, where there is one, its key; never the value.
+    """
     out: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for number, part in enumerate(filter(None, (p.strip() for p in text.split(","))), start=1):
         key, sep, value = part.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{source} must be comma-separated key=value pairs, got {part!r}")
+        if not sep:
+            raise ConfigError(
+                f"{source} must be comma-separated key=value pairs; entry {number} ({len(part)} characters, "
+                "not shown: it may hold a credential) has no '='"
+            )
+        if not key.strip():
+            raise ConfigError(f"{source} must be comma-separated key=value pairs; entry {number} has an empty key")
         out[key.strip()] = value.strip()
     return out
+
+
+def redacted_url(url: str | None) -> str | None:
+    """The URL without a password or token in its user part (`https://user:***@host`)."""
+    if not url or "@" not in url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    userinfo, at, host = rest.partition("@")
+    if not at or "/" in userinfo:
+        return url
+    return f"{scheme}://***@{host}"

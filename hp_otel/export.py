@@ -12,7 +12,10 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -21,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace import sampling as otel_sampling
@@ -31,6 +39,7 @@ from hp_otel import providers
 from hp_otel import schema as s
 from hp_otel.config import OTLP, SAMPLERS, ExportConfig
 from hp_otel.launcher_env import local_rank
+from hp_otel.log_limits import limit_sdk_logs, unlimit_sdk_logs
 from hp_otel.prometheus_sd import write_target
 from hp_otel.providers import build_resource
 
@@ -59,8 +68,11 @@ class CountingSpanExporter(SpanExporter):
         self._cooldown_s = 0.0
         self._retry_at = 0.0
         self._failure_logged = False
+        self._pid = os.getpid()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if os.getpid() != self._pid:  # a forked child (a DataLoader worker): see ForkSilencedMetricExporter
+            return SpanExportResult.SUCCESS
         self.handed += len(spans)
         now = time.monotonic()
         if now < self._retry_at:
@@ -167,6 +179,45 @@ def make_span_exporter(config: ExportConfig) -> SpanExporter:
     return HttpSpanExporter(**arguments)
 
 
+class ForkSilencedMetricExporter(MetricExporter):
+    """The OTLP metric exporter, silent in a process forked from the one that configured it.
+
+    The SDK restarts its export threads in a forked child (a DataLoader worker with the
+    `fork` start method), which would then export the parent's cumulative totals, frozen
+    at fork time, under the parent's identity: counters seen by a backend would jump
+    back and forth. So in a child, exports are dropped (the same holds for spans, see
+    CountingSpanExporter). Telemetry in a child is off; call `hp_otel.configure()` there
+    to export from it under its own identity.
+    """
+
+    def __init__(self, exporter: MetricExporter) -> None:
+        super().__init__(
+            preferred_temporality=exporter._preferred_temporality,
+            preferred_aggregation=exporter._preferred_aggregation,
+        )
+        self.exporter = exporter
+        self._pid = os.getpid()
+
+    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        if os.getpid() != self._pid:
+            return MetricExportResult.SUCCESS
+        return self.exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return os.getpid() != self._pid or self.exporter.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        if os.getpid() == self._pid:
+            self.exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def _after_fork_in_child() -> None:
+    """hp_otel in a forked child: forget the parent's configured telemetry (its exporters are silent here)."""
+    global _configured
+    _configured = None
+    providers.set_default_providers(None, None)
+
+
 def make_metric_exporter(config: ExportConfig) -> Any:
     arguments = _otlp_arguments(config, config.metrics_endpoint)
     if config.metrics_protocol == "grpc":
@@ -205,7 +256,7 @@ def make_metric_readers(config: ExportConfig) -> list[MetricReader]:
             continue
         readers.append(
             PeriodicExportingMetricReader(
-                exporter,
+                ForkSilencedMetricExporter(exporter),  # a forked child exports nothing of the parent's
                 export_interval_millis=config.metric_export_interval_ms,
                 export_timeout_millis=None if config.export_timeout_s is None else config.export_timeout_s * 1000,
             )
@@ -224,14 +275,32 @@ def prometheus_port_for_this_rank(base_port: int) -> int:
     return 0 if base_port == 0 else base_port + (local_rank() or 0)
 
 
-def start_prometheus(host: str, base_port: int) -> tuple[MetricReader, Any, int]:
-    """A PrometheusMetricReader and the prometheus_client HTTP server exposing it; returns (reader, server, port)."""
+class PrometheusPortError(OSError):
+    """The Prometheus endpoint's port cannot be bound (busy, or not allowed)."""
+
+
+def start_prometheus(host: str, base_port: int, source: str = "prometheus_port") -> tuple[MetricReader, Any, int]:
+    """A PrometheusMetricReader and the prometheus_client HTTP server exposing it; returns (reader, server, port).
+
+    A port that cannot be bound raises PrometheusPortError naming the port, the rule
+    (base + local rank) and the setting `source` the base came from.
+    """
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
 
     port = prometheus_port_for_this_rank(base_port)
+    try:
+        server, _thread = start_http_server(port, addr=host)
+    except OSError as exc:
+        rank = local_rank()
+        rule = f"{source}={base_port} + local rank {rank}" if rank else f"{source}={base_port}"
+        why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+        raise PrometheusPortError(
+            exc.errno,
+            f"Prometheus port {port} on {host!r} {why} (the port is {rule}); set {source} to a free base port "
+            "(each rank of a host adds its local rank), or 0 for any free port",
+        ) from exc
     reader = PrometheusMetricReader()
-    server, _thread = start_http_server(port, addr=host)
     return reader, server, int(server.server_port)
 
 
@@ -336,27 +405,41 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
         extra.setdefault(s.RESOURCE_RUN_ID, config.run_id)
     resource = build_resource(extra)
 
-    # shutdown_on_exit=False: the SDK's own atexit hook would wait up to 30 s on a dead endpoint.
-    tracer_provider = TracerProvider(
-        resource=resource, sampler=make_sampler(config.sampler, config.sampler_arg), shutdown_on_exit=False
-    )
-    processors = []
-    for exporter in make_span_exporters(config):
-        processor = DropCountingBatchSpanProcessor(exporter, config.max_queue_size, config.schedule_delay_ms)
-        tracer_provider.add_span_processor(processor)
-        processors.append(processor)
-
-    readers = make_metric_readers(config)
-    prometheus_server = None
-    prometheus_port = None
+    # The Prometheus port first: if it is busy nothing else has been started (no batch or
+    # reader threads left behind); anything later that fails stops what was started.
+    prometheus_reader = prometheus_server = prometheus_port = None
     sd_file = None
     if config.prometheus_port is not None:
         prometheus_reader, prometheus_server, prometheus_port = start_prometheus(
-            config.prometheus_host, config.prometheus_port
+            config.prometheus_host, config.prometheus_port, config.prometheus_port_source
         )
-        readers.append(prometheus_reader)
-        sd_file = write_target(config.prometheus_host, prometheus_port, config.run_id)
-    meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    tracer_provider = meter_provider = None
+    processors: list[DropCountingBatchSpanProcessor] = []
+    try:
+        # shutdown_on_exit=False: the SDK's own atexit hook would wait up to 30 s on a dead endpoint.
+        tracer_provider = TracerProvider(
+            resource=resource, sampler=make_sampler(config.sampler, config.sampler_arg), shutdown_on_exit=False
+        )
+        for exporter in make_span_exporters(config):
+            processor = DropCountingBatchSpanProcessor(exporter, config.max_queue_size, config.schedule_delay_ms)
+            tracer_provider.add_span_processor(processor)
+            processors.append(processor)
+        readers = make_metric_readers(config)
+        if prometheus_reader is not None:
+            readers.append(prometheus_reader)
+            sd_file = write_target(config.prometheus_host, prometheus_port, config.run_id)
+        meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+    except BaseException:
+        for stop in (
+            tracer_provider.shutdown if tracer_provider is not None else None,
+            meter_provider.shutdown if meter_provider is not None else None,
+            prometheus_server.shutdown if prometheus_server is not None else None,
+            prometheus_server.server_close if prometheus_server is not None else None,
+        ):
+            if stop is not None:
+                with contextlib.suppress(Exception):
+                    stop()
+        raise
     return Telemetry(
         config=config,
         resource=resource,
@@ -386,7 +469,9 @@ def configure(
     environment variables. From then on `CommDebugMode()`, `hp_otel.step()` and the
     instrumentor use these providers unless given others. Calling it again shuts the
     previous ones down first. `set_global=True` also makes them OpenTelemetry's global
-    providers (for your own spans and metrics).
+    providers (for your own spans and metrics). Until `shutdown()`, the SDK's and OTLP
+    exporters' own log lines (retries, failed batches, full queues) are limited to one
+    per kind per minute (`hp_otel.log_limits`).
     """
     global _configured
     config = ExportConfig.resolve(**settings)
@@ -395,6 +480,7 @@ def configure(
     if previous is not None:
         previous.shutdown()
     result = build_telemetry(config)
+    limit_sdk_logs()  # a dead endpoint's retry and queue lines: one per kind per minute
     with _lock:
         _configured = result
     providers.set_default_providers(result.tracer_provider, result.meter_provider)
@@ -419,7 +505,10 @@ def shutdown(timeout_s: float | None = None) -> bool:
     if current is None:
         return True
     providers.set_default_providers(None, None)
+    unlimit_sdk_logs()
     return current.shutdown(timeout_s)
 
 
 atexit.register(shutdown)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

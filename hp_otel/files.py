@@ -1,18 +1,29 @@
-"""Writing output files: one path check and one atomic writer for every writer in hp_otel.
+"""Writing output files: one path check and one writer for every writer in hp_otel.
 
-The table, the JSON dump and the spans file are all written through a temporary file
-in the target's folder, then renamed, so a failure never leaves a partial file.
+The table, the JSON dump and the spans file are written through a temporary file in
+the target's folder, then renamed, so a failure never leaves a partial file. What is
+at the path is respected:
+
+- a symlink is followed: its target gets the output, the link stays a link;
+- a FIFO, a device (`/dev/null`, `/dev/stdout`) or a socket is written in place, never replaced;
+- an existing file keeps its permission bits; a new one gets 0666 less the umask in
+  force when it is written (the kernel applies it: nothing is read at import);
+- a read-only file is refused with an error naming the argument, not overwritten;
+- the temporary file is removed on any failure, on Ctrl-C, and on SIGTERM (the process
+  then still ends by SIGTERM, as it would have).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-import tempfile
-from collections.abc import Callable
+import secrets
+import signal
+import stat
+import threading
+from collections.abc import Callable, Iterator
 from typing import IO, Any
-
-_UMASK = os.umask(0o022)  # read once (reading it means setting it), then put it back
-os.umask(_UMASK)
 
 
 def check_path(path: Any, argument: str = "path") -> str:
@@ -30,30 +41,108 @@ def check_path(path: Any, argument: str = "path") -> str:
     return target
 
 
+def _error(exc: OSError, argument: str, target: str) -> OSError:
+    return type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror})")
+
+
 def write_text_atomically(
     path: str | os.PathLike[str], write: Callable[[IO[str]], Any], argument: str = "path"
 ) -> None:
-    """Check the path, write through a temporary file in the same folder, then rename.
+    """Check the path, then write the text `write(handle)` produces (see the module doc for how).
 
     A path that cannot be written raises the OSError's own type, naming `argument`.
     """
     target = check_path(path, argument)
-    folder = os.path.dirname(os.path.abspath(target))
+    real = os.path.realpath(target)  # through symlinks: the link's target gets the output
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".hp_otel.", dir=folder)
+        existing = os.stat(real)
+    except FileNotFoundError:
+        existing = None
     except OSError as exc:
-        raise type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror})") from exc
+        raise _error(exc, argument, target) from exc
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        if stat.S_ISDIR(existing.st_mode):
+            raise IsADirectoryError(f"{argument}: {target!r} is a directory, expected a file path")
+        _write_in_place(real, write, argument, target)  # a FIFO or a device: never replace it
+        return
+    if existing is not None and (not stat.S_IMODE(existing.st_mode) & 0o222 or not os.access(real, os.W_OK)):
+        raise PermissionError(
+            errno.EACCES,
+            f"{argument}: {target!r} is read-only (mode {stat.S_IMODE(existing.st_mode):o}); "
+            "make it writable or choose another path",
+        )
+    with _sigterm_cleans_up():
+        _write_and_rename(real, write, existing, argument, target)
+
+
+def _write_in_place(real: str, write: Callable[[IO[str]], Any], argument: str, target: str) -> None:
     try:
+        with open(real, "w", encoding="utf-8") as handle:
+            write(handle)
+    except OSError as exc:
+        raise _error(exc, argument, target) from exc
+
+
+def _create_temporary(folder: str, name: str) -> tuple[int, str]:
+    """A new file next to the target, created 0666 so the kernel applies the umask in force now."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.hp_otel-{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name in {folder!r}")
+
+
+def _write_and_rename(
+    real: str, write: Callable[[IO[str]], Any], existing: os.stat_result | None, argument: str, target: str
+) -> None:
+    folder, name = os.path.split(real)
+    tmp = None
+    try:
+        try:
+            fd, tmp = _create_temporary(folder, name)
+        except OSError as exc:
+            raise _error(exc, argument, target) from exc
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
+            if existing is not None:  # the file keeps its permissions
+                os.fchmod(handle.fileno(), stat.S_IMODE(existing.st_mode))
         try:
-            os.replace(tmp, target)
+            os.replace(tmp, real)
         except OSError as exc:
-            raise type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror})") from exc
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            raise _error(exc, argument, target) from exc
+        tmp = None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while a temporary file existed."""
+
+
+@contextlib.contextmanager
+def _sigterm_cleans_up() -> Iterator[None]:
+    """While writing, a SIGTERM left at the OS default unwinds (removing the temporary file), then ends the process.
+
+    Only on the main thread (the only one Python runs handlers on) and only when SIGTERM
+    has no handler of yours (yours runs as usual; if it raises, the file is removed too).
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def unwind(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signal.SIGTERM)  # end the way SIGTERM ends a process
+        raise  # pragma: no cover - not reached
+    finally:
+        signal.signal(signal.SIGTERM, previous)

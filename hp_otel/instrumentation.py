@@ -109,6 +109,10 @@ class StepSession:
         token = otel_context.attach(spans.context)  # the window's spans nest under rank_step
         try:
             mode.__enter__()
+        except BaseException:
+            if mode.active:  # a Ctrl-C right after __enter__ returned: close the window before it propagates
+                mode.__exit__(None, None, None)
+            raise
         finally:
             otel_context.detach(token)
         return mode

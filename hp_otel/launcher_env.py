@@ -16,7 +16,14 @@ from collections.abc import Mapping, Sequence
 # Kubeflow PyTorchJob running torchrun, SLURM's task id and the pod's node rank describe
 # the launcher, torchrun's RANK the worker. Then MindSpore, Open MPI, SLURM, PMI (MPICH).
 RANK_VARIABLES = ("RANK", "RANK_ID", "MS_NODE_ID", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK")
-LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "DEVICE_ID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID")
+LOCAL_RANK_VARIABLES = (
+    "LOCAL_RANK",
+    "DEVICE_ID",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_LOCALID",
+    "MPI_LOCALRANKID",
+    "PMI_LOCAL_RANK",
+)
 WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "RANK_SIZE", "MS_WORKER_NUM", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE")
 # Job ids every rank of one run shares, in order: (variable, prefix of the run id).
 RUN_ID_VARIABLES = (

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import warnings
+from asyncio import events as asyncio_events
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
+from hp_otel import signal_guard
 from hp_otel.call_tree import CallRecord, build_call_tree
 from hp_otel.files import check_path, write_text_atomically
 from hp_otel.instruments import get_instruments
@@ -29,6 +31,7 @@ from hp_otel.providers import default_meter_provider, default_tracer_provider, g
 from hp_otel.recorder import SpanRecorder
 from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
+from hp_otel.signal_guard import GUARD
 from hp_otel.span_store import LocalSpanStore
 from hp_otel.watchdog import HangWatchdog
 
@@ -43,6 +46,39 @@ _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.Contex
 )
 # One lock for installing and removing hooks, so modes entered on several threads do not interleave.
 _install_lock = threading.RLock()
+
+
+# Windows open on each thread (with the asyncio task that opened them), and the modules
+# traced now (id -> (thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
+_thread_state = threading.local()
+_traced_modules: dict[int, tuple[int, int]] = {}
+
+
+def _windows_of_this_thread() -> list[tuple[Any, Any]]:
+    stack = getattr(_thread_state, "windows", None)
+    if stack is None:
+        stack = _thread_state.windows = []
+    return stack
+
+
+def _current_task() -> Any:
+    """The running asyncio task, None outside one (cheap when no event loop runs)."""
+    if asyncio_events._get_running_loop() is None:
+        return None
+    import asyncio
+
+    return asyncio.current_task()
+
+
+def _task_name(task: Any) -> str:
+    return "no asyncio task" if task is None else f"asyncio task {task.get_name()!r}"
+
+
+def _thread_name(ident: int) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return f"thread {thread.name!r}"
+    return f"thread {ident}"
 
 
 def _check_module(module: Any, engine: str) -> None:
@@ -151,53 +187,157 @@ class CommDebugMode:
         self._installed: list[Source] = []
         self._token: contextvars.Token[CommDebugMode | None] | None = None
         self._outer: CommDebugMode | None = None
+        self._guarded = False  # this window holds the signal guard (entered on the main thread)
+        self._claimed_module = False  # this window counts in _traced_modules
+        self._window_stack: list[tuple[Any, Any]] = []  # the windows of the thread that entered it
+        self._watchdog_started = False
 
     # --- context manager -------------------------------------------------------
+    @signal_guard.protect
     def __enter__(self) -> CommDebugMode:
-        if self._token is not None:
-            raise RuntimeError("this CommDebugMode is already active; create a new one to nest")
+        GUARD.critical += 1  # first: a Ctrl-C from here on waits until the hooks are in (signal_guard)
+        # All or nothing: a held signal is sent again by send_held(); a KeyboardInterrupt
+        # from it (or anything else that interrupts) rolls back what was installed.
+        entering = False
+        try:
+            try:
+                if self._token is not None:
+                    raise RuntimeError("this CommDebugMode is already active; create a new one to nest")
+                entering = True
+                self._guarded = signal_guard.acquire()
+                self._activate()
+            finally:
+                GUARD.critical -= 1  # first in the block: nothing can interrupt before it
+                signal_guard.send_held()
+            return self
+        except BaseException:
+            if entering:
+                GUARD.critical += 1
+                try:
+                    self._deactivate(None)
+                finally:
+                    GUARD.critical -= 1
+                    signal_guard.send_held()
+            raise
+
+    @signal_guard.protect
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        GUARD.critical += 1  # first: see __enter__
+        try:
+            self._deactivate(exc)
+        except BaseException:
+            self._deactivate(exc)  # finish what the interruption left, then let it propagate
+            raise
+        finally:
+            GUARD.critical -= 1
+            signal_guard.send_held()  # a Ctrl-C that came meanwhile is raised here, after uninstalling
+
+    def _activate(self) -> None:
+        self._claim_thread_and_module()
         self.clear()
         self._token = _current_mode.set(self)
-        self._outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
-        if self._outer is not None:
-            self._outer._recorder.suspended += 1
+        outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
+        if outer is not None:
+            outer._recorder.suspended += 1
+            self._outer = outer
         self._recorder.start()
         with _install_lock:
             for source in self._sources:
+                self._installed.append(source)  # listed first: a half-installed source is uninstalled too
                 try:
                     source.install(self._recorder)
-                    self._installed.append(source)
                 except Exception as exc:  # a source that cannot install must not stop training
                     self._recorder.on_fault(f"install:{type(source).__name__}", exc)
+                    self._installed.pop()
                     self._uninstall_one(source)
         if self._watchdog is not None:
             try:
                 self._watchdog.start(self)
+                self._watchdog_started = True
             except Exception as exc:  # a watchdog that cannot start must not stop training
                 self._recorder.on_fault("watchdog_start", exc)
-        return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if self._watchdog is not None:
+    def _claim_thread_and_module(self) -> None:
+        """Refuse the two layouts hp_otel cannot record correctly, before anything is installed.
+
+        torch's function and dispatch modes belong to a thread: windows of asyncio tasks
+        interleaved on one thread would each record the other's collectives. Module hooks
+        belong to the module: two threads tracing one model would mix their module spans.
+        """
+        task = _current_task()
+        with _install_lock:
+            stack = _windows_of_this_thread()
+            if stack and stack[-1][1] is not task:
+                raise RuntimeError(
+                    f"CommDebugMode: another window is open on this thread in {_task_name(stack[-1][1])}, and this one "
+                    f"would open in {_task_name(task)}. torch's modes belong to the thread, so windows of "
+                    "interleaved asyncio tasks would record each other's collectives: open them one task at a "
+                    "time (e.g. under an asyncio.Lock) or run each task's traced work in its own thread"
+                )
+            if self.module is not None:
+                owner, windows = _traced_modules.get(id(self.module), (None, 0))
+                if owner is not None and owner != threading.get_ident():
+                    raise RuntimeError(
+                        f"CommDebugMode: module {type(self.module).__name__} is already traced by a window on "
+                        f"another thread ({_thread_name(owner)}). Module hooks belong to the module, not the thread, "
+                        "so two threads tracing one model would mix their module spans: trace it on one thread "
+                        "at a time, or give each thread its own model (or module=None)"
+                    )
+                _traced_modules[id(self.module)] = (threading.get_ident(), windows + 1)
+                self._claimed_module = True
+            stack.append((self, task))
+            self._window_stack = stack  # exiting on another thread still removes it from this one
+
+    def _release_thread_and_module(self) -> None:
+        with _install_lock:
+            stack, self._window_stack = self._window_stack, []
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0] is self:
+                    del stack[i]
+                    break
+            if self._claimed_module:
+                self._claimed_module = False
+                owner, windows = _traced_modules.get(id(self.module), (None, 1))
+                if windows <= 1:
+                    _traced_modules.pop(id(self.module), None)
+                else:
+                    _traced_modules[id(self.module)] = (owner, windows - 1)
+
+    def _deactivate(self, exc: BaseException | None) -> None:
+        """Undo `_activate` (or the part of it that ran); safe to call again."""
+        interrupted: list[BaseException] = []
+        if self._watchdog_started:
+            self._watchdog_started = False
             try:
-                self._watchdog.stop()
+                self._watchdog.stop()  # type: ignore[union-attr]
             except Exception as error:
                 self._recorder.on_fault("watchdog_stop", error)
         with _install_lock:
             while self._installed:
-                self._uninstall_one(self._installed.pop())
-        self._recorder.stop(exc)
-        if self._build_on_exit:
-            self._recorder.materialise()
-        if self._outer is not None:
-            self._outer._recorder.suspended -= 1
-            self._outer = None
+                source = self._installed.pop()
+                try:
+                    self._uninstall_one(source)
+                except BaseException as error:  # not an Exception: finish the others, then raise it
+                    interrupted.append(error)
+        if self._recorder.active:
+            self._recorder.stop(exc)
+            if self._build_on_exit:
+                self._recorder.materialise()
+        outer, self._outer = self._outer, None
+        if outer is not None:
+            outer._recorder.suspended -= 1
         token, self._token = self._token, None
         if token is not None:
             try:
                 _current_mode.reset(token)
             except ValueError:  # exited in another context than entered: leave that context alone
                 pass
+        self._release_thread_and_module()
+        guarded, self._guarded = self._guarded, False
+        if guarded:
+            signal_guard.release()
+        if interrupted:
+            raise interrupted[0]
 
     def _uninstall_one(self, source: Source) -> None:
         try:
@@ -293,7 +433,7 @@ class CommDebugMode:
                 UserWarning,
                 stacklevel=2,
             )
-        return table.render_table(self.get_finished_spans(), level)
+        return table.render_table(self.get_finished_spans(), level, dropped=self.get_dropped_record_count())
 
     generate_tracing_table = generate_comm_debug_tracing_table
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,9 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from hp_otel.files import write_text_atomically
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+MAX_BYTES_VARIABLE = "HP_OTEL_RENDER_MAX_BYTES"
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+MEMORY_PER_FILE_BYTE = 10  # peak memory / file size when reading (measured: 9.8x for a 42 MB file of 40,000 spans)
 
 
 class SpanFileError(ValueError):
@@ -30,11 +34,18 @@ class SpanFileError(ValueError):
 
 
 def _ids(obj: Any, convert: Any) -> Any:
-    """Apply `convert` to every trace/span id field, recursively."""
-    if isinstance(obj, dict):
-        return {k: (convert(v) if k in _ID_FIELDS and isinstance(v, str) else _ids(v, convert)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_ids(v, convert) for v in obj]
+    """Apply `convert` to every trace/span id field, in place (iterative: files can nest deeply)."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key in _ID_FIELDS and isinstance(value, str):
+                    item[key] = convert(value)
+                elif isinstance(value, (dict, list)):
+                    stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(value for value in item if isinstance(value, (dict, list)))
     return obj
 
 
@@ -99,37 +110,85 @@ def _any_value(value: AnyValue) -> Any:
     return getattr(value, kind)
 
 
-def read_spans(path: str | os.PathLike[str]) -> list[ReadableSpan]:
-    """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong."""
-    return read_trace_file(path)[0]
+def max_bytes_limit(max_bytes: int | None = None, environ: Mapping[str, str] = os.environ) -> int:
+    """The size limit for reading a spans file: the argument, else HP_OTEL_RENDER_MAX_BYTES, else 256 MiB."""
+    if max_bytes is not None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        return max_bytes
+    text = environ.get(MAX_BYTES_VARIABLE, "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise SpanFileError(f"{MAX_BYTES_VARIABLE} must be a positive number of bytes, got {text!r}")
+        return int(text)
+    return DEFAULT_MAX_BYTES
 
 
-def read_trace_file(path: str | os.PathLike[str]) -> tuple[list[ReadableSpan], list[dict[str, Any]]]:
-    """The spans of an OTLP/JSON traces file, and the attributes of every resource in it (also one without spans)."""
-    payload = _load(path)
-    try:
-        message = ParseDict(_ids(payload, _hex_to_b64), ExportTraceServiceRequest())
-    except Exception as exc:
-        raise SpanFileError(f"spans file {os.fspath(path)!r} is not valid OTLP/JSON traces: {exc}") from exc
-    resources = [{kv.key: _any_value(kv.value) for kv in rs.resource.attributes} for rs in message.resource_spans]
-    return _spans_of(message), resources
+def read_spans(path: str | os.PathLike[str], max_bytes: int | None = None) -> list[ReadableSpan]:
+    """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong (see read_trace_file)."""
+    return read_trace_file(path, max_bytes)[0]
 
 
-def _load(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_trace_file(
+    path: str | os.PathLike[str], max_bytes: int | None = None
+) -> tuple[list[ReadableSpan], list[dict[str, Any]]]:
+    """The spans of an OTLP/JSON traces file, and the attributes of every resource in it (also one without spans).
+
+    The whole file is parsed in memory (about 10x its size at the peak), so files
+    over `max_bytes` (default: `HP_OTEL_RENDER_MAX_BYTES`, else 256 MiB) are refused
+    with their size and the limit, and running out of memory is reported as such.
+    """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):  # an int would be read as a descriptor
         raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
+    name = os.fspath(path)
+    limit = max_bytes_limit(max_bytes)
     try:
-        with open(path, encoding="utf-8") as handle:
-            payload = json.load(handle)
+        size = os.stat(name).st_size
     except FileNotFoundError as exc:
-        raise SpanFileError(f"spans file {os.fspath(path)!r} does not exist") from exc
+        raise SpanFileError(f"spans file {name!r} does not exist") from exc
+    except OSError as exc:
+        raise SpanFileError(f"spans file {name!r} cannot be read: {exc}") from exc
+    if size > limit:
+        raise SpanFileError(
+            f"spans file {name!r} is {size:,} bytes, over the limit of {limit:,} bytes (reading needs about "
+            f"{MEMORY_PER_FILE_BYTE}x the file size in memory); raise it with --max-bytes or {MAX_BYTES_VARIABLE}"
+        )
+    try:
+        message = _parse(name)
+        resources = [{kv.key: _any_value(kv.value) for kv in rs.resource.attributes} for rs in message.resource_spans]
+        return _spans_of(message), resources
+    except MemoryError:
+        raise SpanFileError(
+            f"spans file {name!r} ({size:,} bytes) needs more memory than is available to read "
+            f"(about {MEMORY_PER_FILE_BYTE}x the file size); split the file or read it on a larger machine"
+        ) from None
+    except RecursionError:
+        raise SpanFileError(
+            f"spans file {name!r} nests values deeper than can be read ({sys.getrecursionlimit()} levels); "
+            "an OTLP/JSON traces file nests about 10"
+        ) from None
+
+
+def _parse(name: str) -> ExportTraceServiceRequest:
+    try:
+        with open(name, encoding="utf-8") as handle:
+            payload = json.load(handle)
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpanFileError(f"spans file {os.fspath(path)!r} cannot be read: {exc}") from exc
+        raise SpanFileError(f"spans file {name!r} cannot be read: {exc}") from exc
     except json.JSONDecodeError as exc:
-        raise SpanFileError(f"spans file {os.fspath(path)!r} is not JSON: {exc}") from exc
+        raise SpanFileError(f"spans file {name!r} is not JSON: {exc}") from exc
     if not isinstance(payload, dict) or "resourceSpans" not in payload:
-        raise SpanFileError(f"spans file {os.fspath(path)!r} is not OTLP/JSON traces (no 'resourceSpans' key)")
-    return payload
+        raise SpanFileError(f"spans file {name!r} is not OTLP/JSON traces (no 'resourceSpans' key)")
+    try:
+        _ids(payload, _hex_to_b64)
+    except ValueError as exc:
+        raise SpanFileError(f"spans file {name!r} has a trace or span id that is not hex: {exc}") from exc
+    try:
+        return ParseDict(payload, ExportTraceServiceRequest())
+    except (RecursionError, MemoryError):
+        raise
+    except Exception as exc:
+        raise SpanFileError(f"spans file {name!r} is not valid OTLP/JSON traces: {exc}") from exc
 
 
 def _spans_of(message: ExportTraceServiceRequest) -> list[ReadableSpan]:

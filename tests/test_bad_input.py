@@ -79,7 +79,7 @@ def _calls(tmp: Path) -> list[tuple[str, Callable[[CommDebugMode], object], type
         # spans files and rendering
         ("read_spans int", lambda m: read_spans(3), TypeError, r"path must be a non-empty path"),
         ("read_spans folder", lambda m: read_spans(tmp), SpanFileError, r"cannot be read"),
-        ("read_spans bad ids", lambda m: read_spans(_write(spans_file, _BAD_IDS)), SpanFileError, r"not valid OTLP"),
+        ("read_spans bad ids", lambda m: read_spans(_write(spans_file, _BAD_IDS)), SpanFileError, r"not hex"),
         ("read_spans binary", lambda m: read_spans(_write_bytes(spans_file)), SpanFileError, r"cannot be read"),
         ("write_spans spans", lambda m: write_spans(tmp / "s.json", [1, 2]), TypeError, r"spans must be a sequence"),
         ("write_spans path", lambda m: write_spans(None, ()), TypeError, r"path must be a non-empty path"),
@@ -123,7 +123,7 @@ def test_bad_input_gets_a_clear_error_and_keeps_records(recorded: CommDebugMode,
         call(recorded)
     assert recorded.get_comm_counts() == {"differentiable_all_reduce": 1}
     assert recorded.get_finished_spans() == spans_before
-    leftovers = [f for f in os.listdir(tmp_path) if f.startswith(".hp_otel.")]
+    leftovers = [f for f in os.listdir(tmp_path) if ".hp_otel" in f]
     assert leftovers == []  # no temporary file left by a failed write
 
 

@@ -127,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("file", type=Path, help="an OTLP/JSON spans file")
     render.add_argument("--noise-level", type=_noise_level, default=1, metavar="0-3", help=NOISE_LEVEL_HELP)
+    render.add_argument(
+        "--max-bytes",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="refuse files larger than N bytes (default: HP_OTEL_RENDER_MAX_BYTES, else 256 MiB)",
+    )
 
     ranks = sub.add_parser(
         "ranks",
@@ -192,14 +199,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hp_otel.cli.ranks import run_ranks
 
         return run_ranks(args.files, args.json, args.top)
-    from hp_otel.call_tree import count_collectives
+    from hp_otel.call_tree import build_call_tree, check_attribute_types, count_collectives
     from hp_otel.otlp_json import SpanFileError, read_spans
     from hp_otel.render.table import render_table
 
     try:
-        spans = read_spans(args.file)
-    except SpanFileError as exc:
-        print(f"hp-otel render: {exc}", file=sys.stderr)
+        spans = read_spans(args.file, max_bytes=args.max_bytes)
+        check_attribute_types(build_call_tree(spans))
+    except (SpanFileError, ValueError) as exc:
+        print(
+            f"hp-otel render: {args.file}: {exc}" if not isinstance(exc, SpanFileError) else f"hp-otel render: {exc}",
+            file=sys.stderr,
+        )
         return 2
     print(f"collective counts: {count_collectives(spans)}")
     print(render_table(spans, args.noise_level))

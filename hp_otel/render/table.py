@@ -23,14 +23,23 @@ RULE = "-" * 80
 
 
 def visible(roots: Iterable[CallRecord], level: NoiseLevel, depth: int = 0) -> Iterator[tuple[CallRecord, int]]:
-    """(record, depth) in tree order for the lines of a table at this noise level."""
-    for record in roots:
+    """(record, depth) in tree order for the lines of a table at this noise level.
+
+    Iterative: a tree read from a file may be deeper than Python's recursion limit.
+    """
+    stack: list[tuple[Iterator[CallRecord], int]] = [(iter(roots), depth)]
+    while stack:
+        records, at = stack[-1]
+        record = next(records, None)
+        if record is None:
+            stack.pop()
+            continue
         if level.is_node(record):
             if level.shows(record):
-                yield record, depth
-            yield from visible(record.children, level, depth + 1)
+                yield record, at
+            stack.append((iter(record.children), at + 1))
         else:
-            yield from visible(record.children, level, depth)
+            stack.append((iter(record.children), at))
 
 
 def _shape(values: Iterable[int]) -> str:
@@ -91,14 +100,24 @@ def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
     return kind, detail
 
 
-def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None) -> str:
+def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None, dropped: int = 0) -> str:
+    """The table; lines starting `!` after it say what it cannot show (spans the cap dropped, a damaged tree)."""
     flags = noise_level(level)
-    roots = build_call_tree(spans)
+    problems: list[str] = []
+    roots = build_call_tree(spans, problems)
+    if dropped:
+        problems.insert(
+            0,
+            f"{dropped} span(s) were dropped by the max_spans cap and are not in this table "
+            "(get_comm_counts() still counts every collective)",
+        )
+    notes = [f"! {problem}" for problem in problems]
     if not roots:
-        return EMPTY_TABLE
+        return "\n".join([EMPTY_TABLE, *notes])
     lines = [HEADER, RULE]
     for record, depth in visible(roots, flags):
         kind, detail = describe(record, flags)
         type_column = "  " * depth + kind
         lines.append(type_column.ljust(_TYPE_COLUMN - 1) + " " + detail)
+    lines.extend(notes)
     return "\n".join(lines)
