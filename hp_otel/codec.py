@@ -92,7 +92,7 @@ def encode_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
 
 def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
     """A collective span's attributes, without the phase (the recorder knows it, not the source)."""
-    return {
+    attrs = {
         s.CALL_KIND: s.KIND_COLLECTIVE,
         s.COLLECTIVE_NAME: info.name,
         s.COLLECTIVE_OP: info.op,
@@ -106,6 +106,12 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
         s.COLLECTIVE_REDUCE_OP: info.reduce_op,
         s.COLLECTIVE_ASYNC: info.is_async,
     }
+    if info.param_module:
+        attrs[s.COLLECTIVE_PARAM_MODULE] = info.param_module
+    if info.peers:
+        attrs[s.COLLECTIVE_PEERS] = info.peers
+        attrs[s.COLLECTIVE_TAGS] = info.tags
+    return attrs
 
 
 def encode_collective_place(attrs: Mapping[str, Any], phase: str, fqn: str) -> dict[str, Any]:
@@ -212,6 +218,9 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
         bytes=int(get(s.COLLECTIVE_BYTES, 0)),
         reduce_op=str(get(s.COLLECTIVE_REDUCE_OP, "")),
         is_async=bool(get(s.COLLECTIVE_ASYNC, False)),
+        param_module=str(get(s.COLLECTIVE_PARAM_MODULE, "")),
+        peers=tuple(get(s.COLLECTIVE_PEERS, ())),
+        tags=tuple(get(s.COLLECTIVE_TAGS, ())),
     )
 
 

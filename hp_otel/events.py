@@ -97,6 +97,9 @@ class Collective:
     seq: int = -1
     fqn: str = ""
     issue: CollectiveIssue | None = None  # its issue record, when the source reported one
+    # schema.COMPLETION_*: LAUNCH while a completion is awaited (end_ns is the launch's end
+    # until then); the source's completion helper moves end_ns and sets WAIT or WORK.
+    completion: str = "call"
 
 
 @dataclass(slots=True)

@@ -48,6 +48,9 @@ class CollectiveInfo:
     bytes: int = 0
     reduce_op: str = ""
     is_async: bool = False
+    param_module: str = ""  # FSDP: the module whose parameters it gathers or reduces
+    peers: tuple[int, ...] = ()  # point-to-point: the peer's global rank (one per op of a batch)
+    tags: tuple[int, ...] = ()  # point-to-point: the tag (one per op of a batch)
 
 
 @dataclass(frozen=True)
@@ -72,3 +75,21 @@ class ModuleInfo:
     span_name: str  # the fqn, or the root's class name
     module_type: str  # the class's qualified name
     parameters: tuple[ParameterInfo, ...] = ()
+
+
+class ModuleCall:
+    """One forward call of a module (a module run twice in a window has two calls).
+
+    Backward work is attributed to the call whose forward created the autograd node
+    that runs it; `chain` is the calls enclosing this one when it ran, outermost
+    first, itself last — the modules a backward collective counts for.
+    """
+
+    __slots__ = ("chain", "module")
+
+    def __init__(self, module: ModuleInfo, parent: ModuleCall | None = None) -> None:
+        self.module = module
+        self.chain: tuple[ModuleCall, ...] = (*parent.chain, self) if parent is not None else (self,)
+
+    def __repr__(self) -> str:
+        return f"ModuleCall({'/'.join(c.module.fqn for c in self.chain)})"

@@ -7,10 +7,14 @@ Every method must be safe to call at any time: the recorder never raises from th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
+from hp_otel.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
+
+# Returns the module calls (outermost first) owning the backward work running now:
+# () when backward runs work of no tracked module, None when it cannot tell (not in backward).
+NodeAttribution = Callable[[], "tuple[ModuleCall, ...] | None"]
 
 
 class Observer(Protocol):
@@ -25,6 +29,14 @@ class Observer(Protocol):
 
     def on_backward_end(self) -> None:
         """The autograd pass finished: close backward module spans still open."""
+
+    def on_backward_modules(self, chain: Sequence[ModuleCall]) -> None:
+        """Backward work of these module calls (outermost first) starts now: backward spans of
+        other calls close, theirs open — siblings follow each other, never nest."""
+
+    def set_node_attribution(self, resolve: NodeAttribution | None) -> None:
+        """A module source says which module calls own the running backward work; a backward
+        collective then counts for exactly those (see README "Semantics")."""
 
     def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None: ...
 
@@ -45,7 +57,14 @@ class Observer(Protocol):
         error: BaseException | None = None,
         phase: str | None = None,
         ticket: Any = None,
-    ) -> None: ...
+        awaits_completion: bool = False,
+    ) -> object | None:
+        """A collective call returned at `end_ns` (`ticket`: what `on_collective_issue` returned).
+        With `awaits_completion` it was only launched: the returned token goes to
+        `on_collective_complete` when it finishes."""
+
+    def on_collective_complete(self, token: object, end_ns: int, completion: str) -> None:
+        """The collective of `token` finished (schema.COMPLETION_WAIT / COMPLETION_WORK); any thread."""
 
     def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None: ...
 

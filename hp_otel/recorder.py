@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -29,7 +29,7 @@ from opentelemetry.trace import Tracer
 from hp_otel import codec, matching
 from hp_otel import events as ev
 from hp_otel import schema as s
-from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
+from hp_otel.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 from hp_otel.instruments import Instruments
 from hp_otel.span_builder import SpanBuilder
 from hp_otel.span_store import LocalSpanStore
@@ -59,7 +59,15 @@ class SpanRecorder:
         self._builder: SpanBuilder | None = None
         self._build_lock = threading.Lock()
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
+        # Backward by autograd node (torch): the module calls owning the running backward
+        # work, outermost first, and the source's function that names them.
+        self._backward_calls: tuple[ModuleCall, ...] = ()
+        self._backward_moved_ns = 0  # when the open backward spans last changed
+        self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
         self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
+        # Async collectives awaiting completion: their duration is recorded when the window ends.
+        self._awaiting: list[tuple[ev.Collective, tuple[Any, ...]]] = []
+        self._thread = threading.get_ident()  # the window's thread: live spans end on it only
         self._window_context: Any = None
         self._active = False
         self._suspended = 0  # > 0 while a nested mode records instead of this one
@@ -106,6 +114,9 @@ class SpanRecorder:
         self._builder = SpanBuilder(self._tracer, self._store, parent_ctx, self.live, self.on_fault, self.window)
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
+        self._backward_calls = ()
+        self._awaiting = []
+        self._thread = threading.get_ident()
         self.active = True
 
     def stop(self, error: BaseException | None = None) -> None:
@@ -116,6 +127,10 @@ class SpanRecorder:
         except Exception as exc:
             self.on_fault("window_end", exc)
         self._modules.clear()
+        self._backward_calls = ()
+        awaiting, self._awaiting = self._awaiting, []
+        for event, key in awaiting:  # completion times where seen, else the launch
+            self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
         self._flush_metrics()
 
     def reset(self) -> None:
@@ -183,9 +198,44 @@ class SpanRecorder:
             return
         try:
             self._modules = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]
+            self._backward_calls = ()
             self._emit(ev.BackwardEnd(_now()))
         except Exception as exc:
             self.on_fault("backward_end", exc)
+
+    def on_backward_modules(self, chain: Sequence[ModuleCall]) -> None:
+        if not self.accepting:
+            return
+        try:
+            self._follow_backward(tuple(chain), _now())
+        except Exception as exc:
+            self.on_fault("backward_modules", exc)
+
+    def set_node_attribution(self, resolve: Callable[[], tuple[ModuleCall, ...] | None] | None) -> None:
+        self._node_attribution = resolve
+
+    def _follow_backward(self, chain: tuple[ModuleCall, ...], time_ns: int) -> None:
+        """Close the open backward spans not in `chain`, open those of `chain` not open yet."""
+        open_calls = self._backward_calls
+        same = 0
+        limit = min(len(open_calls), len(chain))
+        while same < limit and open_calls[same] is chain[same]:
+            same += 1
+        if same == len(open_calls) == len(chain):
+            return
+        # never before the previous move: a span must not end before it started
+        time_ns = self._backward_moved_ns = max(time_ns, self._backward_moved_ns)
+        self._backward_calls = chain
+        for call in reversed(open_calls[same:]):
+            try:
+                self._emit(ev.ModuleExit(time_ns, call.module.fqn, s.PHASE_BACKWARD, None))
+            except Exception as exc:
+                self.on_fault("module_exit", exc)
+        for call in chain[same:]:
+            try:
+                self._emit(ev.ModuleEnter(time_ns, call.module, s.PHASE_BACKWARD))
+            except Exception as exc:
+                self.on_fault("module_enter", exc)
 
     # --- observer: ops and redistributes ------------------------------------------
     def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None:
@@ -208,7 +258,12 @@ class SpanRecorder:
         if not self.accepting:
             return
         try:
-            self._emit(ev.RedistributeEnter(_now(), src_placements, dst_placements, shape))
+            now = _now()
+            if not self._modules and self._node_attribution is not None:  # backward: its node's modules first
+                chain = self._running_chain()
+                if chain is not None:
+                    self._follow_backward(chain, now)
+            self._emit(ev.RedistributeEnter(now, src_placements, dst_placements, shape))
         except Exception as exc:
             self.on_fault("redistribute_enter", exc)
 
@@ -226,7 +281,16 @@ class SpanRecorder:
             return None
         try:
             modules = self._modules
-            fqn, module_phase = modules[-1] if modules else ("", s.PHASE_FORWARD)
+            if modules:
+                fqn, module_phase = modules[-1]
+                if module_phase == s.PHASE_RECOMPUTE:  # the source sees backward; it is a recomputed forward
+                    phase = module_phase
+            else:
+                fqn, module_phase = "", s.PHASE_FORWARD
+                chain = self._running_chain() if phase != s.PHASE_FORWARD else None
+                if chain is not None:  # backward: its node's modules, before the span finds its parent
+                    self._follow_backward(chain, start_ns)
+                    fqn, module_phase = (chain[-1].module.fqn if chain else ""), s.PHASE_BACKWARD
             issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), phase or module_phase, fqn)
             in_flight = self._in_flight
             if len(in_flight) >= _MAX_IN_FLIGHT:  # work nobody waits for: forget the oldest
@@ -246,22 +310,54 @@ class SpanRecorder:
         error: BaseException | None = None,
         phase: str | None = None,
         ticket: Any = None,
-    ) -> None:
+        awaits_completion: bool = False,
+    ) -> ev.Collective | None:
+        """Count and record one collective; with `awaits_completion` (launched, not finished)
+        returns the token to pass to `on_collective_complete` when it finishes."""
         issue = ticket if type(ticket) is ev.CollectiveIssue else None
         if issue is not None:
             issue.returned = True
             if issue.pending is None or error is not None:  # else in flight until its work is done
                 self._in_flight.pop(issue, None)
         if not self.accepting:
-            return
+            return None
         try:
             seq = issue.seq if issue is not None else self._next_seq(info)
-            phase, fqn = self._count(info, phase)
-            self._measure(info, phase, fqn, end_ns - start_ns, error)
+            phase, fqn = self._count(info, phase, start_ns)
+            awaits = awaits_completion and error is None
             issued_in = issue.fqn if issue is not None else fqn
-            self._emit(ev.Collective(start_ns, end_ns, info, error, phase, seq, issued_in, issue))
+            event = ev.Collective(
+                start_ns,
+                end_ns,
+                info,
+                error,
+                phase,
+                seq,
+                issued_in,
+                issue,
+                s.COMPLETION_LAUNCH if awaits else s.COMPLETION_CALL,
+            )
+            key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
+            if awaits:
+                self._awaiting.append((event, key))
+            self._emit(event)
+            return event if awaits else None
         except Exception as exc:
             self.on_fault("collective", exc)
+            return None
+
+    def on_collective_complete(self, token: Any, end_ns: int, completion: str) -> None:
+        """The collective of `token` finished at `end_ns` (its wait_tensor, its Work); any thread."""
+        if not isinstance(token, ev.Collective) or token.completion != s.COMPLETION_LAUNCH:
+            return
+        try:
+            token.end_ns = max(end_ns, token.end_ns)
+            token.completion = completion
+            builder = self._builder
+            if self.live and builder is not None and threading.get_ident() == self._thread:
+                builder.complete_collective(token)
+        except Exception as exc:
+            self.on_fault("collective_complete", exc)
 
     def _next_seq(self, info: CollectiveInfo) -> int:
         """This collective's index among the window's collectives on its group (one dict update)."""
@@ -303,32 +399,69 @@ class SpanRecorder:
                     self.on_fault("in_flight_span", exc)
         return spans
 
-    def _count(self, info: CollectiveInfo, phase_hint: str | None) -> tuple[str, str]:
-        """Exact counts, overall and for each open module; returns the innermost module's (phase, fqn)."""
+    def _count(self, info: CollectiveInfo, phase_hint: str | None, start_ns: int) -> tuple[str, str]:
+        """Exact counts, overall and for each module it belongs to; returns the innermost module's (phase, fqn).
+
+        Forward (and a recomputed forward): every open module, innermost phase.  Backward
+        with a node attribution: the module calls whose forward created the running
+        autograd node — the open backward spans follow them first, so the span tree
+        agrees with the counts.
+        """
         name = info.name
         counts = self.comm_counts
         counts[name] = counts.get(name, 0) + 1
         self.comm_ops[name] = info.op
         modules = self._modules
         if not modules:
-            return phase_hint or s.PHASE_FORWARD, ""
-        for fqn, phase in set(modules):
-            per_phase = self.module_counts.setdefault(fqn, {}).setdefault(phase, {})
-            per_phase[name] = per_phase.get(name, 0) + 1
+            chain = self._running_chain() if phase_hint != s.PHASE_FORWARD else None
+            if chain is None:
+                return phase_hint or s.PHASE_FORWARD, ""
+            self._follow_backward(chain, start_ns)
+            if not chain:
+                return s.PHASE_BACKWARD, ""
+            for fqn in {call.module.fqn for call in chain}:
+                per_phase = self.module_counts.setdefault(fqn, {}).setdefault(s.PHASE_BACKWARD, {})
+                per_phase[name] = per_phase.get(name, 0) + 1
+            return s.PHASE_BACKWARD, chain[-1].module.fqn
         fqn, phase = modules[-1]
+        owners = {f for f, p in modules if p == phase}
+        if phase == s.PHASE_RECOMPUTE:  # also the modules whose backward node asked for the recompute
+            owners.update(call.module.fqn for call in self._running_chain() or ())
+        for module_fqn in owners:
+            per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
+            per_phase[name] = per_phase.get(name, 0) + 1
         return phase, fqn
 
+    def _running_chain(self) -> tuple[ModuleCall, ...] | None:
+        resolve = self._node_attribution
+        if resolve is None:
+            return None
+        try:
+            return resolve()
+        except Exception as exc:  # counted without a module rather than lost
+            self.on_fault("node_attribution", exc)
+            return None
+
     def _measure(
-        self, info: CollectiveInfo, phase: str, fqn: str, duration_ns: int, error: BaseException | None = None
-    ) -> None:
+        self,
+        info: CollectiveInfo,
+        phase: str,
+        fqn: str,
+        duration_ns: int | None,
+        error: BaseException | None = None,
+    ) -> tuple[Any, ...]:
+        """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
         key: tuple[Any, ...] = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
         if error is not None:  # a failed call: its own series, with error.type (OTel's convention)
             key += (codec.error_type(error),)
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
+        if duration_ns is None:
+            return key
         if self.live:
             self._record_durations(key, (duration_ns,))
         else:
             self._pending_durations.setdefault(key, []).append(duration_ns)
+        return key
 
     def _flush_metrics(self) -> None:
         pending, self._pending_durations = self._pending_durations, {}

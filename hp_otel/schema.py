@@ -22,6 +22,8 @@ CALL_KINDS: Final = (KIND_MODULE, KIND_OP, KIND_COLLECTIVE, KIND_REDISTRIBUTE)
 PHASE: Final = "hp.phase"
 PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"
+# A forward that runs again inside backward (activation checkpointing recomputes it).
+PHASE_RECOMPUTE: Final = "recompute"
 
 # --- module spans ---------------------------------------------------------
 MODULE_FQN: Final = "hp.module.fqn"
@@ -58,6 +60,16 @@ COLLECTIVE_DTYPE: Final = "hp.collective.dtype"
 COLLECTIVE_BYTES: Final = "hp.collective.bytes"
 COLLECTIVE_REDUCE_OP: Final = "hp.collective.reduce_op"
 COLLECTIVE_ASYNC: Final = "hp.collective.async"
+COLLECTIVE_PEERS: Final = "hp.collective.peers"  # point-to-point: global rank of the peer(s)
+COLLECTIVE_TAGS: Final = "hp.collective.tags"  # point-to-point: tag(s)
+COLLECTIVE_PARAM_MODULE: Final = "hp.collective.param_module"  # FSDP: whose parameters it moves
+# Where a collective span ends: the call returned (sync), the functional collective's
+# wait_tensor ran, the c10d Work completed, or only the launch was seen.
+COLLECTIVE_COMPLETION: Final = "hp.collective.completion"
+COMPLETION_CALL: Final = "call"
+COMPLETION_WAIT: Final = "wait"
+COMPLETION_WORK: Final = "work"
+COMPLETION_LAUNCH: Final = "launch"
 # Matching the same collective across ranks (rank_compare.py, `hp-otel ranks`).
 COLLECTIVE_SEQ: Final = "hp.collective.seq"  # index among this rank's collectives on the group, per window
 COLLECTIVE_WINDOW: Final = "hp.collective.window"  # what the seq counts within: "step 3" or "window 0"
@@ -77,6 +89,7 @@ NORMALISED_OPS: Final = (
     "barrier",
     "send",
     "recv",
+    "p2p",  # a batch of sends and receives (functional batch_p2p_ops)
     "gather",
     "scatter",
     "reduce",

@@ -79,6 +79,8 @@ class SpanBuilder:
         self._parent_ctx = parent_ctx
         self._live = live  # live: make each open span the current span of this thread
         self._stack: list[_Frame] = []
+        # Async collectives whose completion was awaited when built: ended at completion or window end.
+        self._awaiting: dict[int, tuple[Span, ev.Collective]] = {}
         # Encodings that repeat every step, made once per window.
         self._collective_attrs: dict[CollectiveInfo, dict[str, Any]] = {}
         self._module_attrs: dict[tuple[ModuleInfo, str], dict[str, Any]] = {}
@@ -216,7 +218,20 @@ class SpanBuilder:
             )
         if e.error is not None:
             mark_error(span, e.error)
+        if e.completion == s.COMPLETION_LAUNCH:  # completion not seen yet: end it when it is, or at window end
+            self._awaiting[id(e)] = (span, e)
+            return
+        self._end_collective(span, e)
+
+    def _end_collective(self, span: Span, e: ev.Collective) -> None:
+        span.set_attribute(s.COLLECTIVE_COMPLETION, e.completion)
         self._end_span(span, e.end_ns)
+
+    def complete_collective(self, e: ev.Collective) -> None:
+        """An awaited collective completed (live spans: it ends now)."""
+        pending = self._awaiting.pop(id(e), None)
+        if pending is not None:
+            self._end_collective(*pending)
 
     def _matching(self, attrs: dict[str, Any], seq: int, fqn: str, phase: str) -> tuple[dict[str, Any], Any]:
         """A collective's attributes with its phase and cross-rank identity; its link to the shared context."""
@@ -263,6 +278,12 @@ class SpanBuilder:
     def _window_end(self, e: ev.WindowEnd) -> None:
         """Close every span still open, with error status if the window raised."""
         stack, self._stack = self._stack, []
+        awaiting, self._awaiting = self._awaiting, {}
+        for span, collective in awaiting.values():  # completed since, or never: then its launch is all we saw
+            try:
+                self._end_collective(span, collective)
+            except Exception as exc:
+                self._on_fault("span_build", exc)
         try:
             for frame in reversed(stack):
                 try:

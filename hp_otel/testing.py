@@ -58,8 +58,10 @@ def _check_kinds(kinds: Any) -> frozenset[str]:
 
 
 def _check_phase(phase: Any) -> None:
-    if phase not in (None, s.PHASE_FORWARD, s.PHASE_BACKWARD):
-        raise ValueError(f"phase must be {s.PHASE_FORWARD!r}, {s.PHASE_BACKWARD!r} or None, got {phase!r}")
+    if phase not in (None, s.PHASE_FORWARD, s.PHASE_BACKWARD, s.PHASE_RECOMPUTE):
+        raise ValueError(
+            f"phase must be {s.PHASE_FORWARD!r}, {s.PHASE_BACKWARD!r}, {s.PHASE_RECOMPUTE!r} or None, got {phase!r}"
+        )
 
 
 def collective_counts(source: Any, normalized: bool = False) -> dict[str, int]:
@@ -98,8 +100,8 @@ def assert_collective_counts(
 
 
 def _label(record: CallRecord) -> str:
-    if record.kind == s.KIND_MODULE and record.phase == s.PHASE_BACKWARD:
-        return f"{record.name} [backward]"
+    if record.kind == s.KIND_MODULE and record.phase != s.PHASE_FORWARD:
+        return f"{record.name} [{record.phase}]"
     return record.name
 
 

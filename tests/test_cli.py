@@ -79,6 +79,23 @@ def test_bench_runs_every_variant() -> None:
         assert any(line.startswith(variant) for line in lines), result.stdout
 
 
+@pytest.mark.slow  # a real 2-process gloo demo
+def test_demo_transformer(tmp_path) -> None:
+    result = _hp_otel("demo", "--model", "transformer", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Module(layers.0.attention.wq) [enter]" in result.stdout
+    for rank in (0, 1):
+        dump = json.loads((tmp_path / f"comm_rank{rank}.json").read_text())
+        assert dump["total_counts"] == 21  # 11 all_gather + 10 reduce_scatter
+        modules = dump["comm_module_counts"]
+        # attention's own input gather/scatter belongs to attention, not to its wq/wk/wv
+        assert modules["layers.0.attention"]["backward"] == {
+            "_c10d_functional.all_gather_into_tensor": 1,
+            "_c10d_functional.reduce_scatter_tensor": 1,
+        }
+        assert "layers.0.attention.wq" not in modules
+
+
 def test_version(capsys) -> None:
     from hp_otel.version import __version__
 

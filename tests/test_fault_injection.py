@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import hp_otel.sources.torch_collectives as collectives
+import hp_otel.sources.torch_completion as completion_source
 import hp_otel.sources.torch_dtensor as dtensor_source
 import hp_otel.sources.torch_modules as module_source
 from hp_otel import CommDebugMode, codec, schema
@@ -132,12 +133,15 @@ FAULTS = [
         sees_collectives=False,
     ),
     Fault("collective callback", _fail_event(ev.Collective), ("collective",)),
+    Fault("collective completion (wait)", _fail(completion_source.Completions, "waited"), ("collective_complete",)),
     # redistribute wrapper
     Fault("redistribute describe", _fail(dtensor_source, "placements_str"), ("redistribute_describe",)),
     Fault("redistribute enter callback", _fail_event(ev.RedistributeEnter), ("redistribute_enter",)),
     Fault("redistribute exit callback", _fail_event(ev.RedistributeExit), ("redistribute_exit",)),
     # module hooks, forward and backward
-    Fault("module forward hooks", _fail(module_source, "_grad_tensors"), ("module_forward_pre", "module_forward_post")),
+    Fault("module forward pre hook", _fail(module_source.TorchModuleTracker, "enter_call"), ("module_forward_pre",)),
+    Fault("module forward post hook", _fail(module_source, "_grad_tensors"), ("module_forward_post",)),
+    Fault("backward node attribution", _fail(module_source.TorchModuleTracker, "running_chain"), ("node_attribution",)),
     Fault("module enter callback", _fail_event(ev.ModuleEnter), ("module_enter",)),
     Fault("module exit callback", _fail_event(ev.ModuleExit), ("module_exit",)),
     Fault(
@@ -145,7 +149,9 @@ FAULTS = [
         _fail(module_source.TorchModuleTracker, "close_at_backward_end"),
         ("module_backward_start",),
     ),
-    Fault("module backward grad hook", _fail(module_source._TrackedModule, "backward_done"), ("module_grad_hook",)),
+    Fault(
+        "module backward grad hook", _fail(module_source.TorchModuleTracker, "backward_start"), ("module_grad_hook",)
+    ),
     Fault("backward end callback", _fail_event(ev.BackwardEnd), ("backward_end",)),
     Fault("module tracker install", _fail(module_source, "parameter_infos"), ("install:TorchModuleTracker",)),
     # span building, span processors and exporters

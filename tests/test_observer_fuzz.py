@@ -2,7 +2,8 @@
 
 Random event sequences — exits without enters, unbalanced stacks, collectives outside
 any op, parents that exit before their children (MindSpore's backward hooks), windows
-that raise — fed to a mode with deferred and with live spans.  Whatever the sequence:
+that raise, backward module chains moving in any order (node attribution), async
+collectives completed late, twice or never — fed to a mode with deferred and with live spans.  Whatever the sequence:
 the recorder never raises or faults, every span is ended, every parent exists, there
 are no cycles, the table and the JSON dump render at every level, and the counts equal
 the number of collective events.
@@ -18,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import TracerProvider
 
 from hp_otel import CommDebugMode
-from hp_otel.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
+from hp_otel.infos import CollectiveInfo, ModuleCall, ModuleInfo, ParameterInfo, TensorInfo
 from hp_otel.render.json_dump import build_json_dump
 from hp_otel.render.levels import NOISE_LEVELS
 from hp_otel.testing import assert_collective_counts, collective_counts, span_outline
@@ -34,6 +35,15 @@ COLLECTIVES = (
     CollectiveInfo("c10d.barrier", "barrier", 2),
 )
 TENSOR = TensorInfo((4, 16), "torch.float32", True, ("Shard(dim=0)",), (2,))
+# Module calls for backward by autograd node: a root call, two children, one reused (a second call).
+_ROOT_CALL = ModuleCall(ModuleInfo("(root)", "MLP", "MLP"))
+_CALLS = (
+    _ROOT_CALL,
+    ModuleCall(ModuleInfo("fc1", "fc1", "Linear"), _ROOT_CALL),
+    ModuleCall(ModuleInfo("fc2", "fc2", "Linear"), _ROOT_CALL),
+    ModuleCall(ModuleInfo("fc2", "fc2", "Linear"), _ROOT_CALL),
+)
+CHAINS = ((), *(call.chain for call in _CALLS))
 
 events = st.one_of(
     st.tuples(st.just("module_enter"), st.sampled_from(FQNS), st.sampled_from(PHASES)),
@@ -44,6 +54,10 @@ events = st.one_of(
     st.tuples(st.just("redistribute_exit"), st.booleans()),
     st.tuples(st.just("collective"), st.sampled_from(COLLECTIVES), st.sampled_from((None, *PHASES)), st.booleans()),
     st.tuples(st.just("backward_end")),
+    st.tuples(st.just("backward_modules"), st.sampled_from(CHAINS)),
+    st.tuples(st.just("running_node"), st.sampled_from((None, *CHAINS))),  # what node attribution answers
+    st.tuples(st.just("async_collective"), st.sampled_from(COLLECTIVES), st.sampled_from((None, *PHASES))),
+    st.tuples(st.just("complete"), st.integers(0, 5), st.sampled_from(("wait", "work"))),
 )
 
 
@@ -51,6 +65,9 @@ def _feed(observer, sequence) -> int:
     """Feed events; returns how many collective events were fed."""
     collectives = 0
     clock = 1_000
+    running: list = [None]
+    observer.set_node_attribution(lambda: running[0])
+    tokens: list = []
     for event in sequence:
         kind = event[0]
         if kind == "module_enter":
@@ -71,6 +88,18 @@ def _feed(observer, sequence) -> int:
             clock += 10
             observer.on_collective(event[1], clock, clock + 5, RuntimeError("c") if event[3] else None, event[2])
             collectives += 1
+        elif kind == "backward_modules":
+            observer.on_backward_modules(event[1])
+        elif kind == "running_node":
+            running[0] = event[1]
+        elif kind == "async_collective":
+            clock += 10
+            tokens.append(observer.on_collective(event[1], clock, clock + 5, None, event[2], awaits_completion=True))
+            collectives += 1
+        elif kind == "complete":
+            clock += 10
+            if tokens:
+                observer.on_collective_complete(tokens[event[1] % len(tokens)], clock, event[2])
         else:
             observer.on_backward_end()
     return collectives

@@ -60,10 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="2-process CPU tensor-parallel MLP step under CommDebugMode (about 10 s)",
-        description="A real 2-process CPU (gloo) tensor-parallel MLP forward+backward under CommDebugMode: "
-        "prints rank 0's counts and tables, writes every rank's JSON dump and spans into --out.",
+        help="2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode (about 10 s)",
+        description="A real 2-process CPU (gloo) tensor-parallel forward+backward under CommDebugMode "
+        "(a TP MLP, or a 2-layer TP + sequence-parallel transformer): prints rank 0's counts and tables, "
+        "writes every rank's JSON dump and spans into --out.",
         formatter_class=_DEFAULTS,
+    )
+    demo.add_argument(
+        "--model",
+        choices=("mlp", "transformer"),
+        default="mlp",
+        help="mlp: a 2-layer TP MLP; transformer: a 2-layer TP + sequence-parallel transformer",
     )
     demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
     demo.add_argument("--noise-level", type=_noise_level, default=2, metavar="0-3", help=NOISE_LEVEL_HELP)
@@ -100,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--export-down",
         action="store_true",
         help="instead: cost of exporting to a refused or blackholed OTLP endpoint (HTTP and gRPC), against no export",
+    )
+    bench.add_argument(
+        "--model", choices=("mlp", "transformer"), default="mlp", help="the step to time (as in the demo)"
     )
     bench.add_argument(
         "--scale",
@@ -155,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_demo(
             DemoConfig(
                 out_dir=args.out,
+                model=args.model,
                 noise_level=args.noise_level,
                 otlp_endpoint=args.otlp_endpoint,
                 otlp_protocol=args.otlp_protocol,
@@ -179,7 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         from hp_otel.cli.bench import format_results, run_bench
 
-        results, skipped = run_bench(rounds=args.rounds, steps=args.steps, progress=to_stderr("bench"))
+        results, skipped = run_bench(
+            rounds=args.rounds, steps=args.steps, model_name=args.model, progress=to_stderr("bench")
+        )
         print("\n".join(format_results(results, skipped)))
         return 0
     if args.command == "ranks":

@@ -72,9 +72,13 @@ def run_bench(
     world_size: int = 2,
     hidden: int = 32,
     intermediate: int = 64,
+    model_name: str = "mlp",
     progress: Progress = quiet,
 ) -> tuple[dict[str, float], dict[str, str]]:
-    """Median µs per step for each variant, and the variants that cannot run here with the reason."""
+    """Median µs per step for each variant, and the variants that cannot run here with the reason.
+
+    `model_name`: "mlp" (the TP MLP) or "transformer" (the demo's 2-layer TP + SP transformer).
+    """
     import torch
 
     from hp_otel import CommDebugMode
@@ -82,15 +86,26 @@ def run_bench(
 
     torch.set_num_threads(1)  # intra-op threads only add noise to a dispatch-bound step
     fake_process_group(world_size)
-    model = build_tp_mlp(world_size, hidden, intermediate)
-    batch = torch.randn(8, hidden)
+    if model_name == "transformer":
+        from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
 
-    def step() -> None:
-        # A new leaf each step, as with a new batch: torch's CommDebugMode leaves a grad
-        # hook on its window's inputs, and on a reused input those hooks would pile up
-        # and slow every later variant.
-        train_step(model, batch.detach().requires_grad_(True))
-        model.zero_grad(set_to_none=True)
+        model = build_tp_transformer(world_size)
+        tokens = demo_tokens()
+
+        def step() -> None:
+            model(tokens).sum().backward()
+            model.zero_grad(set_to_none=True)
+
+    else:
+        model = build_tp_mlp(world_size, hidden, intermediate)
+        batch = torch.randn(8, hidden)
+
+        def step() -> None:
+            # A new leaf each step, as with a new batch: torch's CommDebugMode leaves a grad
+            # hook on its window's inputs, and on a reused input those hooks would pile up
+            # and slow every later variant.
+            train_step(model, batch.detach().requires_grad_(True))
+            model.zero_grad(set_to_none=True)
 
     variants, skipped = _variants(model)
     for name, reason in skipped.items():

@@ -1,4 +1,5 @@
-"""`hp-otel demo`: a real 2-process CPU (gloo) tensor-parallel MLP step under CommDebugMode.
+"""`hp-otel demo`: a real 2-process CPU (gloo) tensor-parallel step under CommDebugMode:
+the TP MLP (`--model mlp`) or a 2-layer TP + sequence-parallel transformer (`--model transformer`).
 
 Each rank runs forward+backward inside `CommDebugMode(module=model)` and writes its
 JSON dump and its spans (OTLP/JSON); rank 0 prints the counts and the tables.
@@ -22,6 +23,7 @@ from hp_otel.cli.progress import Progress, quiet, to_stderr
 @dataclass(frozen=True)
 class DemoConfig:
     out_dir: Path
+    model: str = "mlp"  # mlp | transformer
     world_size: int = 2
     noise_level: int = 2
     port: int = 0
@@ -76,8 +78,12 @@ def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = N
             metric_export_interval_ms=1000,
         )
     try:
-        model = build_tp_mlp(config.world_size)
-        x = torch.randn(4, 16, requires_grad=True)
+        if config.model == "transformer":
+            from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+
+            model, x = build_tp_transformer(config.world_size), demo_tokens()
+        else:
+            model, x = build_tp_mlp(config.world_size), torch.randn(4, 16, requires_grad=True)
         for step in range(config.steps):
             with hp_otel.step(step), CommDebugMode(module=model) as mode:
                 train_step(model, x)
@@ -117,7 +123,9 @@ def _report(mode: object, config: DemoConfig, out: TextIO) -> None:
     assert isinstance(mode, CommDebugMode)
     print(f"collective counts (rank 0): {mode.get_comm_counts()}", file=out)
     print(f"by op: {mode.get_comm_counts(normalized=True)}", file=out)
-    print(f"by module: {mode.get_comm_module_counts()}", file=out)
+    print("by module (forward: every enclosing module; backward: the module whose forward made the node):", file=out)
+    for fqn, phases in mode.get_comm_module_counts().items():
+        print(f"  {fqn}: " + "; ".join(f"{phase} {dict(sorted(c.items()))}" for phase, c in phases.items()), file=out)
     print(f"sharding: {mode.get_sharding_info()}", file=out)
     print(f"\ntracing table, noise_level={config.noise_level}:", file=out)
     print(mode.generate_comm_debug_tracing_table(noise_level=config.noise_level), file=out)

@@ -39,7 +39,7 @@ def record_to_json(record: CallRecord) -> dict[str, Any]:
             "type": "module",
             "module_fqn": record.fqn,
             "module_type": record.module_type,
-            "event_type": "enter" if record.phase == s.PHASE_FORWARD else "backward",
+            "event_type": "enter" if record.phase == s.PHASE_FORWARD else record.phase,
         }
     elif record.kind == s.KIND_OP:
         out = {

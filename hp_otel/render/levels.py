@@ -1,7 +1,7 @@
 """Noise levels: what each level shows, decoded once into named flags.
 
 0: collectives only · 1 (default): + DTensor ops · 2: + forward module boundaries ·
-3: + backward module spans, redistribute steps and collective detail (dtype, bytes,
+3: + backward and recompute module spans, redistribute steps and collective detail (dtype, bytes,
 reduce op, phase).  Every renderer asks these flags, never the number.
 """
 
@@ -32,7 +32,8 @@ class NoiseLevel:
         if kind in (s.KIND_OP, s.KIND_COLLECTIVE):
             return True
         if kind == s.KIND_MODULE:
-            return self.backward_modules if record.phase == s.PHASE_BACKWARD else self.forward_modules
+            # backward and recomputed forward (activation checkpointing) run inside backward: level 3
+            return self.forward_modules if record.phase == s.PHASE_FORWARD else self.backward_modules
         return self.redistributes
 
     def shows(self, record: CallRecord) -> bool:

@@ -63,10 +63,14 @@ def _labels(attrs: Any, direction: str) -> str:
     return text
 
 
+# What a module line says after its name: [enter], [backward], [recompute].
+_MODULE_EVENTS = {s.PHASE_FORWARD: "enter", s.PHASE_BACKWARD: "backward", s.PHASE_RECOMPUTE: "recompute"}
+
+
 def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
     """(type word, detail) of one table line."""
     if record.kind == s.KIND_MODULE:
-        event = "enter" if record.phase == s.PHASE_FORWARD else "backward"
+        event = _MODULE_EVENTS.get(record.phase, record.phase)
         kind, detail = "Module", f"Module({record.fqn}) [{event}]"
     elif record.kind == s.KIND_OP:
         inputs = _labels(record.attributes, "input")
@@ -83,6 +87,10 @@ def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
             if c.reduce_op:
                 detail += f" reduce_op={c.reduce_op}"
             detail += f" phase={record.phase}"
+            if c.peers:
+                detail += f" peers={','.join(map(str, c.peers))} tags={','.join(map(str, c.tags))}"
+            if c.param_module:
+                detail += f" params_of={c.param_module}"
         kind = "Collective"
     else:
         src, dst, shape = codec.decode_redistribute(record.attributes)

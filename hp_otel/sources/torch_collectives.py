@@ -35,6 +35,9 @@ _NORMALISED: dict[str, str] = {
     "_c10d_functional.all_to_all_single": "all_to_all",
     "_c10d_functional.broadcast": "broadcast",
     "_c10d_functional.broadcast_": "broadcast",
+    "_c10d_functional.isend": "send",
+    "_c10d_functional.irecv": "recv",
+    "_c10d_functional.batch_p2p_ops": "p2p",
     "_c10d_functional_autograd.all_reduce": "all_reduce",
     "_c10d_functional_autograd.all_gather_into_tensor": "all_gather",
     "_c10d_functional_autograd.reduce_scatter_tensor": "reduce_scatter",
@@ -66,6 +69,8 @@ _INPUT_ARGS = ("input", "self", "input_tensor", "input_tensors", "inputs", "tens
 _OUTPUT_ARGS = ("output", "out", "output_tensor", "output_tensors")
 _GROUP_ARGS = ("group_name", "process_group", "group")
 _REDUCE_ARGS = ("reduce_op", "reduceOp")
+_PEER_ARGS = ("dst", "src", "peer_list")  # group ranks of point-to-point ops
+_TAG_ARGS = ("tag", "tag_list")
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -118,6 +123,17 @@ def _group_info(group: Any) -> _GroupInfo:
     return info
 
 
+def _ints(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _global_rank(group: _GroupInfo, group_rank: int) -> int:
+    """A point-to-point op names its peer by rank in its group; spans give the global rank."""
+    return group.ranks[group_rank] if 0 <= group_rank < len(group.ranks) else group_rank
+
+
 def _reduce_name(value: Any) -> str:
     """Eager c10d ops pass a TorchScript ReduceOp, whose only accessor is its `op()` method: unbox it first."""
     if isinstance(value, torch.ScriptObject):
@@ -139,6 +155,8 @@ class CollectiveSpec:
         self._group = next((n for n in _GROUP_ARGS if n in self._index), None)
         self._reduce = next((n for n in _REDUCE_ARGS if n in self._index), None)
         self._async = "async_op" if "async_op" in self._index else None
+        self._peer = next((n for n in _PEER_ARGS if n in self._index), None)
+        self._tag = next((n for n in _TAG_ARGS if n in self._index), None)
 
     def _arg(self, name: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if name is None:
@@ -148,7 +166,9 @@ class CollectiveSpec:
         i = self._index[name]
         return args[i] if i < len(args) else None
 
-    def describe(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> CollectiveInfo:
+    def describe(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, param_module: str = ""
+    ) -> CollectiveInfo:
         inputs = self._arg(self._input, args, kwargs)
         outputs = self._arg(self._output, args, kwargs)
         if outputs is None:
@@ -158,6 +178,11 @@ class CollectiveSpec:
         group = self._arg(self._group, args, kwargs)
         ginfo = _group_info(group) if group is not None else _GroupInfo(0, "", ())
         is_async = True if self.functional else bool(self._arg(self._async, args, kwargs))
+        peers: tuple[int, ...] = ()
+        tags: tuple[int, ...] = ()
+        if self._peer is not None:
+            peers = tuple(_global_rank(ginfo, int(p)) for p in _ints(self._arg(self._peer, args, kwargs)))
+            tags = tuple(_ints(self._arg(self._tag, args, kwargs)))
         return CollectiveInfo(
             name=self.name,
             op=self.normalised,
@@ -170,6 +195,9 @@ class CollectiveSpec:
             bytes=_total_bytes(inputs),
             reduce_op=_reduce_name(self._arg(self._reduce, args, kwargs)),
             is_async=is_async,
+            param_module=param_module,
+            peers=peers,
+            tags=tags,
         )
 
     def complete(self, info: CollectiveInfo, result: Any) -> CollectiveInfo:

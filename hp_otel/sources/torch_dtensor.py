@@ -29,6 +29,8 @@ from hp_otel import schema as s
 from hp_otel.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
 from hp_otel.sources.torch_collectives import CollectiveSpec, collective_specs
+from hp_otel.sources.torch_completion import WAIT_TENSOR, AsyncCollectiveTensor, Completions
+from hp_otel.sources.torch_fsdp import fsdp_patches, param_module
 from hp_otel.sources.torch_tensors import placements_str, tensor_infos
 
 # Attribute access and hook registration: bookkeeping, not computation (torch's own
@@ -116,9 +118,7 @@ class _WorkDone:
         return bool(work.is_completed())
 
 
-_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 _FAKE_WORK: Any = getattr(torch._C._distributed_c10d, "FakeWork", ())
-_MAX_UNWAITED = 4096
 
 
 class _CollectiveMode(TorchDispatchMode):
@@ -135,7 +135,7 @@ class _CollectiveMode(TorchDispatchMode):
         super().__init__()
         self._observer = observer
         self._specs = specs
-        self._unwaited: dict[int, _Waited] = {}  # id(result tensor) -> its probe, until wait_tensor
+        self._completions = Completions(observer)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if DTensor in types:
@@ -149,7 +149,7 @@ class _CollectiveMode(TorchDispatchMode):
             self._observer.on_fault("collective_before", exc)
             traced = False
         if not traced:  # nearly every op: pass straight through
-            if func is _WAIT_TENSOR and self._unwaited:
+            if func is WAIT_TENSOR or AsyncCollectiveTensor in types:
                 return self._wait(func, args, kwargs)
             return func(*args, **kwargs)
         start = time.time_ns()
@@ -163,19 +163,22 @@ class _CollectiveMode(TorchDispatchMode):
         return result
 
     def _wait(self, func: Any, args: Any, kwargs: Any) -> Any:
-        try:
-            waited = self._unwaited.pop(id(args[0]), None) if args else None
-        except Exception:  # pragma: no cover - a dict pop by id does not fail
-            waited = None
+        """A wait_tensor, or an op reading AsyncCollectiveTensors (which waits inside): the
+        watchdog's probe is done, and the collectives it waited for complete now."""
         result = func(*args, **kwargs)
-        if waited is not None:
-            waited.done = True
+        try:
+            if func is WAIT_TENSOR:
+                self._completions.waited(args[0] if args else kwargs.get("tensor"))
+            else:
+                self._completions.waited_in(args, kwargs)
+        except Exception as exc:
+            self._observer.on_fault("collective_complete", exc)
         return result
 
     def _issue(self, spec: CollectiveSpec, args: Any, kwargs: Any, start: int) -> tuple[Any, str, Any]:
         observer = self._observer
         try:
-            info = spec.describe(args, kwargs, None)
+            info = spec.describe(args, kwargs, None, param_module())
             phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
             return info, phase, observer.on_collective_issue(info, start, phase)
         except Exception as exc:
@@ -189,7 +192,9 @@ class _CollectiveMode(TorchDispatchMode):
         end = time.time_ns()
         observer = self._observer
         try:
-            info = spec.complete(info, result) if info is not None else spec.describe(args, kwargs, result)
+            info = (
+                spec.complete(info, result) if info is not None else spec.describe(args, kwargs, result, param_module())
+            )
             if ticket is not None and error is None and getattr(observer, "wants_completion", False):
                 ticket.pending = self._probe(spec, args, kwargs, result)
         except Exception as exc:
@@ -200,7 +205,9 @@ class _CollectiveMode(TorchDispatchMode):
         try:
             if not phase:
                 phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
-            observer.on_collective(info, start, end, error, phase, ticket)
+            token = observer.on_collective(info, start, end, error, phase, ticket, awaits_completion=result is not None)
+            if token is not None:  # launched, not finished: its wait or Work says when it is
+                self._completions.launched(spec.functional, result, token)
         except Exception as exc:
             observer.on_fault("collective_after", exc)
 
@@ -211,10 +218,7 @@ class _CollectiveMode(TorchDispatchMode):
             if output is None:
                 return None
             waited = _Waited()
-            unwaited = self._unwaited
-            if len(unwaited) >= _MAX_UNWAITED:  # results never waited for: forget the oldest
-                unwaited.pop(next(iter(unwaited)))
-            unwaited[id(output)] = waited
+            self._completions.probe(output, waited)  # done when its wait is seen (by storage, views too)
             return waited
         work = result[-1] if isinstance(result, tuple) and result else result
         return _WorkDone(work) if isinstance(work, torch.ScriptObject) else None
@@ -302,6 +306,7 @@ class TorchDTensorSource:
         self._observer = observer
         self._token = _redistribute_slot.push(observer)
         _redistribute_patches.acquire()
+        fsdp_patches.acquire()
         collective_mode = _CollectiveMode(observer, self._specs)
         collective_mode.__enter__()
         self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
@@ -327,6 +332,6 @@ class TorchDTensorSource:
         token, self._token = self._token, None
         if token is not None:
             try:
-                _redistribute_patches.release()
+                run_every((fsdp_patches.release, _redistribute_patches.release))
             finally:
                 _redistribute_slot.pop(self._observer, token)

@@ -2,28 +2,49 @@
 
 Forward: a pre-hook registered first (it sees the inputs before parallel-style input
 hooks convert them) and a post-hook registered last with `always_call=True` (it sees
-the module's final output, and runs when forward raises).  Backward: the post-hook
-puts a grad hook on the outputs (the module's backward starts when their gradients
-arrive) and the pre-hook one on the inputs (it ends when the input gradients are
-done); spans left open — inputs that need no gradient — close when the autograd pass
-ends.  Names are `named_modules()` names, the root is "(root)".
+the module's final output, and runs when forward raises).  Each call is a
+`ModuleCall`.
+
+Backward, by autograd node: every autograd node gets a sequence number from a
+per-thread counter when it is created, so the nodes one forward call creates are the
+numbers between its pre- and post-hook (`NodeOwners`).  When backward issues a
+collective, the node running it (`torch._C._current_autograd_node()`) names the call
+whose forward created it — that call and the calls enclosing it own the collective.
+Backward spans follow the same rule: a call's span opens when the gradient of its
+output arrives (its first node runs) and closes when backward work of a call outside
+it starts, when a collective from outside it is issued, or when the pass ends — so
+sibling modules that share an input (attention's wq/wk/wv) follow each other instead
+of nesting.  Names are `named_modules()` names, the root is "(root)".
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import sys
+import threading
 import weakref
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils.hooks import RemovableHandle
 
 from hp_otel import schema as s
-from hp_otel.infos import ModuleInfo, ParameterInfo
+from hp_otel.infos import ModuleCall, ModuleInfo, ParameterInfo
 from hp_otel.observer import Observer
 from hp_otel.sources.torch_tensors import dtype_name, placements_str
+
+_next_sequence_nr = torch._C._autograd._get_sequence_nr  # this thread's next autograd node number
+_current_node = torch._C._current_autograd_node
+_graph_task_id = torch._C._current_graph_task_id  # -1 outside backward
+_NO_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes: made on demand, not by a forward
+# Non-reentrant checkpointing stops a recomputed forward once it has what backward needs.
+_STOP_RECOMPUTATION: tuple[type[BaseException], ...] = tuple(
+    c for c in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if isinstance(c, type)
+)
 
 
 def _grad_tensors(value: Any) -> list[torch.Tensor]:
@@ -66,6 +87,41 @@ def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
     return tuple(infos)
 
 
+class NodeOwners:
+    """Which module call created each autograd node made on one thread.
+
+    A boundary list over the thread's node sequence numbers: nodes numbered from
+    `bounds[i]` on were created while `owners[i]` was the innermost call (None: no
+    tracked module).  The counter only grows, so marking is an append and lookup a bisect.
+    """
+
+    __slots__ = ("bounds", "owners")
+
+    def __init__(self) -> None:
+        self.bounds: list[int] = []
+        self.owners: list[ModuleCall | None] = []
+
+    def mark(self, call: ModuleCall | None) -> int:
+        seq = _next_sequence_nr()
+        self.bounds.append(seq)
+        self.owners.append(call)
+        return seq
+
+    def owner(self, sequence_nr: int) -> ModuleCall | None:
+        i = bisect.bisect_right(self.bounds, sequence_nr) - 1
+        return self.owners[i] if i >= 0 else None
+
+
+class _ThreadState:
+    """The forward calls open on one thread and the owners of the nodes it made."""
+
+    __slots__ = ("owners", "stack")
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[ModuleCall, str, int]] = []  # (call, phase, first node number)
+        self.owners = NodeOwners()
+
+
 class _TrackedModule:
     """Hooks for one module; they report to the observer only while the tracker is installed."""
 
@@ -80,49 +136,51 @@ class _TrackedModule:
         observer = self.tracker.observer
         if observer is None or not observer.accepting:
             return
-        observer.on_module_enter(self.info, s.PHASE_FORWARD)
+        # A forward inside backward is activation checkpointing's recomputation.
+        phase = s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD
         try:
-            if torch.is_grad_enabled():
-                inputs = _grad_tensors(args)
-                if inputs:
-                    self.tracker.add_grad_hook(inputs, self.backward_done)
+            self.tracker.enter_call(self.info, phase)
         except Exception as exc:
             observer.on_fault("module_forward_pre", exc)
+        observer.on_module_enter(self.info, phase)
 
     def forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
         observer = self.tracker.observer
         if observer is None or not observer.accepting:
             return
         error = sys.exc_info()[1]  # set when forward raised (always_call hooks run in its except block)
-        observer.on_module_exit(self.fqn, s.PHASE_FORWARD, error)
+        if isinstance(error, _STOP_RECOMPUTATION):  # checkpointing ends a recompute early on purpose
+            error = None
+        try:
+            entry = self.tracker.exit_call(self.info)
+        except Exception as exc:
+            observer.on_fault("module_forward_post", exc)
+            entry = None
+        if entry is None:  # the pre-hook could not note the call: close its span all the same
+            observer.on_module_exit(self.fqn, s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD, error)
+            return
+        call, phase, first_node = entry
+        observer.on_module_exit(self.fqn, phase, error)
         if error is not None:
             return
         try:
             if torch.is_grad_enabled():
-                outputs = _grad_tensors(output)
+                # Outputs made by this call's own nodes: their gradient starts its backward
+                # (a module that returns its input unchanged has no backward work of its own).
+                outputs = [
+                    t
+                    for t in _grad_tensors(output)
+                    if t.grad_fn is not None and first_node <= t.grad_fn._sequence_nr() != _NO_SEQUENCE_NR
+                ]
                 if outputs:
-                    self.tracker.add_grad_hook(outputs, self.backward_start)
+                    self.tracker.add_grad_hook(outputs, functools.partial(self.tracker.backward_start, call))
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
 
-    def backward_start(self) -> None:
-        observer = self.tracker.observer
-        if observer is None or not observer.accepting:
-            return
-        observer.on_module_enter(self.info, s.PHASE_BACKWARD)
-        try:
-            self.tracker.close_at_backward_end()
-        except Exception as exc:
-            observer.on_fault("module_backward_start", exc)
-
-    def backward_done(self) -> None:
-        observer = self.tracker.observer
-        if observer is not None and observer.accepting:
-            observer.on_module_exit(self.fqn, s.PHASE_BACKWARD)
-
 
 class TorchModuleTracker:
-    """Source of module enter/exit events for one `nn.Module` tree."""
+    """Source of module enter/exit events for one `nn.Module` tree, and of the module
+    calls owning backward work (`running_chain`)."""
 
     def __init__(self, root: nn.Module) -> None:
         self.root = root
@@ -135,29 +193,115 @@ class TorchModuleTracker:
         # id(tensor) -> (weak ref, callbacks): tensors compare elementwise, so no WeakKeyDictionary
         self._tensor_callbacks: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
         self._backward_end_queued = False
+        self._local = threading.local()
+        self._owners_by_thread: dict[int, NodeOwners] = {}
+        self._latest_owners: NodeOwners | None = None
+        self._param_owner: dict[int, ModuleInfo] = {}  # id(parameter) -> the module that owns it
+        self._latest_call: dict[ModuleInfo, ModuleCall] = {}
 
     def install(self, observer: Observer) -> None:
         self.observer = observer
         self._backward_end_queued = False
+        self._local = threading.local()
+        self._owners_by_thread = {}
+        self._latest_owners = None
+        self._latest_call = {}
+        self._param_owner = {}
         for fqn, module in self.root.named_modules():
             tracked = _TrackedModule(self, fqn, module)
+            for param in module.parameters(recurse=False):
+                self._param_owner.setdefault(id(param), tracked.info)
             self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
             self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+        set_attribution = getattr(observer, "set_node_attribution", None)
+        if set_attribution is not None:
+            set_attribution(self.running_chain)
 
     def uninstall(self) -> None:
-        self.observer = None
+        observer, self.observer = self.observer, None
+        set_attribution = getattr(observer, "set_node_attribution", None)
+        if set_attribution is not None:
+            set_attribution(None)
         handles, self._handles = self._handles, []
         for handle in handles:
             handle.remove()
         self._remove_grad_hooks()
+        self._owners_by_thread = {}
+        self._latest_owners = None
+        self._latest_call = {}
+
+    # --- forward calls and the nodes they create --------------------------------
+    def _thread_state(self) -> _ThreadState:
+        state: _ThreadState | None = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = _ThreadState()
+            self._owners_by_thread[threading.get_ident()] = state.owners
+        return state
+
+    def enter_call(self, info: ModuleInfo, phase: str) -> None:
+        state = self._thread_state()
+        stack = state.stack
+        if stack:
+            parent: ModuleCall | None = stack[-1][0]
+        elif phase == s.PHASE_RECOMPUTE:  # recomputed inside backward: under the call whose node asked for it
+            chain = self.running_chain()
+            parent = chain[-1] if chain else None
+        else:
+            parent = None
+        call = ModuleCall(info, parent)
+        first_node = state.owners.mark(call)
+        stack.append((call, phase, first_node))
+        self._latest_owners = state.owners
+        self._latest_call[info] = call
+
+    def exit_call(self, info: ModuleInfo) -> tuple[ModuleCall, str, int] | None:
+        state = self._thread_state()
+        stack = state.stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0].module is info:
+                entry = stack.pop(i)
+                del stack[i:]  # calls that never exited (their forward raised past them)
+                state.owners.mark(stack[-1][0] if stack else None)
+                return entry
+        return None
+
+    def running_chain(self) -> tuple[ModuleCall, ...] | None:
+        """The module calls (outermost first) whose forward created the autograd node running now.
+
+        () in backward outside any tracked module's nodes (the loss, a final callback);
+        None outside backward.  A parameter's AccumulateGrad node (and the hooks run in it)
+        belongs to the latest call of the module owning the parameter.
+        """
+        node = _current_node()
+        if node is None:
+            return () if _graph_task_id() != -1 else None
+        sequence_nr = node._sequence_nr()
+        if sequence_nr == _NO_SEQUENCE_NR:
+            info = self._param_owner.get(id(getattr(node, "variable", None)))
+            call = self._latest_call.get(info) if info is not None else None
+            return call.chain if call is not None else ()
+        owners = self._owners_by_thread.get(threading.get_ident()) or self._latest_owners
+        call = owners.owner(sequence_nr) if owners is not None else None
+        return call.chain if call is not None else ()
+
+    def backward_start(self, call: ModuleCall) -> None:
+        """The gradient of the call's output arrived: its backward work starts."""
+        observer = self.observer
+        if observer is None or not observer.accepting:
+            return
+        observer.on_backward_modules(call.chain)
+        try:
+            self.close_at_backward_end()
+        except Exception as exc:
+            observer.on_fault("module_backward_start", exc)
 
     def add_grad_hook(self, tensors: list[torch.Tensor], callback: Any) -> None:
         """Run `callback()` once, when the first gradient of `tensors` arrives.
 
-        Nested modules often share a tensor (the root's output is fc2's output; fc1's
-        input is the root's input).  One hook per tensor runs the callbacks in reverse
-        order of registration, so the outer module's backward opens first and the inner
-        one's closes first whatever order autograd keeps for same-tensor hooks.
+        Nested modules often share an output (the root's output is fc2's output).  One
+        hook per tensor runs the callbacks in reverse order of registration — outer call
+        first, innermost last — so the innermost call is the one whose backward runs on,
+        whatever order autograd keeps for same-tensor hooks.
         """
         if len(tensors) != 1:
             with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
