@@ -1,8 +1,8 @@
-"""The two ways a window sees collectives: Python kernels on the collective ops (default)
-and the dispatch-mode fallback (`HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch`).
+"""The two ways a window sees collectives: Python kernels on the collective ops (opt-in,
+`HP_OTEL_TORCH_COLLECTIVE_HOOK=kernels`) and the dispatch mode (default).
 
 Every pattern is checked against the independent referee (a TorchDispatchMode of the
-tests' own) under both hooks; the rest of the suite runs on the default.  A
+tests' own) under both hooks; the rest of the suite runs on the default (dispatch mode).  A
 `torch.compile(fullgraph=True)` function that calls a functional collective keeps
 running compiled inside a window, and its collective is counted.
 """
@@ -33,9 +33,11 @@ def hook(request, monkeypatch) -> str:
     return HOOKS[request.param]
 
 
-def test_default_is_kernels_and_bad_values_are_refused(monkeypatch) -> None:
+def test_default_is_the_dispatch_mode_and_bad_values_are_refused(monkeypatch) -> None:
     monkeypatch.delenv(torch_dtensor.HOOK_ENV, raising=False)
     assert torch_kernels.available()  # torch 2.13 has torch.library.get_kernel
+    assert torch_dtensor.collective_hook() == "dispatch_mode"
+    monkeypatch.setenv(torch_dtensor.HOOK_ENV, "kernels")
     assert torch_dtensor.collective_hook() == "kernels"
     monkeypatch.setenv(torch_dtensor.HOOK_ENV, "modes")
     with pytest.raises(ValueError, match="HP_OTEL_TORCH_COLLECTIVE_HOOK='modes': allowed values are"):
@@ -43,7 +45,7 @@ def test_default_is_kernels_and_bad_values_are_refused(monkeypatch) -> None:
 
 
 def test_kernel_path_installs_no_dispatch_mode_and_registers_once(fake_world, monkeypatch) -> None:
-    monkeypatch.delenv(torch_dtensor.HOOK_ENV, raising=False)
+    monkeypatch.setenv(torch_dtensor.HOOK_ENV, "kernels")
     with CommDebugMode():
         assert _get_current_dispatch_mode_stack() == []
         dist.all_reduce(torch.ones(2))
@@ -172,7 +174,7 @@ def test_completion_under_both_hooks(tp_mlp, hook) -> None:
 def test_compiled_fullgraph_runs_compiled_in_and_after_a_window(fake_world, monkeypatch) -> None:
     import torch._dynamo
 
-    monkeypatch.delenv(torch_dtensor.HOOK_ENV, raising=False)
+    monkeypatch.setenv(torch_dtensor.HOOK_ENV, "kernels")
     graph_calls = []
 
     def counting_backend(gm, example_inputs):  # dynamo's graph, run as is; counts its runs

@@ -58,10 +58,10 @@ def test_compiled_code_in_a_window_is_named_once_and_traced_eagerly(fake_world, 
 
 
 def test_compiled_dtensor_code_runs_compiled_with_kernels(fake_world, monkeypatch) -> None:
-    """The default hook installs no dispatch mode: the compiled graph runs, its collective is counted."""
+    """The kernel hook installs no dispatch mode: the compiled graph runs, its collective is counted."""
     import torch._dynamo
 
-    monkeypatch.delenv(HOOK_ENV, raising=False)
+    monkeypatch.setenv(HOOK_ENV, "kernels")
     mesh = init_device_mesh("cpu", (fake_world,))
     graph_calls = []
 

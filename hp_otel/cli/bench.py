@@ -50,20 +50,21 @@ def _variants(model: Any) -> tuple[dict[str, Callable[[], contextlib.AbstractCon
         variants["torch DebugMode"] = DebugMode
     except ImportError as exc:
         skipped["torch DebugMode"] = f"cannot import it ({exc})"
-    variants["hp_otel, dispatch-mode hook"] = lambda: _dispatch_hook_window(model)
+    variants["hp_otel, dispatch-mode hook"] = lambda: _hook_window(model, "dispatch")
+    variants["hp_otel, kernel hook"] = lambda: _hook_window(model, "kernels")
     variants["hp_otel imported, inactive"] = contextlib.nullcontext
     variants["floor: bare torch modes"] = idle_modes
     return variants, skipped
 
 
 @contextlib.contextmanager
-def _dispatch_hook_window(model: Any) -> Iterator[Any]:
-    """A window that sees collectives through the fallback dispatch mode (the env var is read at entry)."""
+def _hook_window(model: Any, hook: str) -> Iterator[Any]:
+    """A window that sees collectives through `hook` (the env var is read at entry)."""
     from hp_otel import CommDebugMode
     from hp_otel.sources.torch_dtensor import HOOK_ENV
 
     saved = os.environ.get(HOOK_ENV)
-    os.environ[HOOK_ENV] = "dispatch"
+    os.environ[HOOK_ENV] = hook
     try:
         mode = CommDebugMode(module=model)
         mode.__enter__()
