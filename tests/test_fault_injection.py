@@ -48,9 +48,13 @@ def _raise(*args, **kwargs):
     raise InjectedFault("injected")
 
 
-class _RaisingLookup(dict):
-    def get(self, *args, **kwargs):
-        raise InjectedFault("injected lookup")
+def _fail_collective_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether to record a collective cannot be decided (both hook paths ask the recorder)."""
+
+    def accepting(self):
+        raise InjectedFault("injected check")
+
+    monkeypatch.setattr(dtensor_source.CollectiveRecorder, "accepting", property(accepting))
 
 
 def _fail_event(tag: str) -> Callable[[pytest.MonkeyPatch], None]:
@@ -113,10 +117,10 @@ FAULTS = [
     Fault("op inputs/outputs", _fail(dtensor_source, "tensor_infos"), ("op_inputs", "op_outputs")),
     Fault("op enter callback", _fail_event(ev.OpEnter), ("op_enter",)),
     Fault("op exit callback", _fail_event(ev.OpExit), ("op_exit",)),
-    # collective wrappers (TorchDispatchMode): before the real call, after it, the callback
+    # collective hooks (kernels or dispatch mode): before the real call, after it, the callback
     Fault(
         "collective wrapper before the call",
-        lambda mp: mp.setattr(dtensor_source, "collective_specs", lambda: _RaisingLookup()),
+        _fail_collective_check,
         ("collective_before",),
         sees_collectives=False,
     ),

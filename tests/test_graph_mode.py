@@ -17,16 +17,19 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from hp_otel import CommDebugMode
 from hp_otel.sources.graph_mode import GraphModeWatch
+from hp_otel.sources.torch_dtensor import HOOK_ENV
 
 
 def _graph_warnings(caught) -> list[str]:
     return [str(w.message) for w in caught if "hp_otel:" in str(w.message)]
 
 
-def test_compiled_code_in_a_window_is_named_once_and_traced_eagerly(fake_world) -> None:
+def test_compiled_code_in_a_window_is_named_once_and_traced_eagerly(fake_world, monkeypatch) -> None:
+    """The dispatch-mode fallback: dynamo will not run compiled graphs under it."""
     import torch._dynamo
     from torch._dynamo import eval_frame
 
+    monkeypatch.setenv(HOOK_ENV, "dispatch")
     mesh = init_device_mesh("cpu", (fake_world,))
 
     def gathered_sin(x):
@@ -51,6 +54,42 @@ def test_compiled_code_in_a_window_is_named_once_and_traced_eagerly(fake_world) 
     assert "ran eagerly" in message
     assert mode.get_comm_counts() == {"_c10d_functional.all_gather_into_tensor": 1}  # it was traced
     assert eval_frame.dynamo_tls.skip_reasons is before  # restored exactly
+    torch._dynamo.reset()
+
+
+def test_compiled_dtensor_code_runs_compiled_with_kernels(fake_world, monkeypatch) -> None:
+    """The kernel hook installs no dispatch mode: the compiled graph runs, its collective is counted."""
+    import torch._dynamo
+
+    monkeypatch.setenv(HOOK_ENV, "kernels")
+    mesh = init_device_mesh("cpu", (fake_world,))
+    graph_calls = []
+
+    def counting_backend(gm, example_inputs):
+        def run(*args):
+            graph_calls.append(1)
+            return gm.forward(*args)
+
+        return run
+
+    def gathered_sin(x):
+        return x.redistribute(mesh, [Replicate()]).sin()
+
+    compiled = torch.compile(gathered_sin, backend=counting_backend)
+    x = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+    expected = gathered_sin(x).to_local()
+    torch.testing.assert_close(compiled(x).to_local(), expected)
+    ran_outside = len(graph_calls)
+    assert ran_outside >= 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with CommDebugMode() as mode:
+            out = compiled(x)
+    torch.testing.assert_close(out.to_local(), expected)
+    assert len(graph_calls) == 2 * ran_outside  # the graph ran compiled in the window
+    assert _graph_warnings(caught) == []  # nothing ran eagerly
+    assert mode.get_comm_counts() == {"_c10d_functional.all_gather_into_tensor": 1}
+    assert mode.get_callback_error_counts() == {}
     torch._dynamo.reset()
 
 

@@ -194,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             rounds=args.rounds, steps=args.steps, model_name=args.model, progress=to_stderr("bench")
         )
         print("\n".join(format_results(results, skipped)))
+        from hp_otel.cli.bench import load_warning
+
+        warning = load_warning()
+        if warning:
+            print(warning)
         return 0
     if args.command == "ranks":
         from hp_otel.cli.ranks import run_ranks

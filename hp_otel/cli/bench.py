@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import random
 import statistics
 import time
@@ -49,9 +50,44 @@ def _variants(model: Any) -> tuple[dict[str, Callable[[], contextlib.AbstractCon
         variants["torch DebugMode"] = DebugMode
     except ImportError as exc:
         skipped["torch DebugMode"] = f"cannot import it ({exc})"
+    variants["hp_otel, dispatch-mode hook"] = lambda: _hook_window(model, "dispatch")
+    variants["hp_otel, kernel hook"] = lambda: _hook_window(model, "kernels")
     variants["hp_otel imported, inactive"] = contextlib.nullcontext
     variants["floor: bare torch modes"] = idle_modes
     return variants, skipped
+
+
+@contextlib.contextmanager
+def _hook_window(model: Any, hook: str) -> Iterator[Any]:
+    """A window that sees collectives through `hook` (the env var is read at entry)."""
+    from hp_otel import CommDebugMode
+    from hp_otel.sources.torch_dtensor import HOOK_ENV
+
+    saved = os.environ.get(HOOK_ENV)
+    os.environ[HOOK_ENV] = hook
+    try:
+        mode = CommDebugMode(module=model)
+        mode.__enter__()
+    finally:
+        if saved is None:
+            del os.environ[HOOK_ENV]
+        else:
+            os.environ[HOOK_ENV] = saved
+    try:
+        yield mode
+    finally:
+        mode.__exit__(None, None, None)
+
+
+def load_warning(threshold: float = 1.0) -> str | None:
+    """A line to print when the machine is busy: timings taken under load are not comparable."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return None
+    if load <= threshold:
+        return None
+    return f"warning: 1-minute load average is {load:.2f} (> {threshold:g}): other processes skew these timings"
 
 
 def _time_block(step: Callable[[], Any], make_ctx: Callable[[], Any], steps: int) -> float:
@@ -119,6 +155,9 @@ def run_bench(
     order = list(variants)
     shuffle = random.Random(0).shuffle
     progress(f"{len(variants)} variants x {rounds} rounds x {steps} steps")
+    warning = load_warning()
+    if warning:
+        progress(warning)
     for done in range(rounds):
         shuffle(order)  # no variant always runs right after another
         if done and done % max(1, rounds // 5) == 0:

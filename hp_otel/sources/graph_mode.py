@@ -1,7 +1,9 @@
 """Says once when a window met graph-mode code, which the hooks cannot trace (design constraint 3).
 
 - torch.compile: dynamo does not run compiled graphs while a non-infra torch dispatch
-  mode is active (hp_otel installs one), so compiled functions called in a window run
+  mode is active (hp_otel's fallback collective hook is one; the default, Python kernels
+  on the collective ops, is not: compiled graphs then run compiled and their collectives
+  are counted), so under the fallback compiled functions called in a window run
   eagerly and are traced as eager code — which can differ from the compiled step (fused,
   reordered or bucketed collectives).  The signal is dynamo's own record of the frames it
   skipped for that reason (`eval_frame.dynamo_tls.skip_reasons`), collected for the
@@ -69,7 +71,8 @@ class GraphModeWatch:
                 self.notes.append(
                     f"torch.compile'd code ran in this window ({skipped[0].split(':', 1)[0]}...). "
                     "torch.compile does not run compiled graphs under a torch dispatch mode, which "
-                    "CommDebugMode installs, so that code ran eagerly: the trace shows its eager ops and "
+                    "CommDebugMode installs with HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch, so that code ran eagerly: "
+                    "the trace shows its eager ops and "
                     "collectives, which can differ from the compiled step's (fused, reordered or bucketed)."
                 )
         if self.notes and not self.warned:

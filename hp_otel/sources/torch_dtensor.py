@@ -2,10 +2,12 @@
 
 - ops at the level the user wrote them (`linear`, `gelu`, `matmul`): a
   TorchFunctionMode that reports calls with at least one DTensor argument;
-- collectives at dispatch level: a TorchDispatchMode that lets DTensor run
-  (`NotImplemented`) and times every collective op its local ops issue, forward and
-  backward (torch 2.13's DTensor dispatch is C++, so there is no Python dispatcher to
-  wrap);
+- collectives at dispatch level, forward and backward (torch 2.13's DTensor dispatch is
+  C++, so there is no Python dispatcher to wrap): opt-in Python kernels on the
+  collective ops (`torch_kernels`, registered once per process; no other op pays), or
+  by default (`collective_hook()` says which is active) a TorchDispatchMode that lets
+  DTensor run (`NotImplemented`) and sees the collective ops its local ops issue.  Both
+  hand each collective to the window's `CollectiveRecorder`;
 - redistributes: `redistribute_local_tensor` wrapped in every module that imported it.
 """
 
@@ -15,6 +17,7 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hp_otel import schema as s
 from hp_otel.observer import Observer
+from hp_otel.sources import torch_kernels
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
 from hp_otel.sources.torch_collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.torch_completion import WAIT_TENSOR, AsyncCollectiveTensor, Completions
@@ -38,6 +42,7 @@ from hp_otel.sources.torch_tensors import placements_str, tensor_infos
 _SKIPPED_FUNCTIONS = frozenset(
     {"__get__", "__set__", "__delete__", "register_hook", "register_post_accumulate_grad_hook"}
 )
+_is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 _in_backward: Callable[[], int] = torch._C._current_graph_task_id  # -1 outside autograd
 
 
@@ -61,6 +66,8 @@ class _OpMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if kwargs is None:
             kwargs = {}
+        if _is_compiling():  # dynamo traces modes: compiled graphs get the bare op (collectives still counted)
+            return func(*args, **kwargs)
         observer = self._observer
         try:
             name = getattr(func, "__name__", None)
@@ -121,8 +128,8 @@ class _WorkDone:
 _FAKE_WORK: Any = getattr(torch._C._distributed_c10d, "FakeWork", ())
 
 
-class _CollectiveMode(TorchDispatchMode):
-    """Times and reports every collective op; everything else passes straight through.
+class CollectiveRecorder:
+    """Times and reports the collectives of one window; both hook paths call it.
 
     Each collective is reported twice: when issued (its sequence number, and what a hang
     watchdog sees if it never returns) and when its op returns.  Collective ops return
@@ -131,49 +138,42 @@ class _CollectiveMode(TorchDispatchMode):
     the watchdog), the issue record carries a probe that says when the work is done.
     """
 
-    def __init__(self, observer: Observer, specs: dict[Any, CollectiveSpec]) -> None:
-        super().__init__()
+    def __init__(self, observer: Observer) -> None:
         self._observer = observer
-        self._specs = specs
         self._completions = Completions(observer)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if DTensor in types:
-            return NotImplemented  # let DTensor unwrap; its local ops come back here
-        if kwargs is None:
-            kwargs = {}
-        try:
-            spec = self._specs.get(func)
-            traced = spec is not None and self._observer.accepting
-        except Exception as exc:  # our lookup failed: run the user's op untraced
-            self._observer.on_fault("collective_before", exc)
-            traced = False
-        if not traced:  # nearly every op: pass straight through
-            if func is WAIT_TENSOR or AsyncCollectiveTensor in types:
-                return self._wait(func, args, kwargs)
-            return func(*args, **kwargs)
+    @property
+    def accepting(self) -> bool:
+        return bool(self._observer.accepting)
+
+    def on_fault(self, where: str, exc: BaseException) -> None:
+        self._observer.on_fault(where, exc)
+
+    def collective(self, spec: CollectiveSpec, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Run `call(*args, **kwargs)`, the collective op `spec` describes, and report it."""
         start = time.time_ns()
         info, phase, ticket = self._issue(spec, args, kwargs, start)
         try:
-            result = func(*args, **kwargs)
+            result = call(*args, **kwargs)
         except BaseException as error:
             self._report(spec, info, phase, ticket, args, kwargs, None, start, error)
             raise
         self._report(spec, info, phase, ticket, args, kwargs, result, start, None)
         return result
 
-    def _wait(self, func: Any, args: Any, kwargs: Any) -> Any:
-        """A wait_tensor, or an op reading AsyncCollectiveTensors (which waits inside): the
-        watchdog's probe is done, and the collectives it waited for complete now."""
-        result = func(*args, **kwargs)
+    def waited(self, tensor: Any) -> None:
+        """`wait_tensor(tensor)` returned: the watchdog's probe is done, its collective completes now."""
         try:
-            if func is WAIT_TENSOR:
-                self._completions.waited(args[0] if args else kwargs.get("tensor"))
-            else:
-                self._completions.waited_in(args, kwargs)
+            self._completions.waited(tensor)
         except Exception as exc:
             self._observer.on_fault("collective_complete", exc)
-        return result
+
+    def waited_in(self, args: Any, kwargs: Any) -> None:
+        """An op that read AsyncCollectiveTensors (which waits inside) returned."""
+        try:
+            self._completions.waited_in(args, kwargs)
+        except Exception as exc:
+            self._observer.on_fault("collective_complete", exc)
 
     def _issue(self, spec: CollectiveSpec, args: Any, kwargs: Any, start: int) -> tuple[Any, str, Any]:
         observer = self._observer
@@ -224,6 +224,40 @@ class _CollectiveMode(TorchDispatchMode):
         return _WorkDone(work) if isinstance(work, torch.ScriptObject) else None
 
 
+class _CollectiveMode(TorchDispatchMode):
+    """The fallback hook (torch without `torch.library.get_kernel`): a dispatch mode that
+    lets DTensor run (`NotImplemented`) and hands every collective op to the recorder."""
+
+    def __init__(self, recorder: Any, specs: dict[Any, CollectiveSpec]) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._specs = specs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor in types:
+            return NotImplemented  # let DTensor unwrap; its local ops come back here
+        if kwargs is None:
+            kwargs = {}
+        recorder = self._recorder
+        try:
+            spec = self._specs.get(func)
+            traced = spec is not None and recorder.accepting
+        except Exception as exc:  # our lookup failed: run the user's op untraced
+            recorder.on_fault("collective_before", exc)
+            traced = False
+        if not traced:  # nearly every op: pass straight through
+            if func is WAIT_TENSOR:
+                result = func(*args, **kwargs)
+                recorder.waited(args[0] if args else kwargs.get("tensor"))
+                return result
+            if AsyncCollectiveTensor in types:
+                result = func(*args, **kwargs)
+                recorder.waited_in(args, kwargs)
+                return result
+            return func(*args, **kwargs)
+        return recorder.collective(spec, func, args, kwargs)
+
+
 # --- redistribute_local_tensor, patched once for all active modes -------------------
 
 _REDISTRIBUTE_MODULES = (
@@ -240,6 +274,8 @@ _wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its 
 def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def redistribute_local_tensor(local_tensor, current_spec, target_spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if _is_compiling():  # dynamo inlines this: keep our bookkeeping out of compiled graphs
+            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
         observer = _redistribute_slot.current()
         if observer is None or not observer.accepting:
             return original(local_tensor, current_spec, target_spec, *args, **kwargs)
@@ -288,12 +324,40 @@ def idle_modes() -> Iterator[None]:
     """This source's function and dispatch modes, recording nothing: the hooking floor the
     benchmark measures (what any mode-based tracer of ops and collectives pays)."""
     idle: Any = _Idle()
-    with _CollectiveMode(idle, collective_specs()), _OpMode(idle):
+    with _CollectiveMode(CollectiveRecorder(idle), collective_specs()), _OpMode(idle):
         yield
 
 
+HOOK_ENV = "HP_OTEL_TORCH_COLLECTIVE_HOOK"
+KERNELS = "kernels"
+DISPATCH_MODE = "dispatch_mode"
+# The dispatch mode stays the default until an intermittent hang at process exit after
+# real-gloo multi-process tests on the kernel path is understood (seen in tests/test_torch_gloo.py).
+_HOOK_CHOICES = {"": DISPATCH_MODE, "kernels": KERNELS, "dispatch": DISPATCH_MODE, "dispatch_mode": DISPATCH_MODE}
+
+
+def _requested_hook() -> str:
+    value = os.environ.get(HOOK_ENV, "").strip().lower()
+    hook = _HOOK_CHOICES.get(value)
+    if hook is None:
+        raise ValueError(f"{HOOK_ENV}={value!r}: allowed values are 'dispatch' (default) and 'kernels'")
+    return hook
+
+
+def collective_hook() -> str:
+    """How windows see collectives in this process: "kernels" (Python kernels on the
+    collective ops, opt-in with `HP_OTEL_TORCH_COLLECTIVE_HOOK=kernels`) or
+    "dispatch_mode" (the default for now, and the fallback for torch without
+    `torch.library.get_kernel` or kernels that could not be registered)."""
+    if _requested_hook() == DISPATCH_MODE or not torch_kernels.available():
+        return DISPATCH_MODE
+    if torch_kernels.registration_error() is not None:
+        return DISPATCH_MODE
+    return KERNELS
+
+
 class TorchDTensorSource:
-    """Installs the op mode, the collective mode and the redistribute wrapper."""
+    """Installs the op mode, the collective hook and the redistribute wrapper."""
 
     def __init__(self) -> None:
         self._specs = collective_specs()
@@ -301,15 +365,22 @@ class TorchDTensorSource:
         self._collective_mode: _CollectiveMode | None = None
         self._observer: Observer | None = None
         self._token: contextvars.Token[Observer | None] | None = None
+        self._recorder: CollectiveRecorder | None = None
+        self._recorder_token: Any = None
 
     def install(self, observer: Observer) -> None:
         self._observer = observer
         self._token = _redistribute_slot.push(observer)
         _redistribute_patches.acquire()
         fsdp_patches.acquire()
-        collective_mode = _CollectiveMode(observer, self._specs)
-        collective_mode.__enter__()
-        self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
+        recorder = CollectiveRecorder(observer)
+        if collective_hook() == KERNELS and torch_kernels.ensure_registered(self._specs):
+            self._recorder_token = torch_kernels.recorder_slot.push(recorder)  # type: ignore[arg-type]
+            self._recorder = recorder
+        else:
+            collective_mode = _CollectiveMode(recorder, self._specs)
+            collective_mode.__enter__()
+            self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
         op_mode = _OpMode(observer)
         op_mode.__enter__()
         self._op_mode = op_mode
@@ -327,6 +398,10 @@ class TorchDTensorSource:
         mode, self._collective_mode = self._collective_mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:  # the kernels stay registered and pass straight through
+            torch_kernels.recorder_slot.pop(recorder, self._recorder_token)  # type: ignore[arg-type]
+            self._recorder_token = None
 
     def _unpatch(self) -> None:
         token, self._token = self._token, None
