@@ -2,6 +2,7 @@
 
 from hp_otel.export import Telemetry, configure, shutdown
 from hp_otel.infos import CollectiveInfo, TensorInfo
+from hp_otel.installation import install, uninstall
 from hp_otel.mode import CommDebugMode
 from hp_otel.steps import step
 from hp_otel.version import __version__
@@ -15,6 +16,8 @@ __all__ = [
     "TensorInfo",
     "__version__",
     "configure",
+    "install",
     "shutdown",
     "step",
+    "uninstall",
 ]

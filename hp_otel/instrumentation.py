@@ -28,7 +28,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-from hp_otel import launcher_env
+from hp_otel import installation, launcher_env
 from hp_otel import schema as s
 from hp_otel.model_tracker import ModelTracker
 from hp_otel.steps import StepSpans, begin_step, running, set_step_handler
@@ -36,6 +36,7 @@ from hp_otel.steps import StepSpans, begin_step, running, set_step_handler
 logger = logging.getLogger("hp_otel")
 
 _session: StepSession | None = None
+_HOLDER = "HpOtelInstrumentor"  # keeps hooks installed between its windows
 
 
 def active_session() -> StepSession | None:
@@ -210,6 +211,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         )
         _warn_if_resource_lacks_rank(tracer_provider)
         session = StepSession(tracer_provider, meter_provider, kwargs.get("module"))
+        installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.installation)
         session.start()
         _session = session
         set_step_handler(session)  # hp_otel.step() now records through the session
@@ -220,3 +222,4 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         set_step_handler(None)
         if session is not None:
             session.stop()
+        installation.release(_HOLDER)  # what the windows left installed is removed now

@@ -70,10 +70,49 @@ class CollectiveTotals:
             try:
                 out.append(Observation(value, self.attributes(key)))
             except Exception as exc:
-                sink = self._fault_sink() if self._fault_sink is not None else None
-                if sink is not None:
-                    sink("metric_observe", exc)
+                self.fault("metric_observe", exc)
         return out
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        """Count a fault of a metric callback with the latest window's recorder."""
+        sink = self._fault_sink() if self._fault_sink is not None else None
+        if sink is not None:
+            sink(where, exc)
+
+
+class DeferredDurations:
+    """Collective durations handed to the histogram when a metric reader collects.
+
+    The SDK's `Histogram.record` costs ≈30 µs (it cleans and hashes the attributes each
+    time); a window that ends hands its durations over here instead, and the calls
+    counter's callback — which every collection runs before it reads the instruments —
+    records them.  Without collections (a provider with no reader) they are recorded
+    once `max_pending` wait, so memory stays bounded.
+    """
+
+    def __init__(self, histogram: Histogram, max_pending: int = 8192) -> None:
+        self._histogram = histogram
+        self._max_pending = max_pending
+        self._pending: list[tuple[float, dict[str, Any], Any]] = []  # (seconds, attributes, context)
+        self._lock = threading.Lock()
+
+    def add(self, attributes: dict[str, Any], durations_ns: Iterable[int], context: Any = None) -> None:
+        pending = self._pending
+        for duration_ns in durations_ns:
+            pending.append((duration_ns / 1e9, attributes, context))
+        if len(pending) >= self._max_pending:
+            self.flush()
+
+    def flush(self) -> None:
+        """Record every waiting duration (in the context it was measured in: exemplars link to its trace)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        record = self._histogram.record
+        for seconds, attributes, context in pending:
+            record(seconds, attributes, context=context)
+
+    def pending(self) -> int:
+        return len(self._pending)
 
 
 @dataclass(frozen=True)
@@ -83,13 +122,29 @@ class Instruments:
     totals: CollectiveTotals
     duration: Histogram
     callback_errors: Counter
+    durations: DeferredDurations
 
     @classmethod
     def create(cls, meter: Meter) -> Instruments:
         totals = CollectiveTotals()
+        histogram = meter.create_histogram(
+            s.METRIC_DURATION,
+            unit=s.METRIC_DURATION_UNIT,
+            description="Wall time of the collective call (launch time for async collectives).",
+            explicit_bucket_boundaries_advisory=list(s.DURATION_BUCKETS_S),
+        )
+        durations = DeferredDurations(histogram)
+
+        def observe_calls(options: CallbackOptions) -> Iterable[Observation]:
+            try:  # a collection starts: the durations of ended windows go in first
+                durations.flush()
+            except Exception as exc:
+                totals.fault("metric_durations", exc)
+            return totals.observe_calls(options)
+
         meter.create_observable_counter(
             s.METRIC_CALLS,
-            callbacks=[totals.observe_calls],
+            callbacks=[observe_calls],
             unit=s.METRIC_CALLS_UNIT,
             description="Collective calls issued.",
         )
@@ -101,12 +156,8 @@ class Instruments:
         )
         return cls(
             totals=totals,
-            duration=meter.create_histogram(
-                s.METRIC_DURATION,
-                unit=s.METRIC_DURATION_UNIT,
-                description="Wall time of the collective call (launch time for async collectives).",
-                explicit_bucket_boundaries_advisory=list(s.DURATION_BUCKETS_S),
-            ),
+            duration=histogram,
+            durations=durations,
             callback_errors=meter.create_counter(
                 s.METRIC_CALLBACK_ERRORS,
                 unit=s.METRIC_CALLBACK_ERRORS_UNIT,

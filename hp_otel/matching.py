@@ -14,6 +14,7 @@ spans of one collective on every rank by searching either.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import threading
@@ -45,8 +46,23 @@ class Window:
     """What the sequence numbers of one recording window count within."""
 
     label: str  # "step 3" / "window 0": the span attribute
-    key: str  # what the match ids derive from: the same on every rank for the same window
-    trace_id: int  # the links' trace id: the step's trace, or one derived from the key
+    step_trace_id: int = 0  # a step's window: the step's trace id; else 0 (derived from the number)
+
+    @functools.cached_property
+    def key(self) -> str:
+        """What the match ids derive from: the same on every rank for the same window.
+
+        Worked out on first use (a window that builds no spans never needs it)."""
+        if self.step_trace_id:
+            return f"{self.step_trace_id:032x}"
+        return f"{launcher_env.run_id() or ''}/{self.label}"
+
+    @functools.cached_property
+    def trace_id(self) -> int:
+        """The links' trace id: the step's trace, or one derived from the key."""
+        if self.step_trace_id:
+            return self.step_trace_id
+        return int.from_bytes(hashlib.sha256(f"hp_otel/window/{self.key}".encode()).digest()[:16], "big") or 1
 
     def match_ids(self, group: str, ranks: tuple[int, ...], seq: int) -> tuple[int, int]:
         """(trace id, span id) every rank derives for collective `seq` of this group in this window."""
@@ -66,7 +82,5 @@ def window_for(parent_ctx: Any) -> Window:
     parent = trace.get_current_span(parent_ctx).get_span_context()
     step = _step_traces.get(parent.trace_id) if parent.is_valid else None
     if step is not None:
-        return Window(f"step {step}", f"{parent.trace_id:032x}", parent.trace_id)
-    key = f"{launcher_env.run_id() or ''}/window {number}"
-    trace_id = int.from_bytes(hashlib.sha256(f"hp_otel/window/{key}".encode()).digest()[:16], "big") or 1
-    return Window(f"window {number}", key, trace_id)
+        return Window(f"step {step}", parent.trace_id)
+    return Window(f"window {number}")

@@ -125,7 +125,12 @@ class CommDebugMode:
             once and is the current span meanwhile) instead of after the fact from
             timestamped events. Default: live when you pass a `tracer_provider`.
         record_spans: False counts collectives (counts, metrics) but builds no spans —
-            what an unsampled step of the always-on instrumentor does.
+            what an unsampled step of the always-on instrumentor does. Such a window
+            installs only what counting needs (the collective hook and module forward
+            hooks), so it costs a fraction of a traced one.
+        ops: False leaves out op spans (`linear`, `matmul`; noise level 1 of the table)
+            and the function mode that sees them, for users who want collectives and
+            modules only; it saves most of the per-op cost.
         extra_sources: your own sources (objects with `install(observer)` and
             `uninstall()`, see `hp_otel.observer.Source`), installed after the engine's:
             the way to trace a framework hp_otel does not know.
@@ -144,6 +149,7 @@ class CommDebugMode:
         max_spans: int = DEFAULT_MAX_SPANS,
         live_spans: bool | None = None,
         record_spans: bool = True,
+        ops: bool = True,
         extra_sources: Iterable[Source] = (),
         watchdog: HangWatchdog | None = None,
     ) -> None:
@@ -172,6 +178,8 @@ class CommDebugMode:
             meter_provider, self._metric_reader = default_meter_provider()
         if not isinstance(record_spans, bool):
             raise TypeError(f"record_spans must be True or False, got {record_spans!r}")
+        if not isinstance(ops, bool):
+            raise TypeError(f"ops must be True or False, got {ops!r}")
         extra = _check_sources(extra_sources)
         if watchdog is not None and not isinstance(watchdog, HangWatchdog):
             raise TypeError(f"watchdog must be a hp_otel.HangWatchdog or None, got {type(watchdog).__name__}")
@@ -183,6 +191,7 @@ class CommDebugMode:
             get_tracer(tracer_provider), get_instruments(meter_provider), self._store, live, _MAX_PENDING_EVENTS
         )
         self._recorder.spans_enabled = record_spans
+        self._recorder.ops_enabled = ops
         self._sources: tuple[Source, ...] = (*default_sources(module, self.engine), *extra)
         self._installed: list[Source] = []
         self._token: contextvars.Token[CommDebugMode | None] | None = None

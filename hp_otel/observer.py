@@ -3,6 +3,10 @@
 A source translates one framework's hooks into these calls and knows nothing about
 OpenTelemetry; the recorder implements them and knows nothing about frameworks.
 Every method must be safe to call at any time: the recorder never raises from them.
+
+Sources may also read two flags of the observer at install (absent means True):
+`spans_enabled` (False: a counts-only window, install only what counting needs) and
+`ops_enabled` (False: no op tracing).
 """
 
 from __future__ import annotations

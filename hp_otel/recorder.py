@@ -73,6 +73,7 @@ class SpanRecorder:
         self._suspended = 0  # > 0 while a nested mode records instead of this one
         self.accepting = False  # active and not suspended: the one flag the hot path reads
         self.spans_enabled = True  # False: counts and metrics only (an unsampled step)
+        self.ops_enabled = True  # False: sources leave out op tracing (counts, modules and collectives only)
         self.comm_counts: dict[str, int] = {}
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
@@ -277,7 +278,7 @@ class SpanRecorder:
 
     # --- observer: collectives --------------------------------------------------
     def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
-        if not self.accepting:
+        if not self.accepting or not (self.spans_enabled or self.wants_completion):  # counts need no issue record
             return None
         try:
             modules = self._modules
@@ -464,10 +465,13 @@ class SpanRecorder:
         return key
 
     def _flush_metrics(self) -> None:
+        """Hand the window's durations to the histogram's next collection (see `DeferredDurations`)."""
         pending, self._pending_durations = self._pending_durations, {}
+        deferred = self._instruments.durations
+        attributes = self._instruments.totals.attributes
         for key, durations in pending.items():
             try:
-                self._record_durations(key, durations, self._window_context)
+                deferred.add(attributes(key), durations, self._window_context)
             except Exception as exc:
                 self.on_fault("metrics", exc)
 

@@ -28,7 +28,7 @@ import hp_otel.sources.torch_modules as module_source
 from hp_otel import CommDebugMode, codec, schema
 from hp_otel import events as ev
 from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
-from hp_otel.instruments import CollectiveTotals
+from hp_otel.instruments import CollectiveTotals, DeferredDurations
 from hp_otel.recorder import SpanRecorder
 from hp_otel.testing import assert_collective_counts, assert_no_callback_errors, metric_points
 
@@ -165,7 +165,8 @@ FAULTS = [
     Fault("span processor on_end (deferred build on query)", None, ("span_processor",), processor="end", live=False),
     Fault("span exporter (the SDK processor isolates it)", None, (), processor="exporter", live=True),
     # metrics: the duration histogram at window end, the observable counters at collection
-    Fault("duration histogram at window end", _fail(SpanRecorder, "_record_durations"), ("metrics",)),
+    Fault("duration histogram at window end", _fail(DeferredDurations, "add"), ("metrics",)),
+    Fault("duration histogram at collection", _fail(DeferredDurations, "flush"), ("metric_durations",)),
     # (the attribute sets are shared with the histogram, which fails at window end too)
     Fault("observable counter callback", _fail(CollectiveTotals, "attributes"), ("metric_observe", "metrics")),
 ]
@@ -198,7 +199,7 @@ def _fresh(world: int) -> tuple[torch.nn.Module, torch.Tensor]:
 def _make_mode(fault: Fault, model, meter_provider) -> tuple[CommDebugMode, InMemorySpanExporter]:
     users = InMemorySpanExporter()
     if fault.processor is None:
-        return CommDebugMode(module=model, meter_provider=meter_provider), users
+        return CommDebugMode(module=model, meter_provider=meter_provider, live_spans=fault.live), users
     provider = TracerProvider()
     if fault.processor == "exporter":
         provider.add_span_processor(SimpleSpanProcessor(_ExporterRaising()))

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from hp_otel import installation
 from hp_otel.observer import Observer
 
 
@@ -107,7 +108,12 @@ class AttributePatch:
 
 
 class SharedPatches:
-    """Patches installed while at least one user holds them; `plan()` makes them on first use."""
+    """Patches installed while at least one user holds them; `plan()` makes them on first use.
+
+    When the last user releases them while hooks are kept (`hp_otel.install()`), they
+    stay in place (the wrappers pass calls through with no window) until
+    `hp_otel.uninstall()`; a later window takes them over without patching again.
+    """
 
     def __init__(self, plan: Callable[[], list[AttributePatch]]) -> None:
         self._plan = plan
@@ -118,7 +124,9 @@ class SharedPatches:
     def acquire(self) -> None:
         with self._lock:
             if self._users == 0:
-                self._patches = self._plan()
+                installation.claim(self)
+                if not self._patches:  # else still installed: kept since the last window
+                    self._patches = self._plan()
             self._users += 1
 
     def release(self) -> None:
@@ -127,6 +135,16 @@ class SharedPatches:
                 return
             self._users -= 1
             if self._users > 0:
+                return
+            if installation.keeping():
+                installation.linger(self, self._remove_kept)
+                return
+            patches, self._patches = self._patches, []
+        run_every(patch.restore for patch in reversed(patches))
+
+    def _remove_kept(self) -> None:
+        with self._lock:
+            if self._users > 0:  # a window took them over meanwhile: it removes them when it closes
                 return
             patches, self._patches = self._patches, []
         run_every(patch.restore for patch in reversed(patches))

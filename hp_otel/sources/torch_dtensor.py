@@ -357,7 +357,11 @@ def collective_hook() -> str:
 
 
 class TorchDTensorSource:
-    """Installs the op mode, the collective hook and the redistribute wrapper."""
+    """Installs the op mode, the collective hook and the redistribute wrapper.
+
+    Only what the window records: a counts-only window (`record_spans=False`, an
+    unsampled step) gets the collective hook alone; `ops=False` leaves out the op mode.
+    """
 
     def __init__(self) -> None:
         self._specs = collective_specs()
@@ -370,9 +374,11 @@ class TorchDTensorSource:
 
     def install(self, observer: Observer) -> None:
         self._observer = observer
-        self._token = _redistribute_slot.push(observer)
-        _redistribute_patches.acquire()
-        fsdp_patches.acquire()
+        spans = bool(getattr(observer, "spans_enabled", True))
+        if spans:  # redistribute spans and FSDP's parameter module are span attributes only
+            self._token = _redistribute_slot.push(observer)
+            _redistribute_patches.acquire()
+            fsdp_patches.acquire()
         recorder = CollectiveRecorder(observer)
         if collective_hook() == KERNELS and torch_kernels.ensure_registered(self._specs):
             self._recorder_token = torch_kernels.recorder_slot.push(recorder)  # type: ignore[arg-type]
@@ -381,9 +387,10 @@ class TorchDTensorSource:
             collective_mode = _CollectiveMode(recorder, self._specs)
             collective_mode.__enter__()
             self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
-        op_mode = _OpMode(observer)
-        op_mode.__enter__()
-        self._op_mode = op_mode
+        if spans and getattr(observer, "ops_enabled", True):
+            op_mode = _OpMode(observer)
+            op_mode.__enter__()
+            self._op_mode = op_mode
 
     def uninstall(self) -> None:
         """Undo install in reverse order; every step runs even if an earlier one fails."""

@@ -32,6 +32,7 @@ from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils.hooks import RemovableHandle
 
+from hp_otel import installation
 from hp_otel import schema as s
 from hp_otel.infos import ModuleCall, ModuleInfo, ParameterInfo
 from hp_otel.observer import Observer
@@ -123,36 +124,50 @@ class _ThreadState:
 
 
 class _TrackedModule:
-    """Hooks for one module; they report to the observer only while the tracker is installed."""
+    """Hooks for one module; they report to the hook set's tracker while a window uses it."""
 
-    def __init__(self, tracker: TorchModuleTracker, fqn: str, module: nn.Module) -> None:
-        self.tracker = tracker
+    __slots__ = ("fqn", "hooks", "info")
+
+    def __init__(self, hooks: _ModuleHooks, fqn: str, module: nn.Module) -> None:
+        self.hooks = hooks
         self.fqn = fqn or s.ROOT_MODULE_FQN
         self.info = ModuleInfo(
             self.fqn, fqn or type(module).__name__, type(module).__qualname__, parameter_infos(module)
         )
 
+    def refresh(self, module: nn.Module) -> None:
+        """New parameter objects since the hooks were made (e.g. sharded later): describe them anew."""
+        parameters = parameter_infos(module)
+        if parameters is not self.info.parameters:
+            self.info = ModuleInfo(self.info.fqn, self.info.span_name, self.info.module_type, parameters)
+
     def forward_pre(self, module: nn.Module, args: Any) -> None:
-        observer = self.tracker.observer
+        tracker = self.hooks.tracker
+        if tracker is None:  # hooks kept between windows: nothing records
+            return
+        observer = tracker.observer
         if observer is None or not observer.accepting:
             return
         # A forward inside backward is activation checkpointing's recomputation.
         phase = s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD
         try:
-            self.tracker.enter_call(self.info, phase)
+            tracker.enter_call(self.info, phase)
         except Exception as exc:
             observer.on_fault("module_forward_pre", exc)
         observer.on_module_enter(self.info, phase)
 
     def forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        observer = self.tracker.observer
+        tracker = self.hooks.tracker
+        if tracker is None:
+            return
+        observer = tracker.observer
         if observer is None or not observer.accepting:
             return
         error = sys.exc_info()[1]  # set when forward raised (always_call hooks run in its except block)
         if isinstance(error, _STOP_RECOMPUTATION):  # checkpointing ends a recompute early on purpose
             error = None
         try:
-            entry = self.tracker.exit_call(self.info)
+            entry = tracker.exit_call(self.info)
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
             entry = None
@@ -164,7 +179,7 @@ class _TrackedModule:
         if error is not None:
             return
         try:
-            if torch.is_grad_enabled():
+            if tracker.backward_spans and torch.is_grad_enabled():
                 # Outputs made by this call's own nodes: their gradient starts its backward
                 # (a module that returns its input unchanged has no backward work of its own).
                 outputs = [
@@ -173,9 +188,61 @@ class _TrackedModule:
                     if t.grad_fn is not None and first_node <= t.grad_fn._sequence_nr() != _NO_SEQUENCE_NR
                 ]
                 if outputs:
-                    self.tracker.add_grad_hook(outputs, functools.partial(self.tracker.backward_start, call))
+                    tracker.add_grad_hook(outputs, functools.partial(tracker.backward_start, call))
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
+
+
+class _ModuleHooks:
+    """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
+
+    One set per root is kept (`_hook_sets`): with hooks kept between windows
+    (`hp_otel.install()`) the next window takes it over instead of hooking every module
+    again; a window nested on the same tree gets a set of its own.
+    """
+
+    def __init__(self, root: nn.Module) -> None:
+        self._root = weakref.ref(root)  # the hooks must not keep the model alive
+        self.tracker: TorchModuleTracker | None = None
+        self.param_owner: dict[int, ModuleInfo] = {}  # id(parameter) -> the module that owns it
+        self._tracked: list[_TrackedModule] = []
+        self._structure: list[tuple[str, int]] = []
+        self._handles: list[RemovableHandle] = []
+
+    def attach(self, root: nn.Module) -> None:
+        """Hook every module of the tree, unless the hooks in place still match it."""
+        modules = list(root.named_modules())
+        structure = [(fqn, id(module)) for fqn, module in modules]
+        if self._handles and structure == self._structure:
+            for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
+                tracked.refresh(module)
+        else:
+            self._detach()
+            self._structure = structure
+            for fqn, module in modules:
+                tracked = _TrackedModule(self, fqn, module)
+                self._tracked.append(tracked)
+                self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
+                self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+        self.param_owner = {}
+        for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
+            for param in module.parameters(recurse=False):
+                self.param_owner.setdefault(id(param), tracked.info)
+
+    def remove(self) -> None:
+        """Take every hook out (a window still using them removes them when it closes)."""
+        if self.tracker is None:
+            self._detach()
+
+    def _detach(self) -> None:
+        handles, self._handles = self._handles, []
+        self._tracked, self._structure = [], []
+        for handle in handles:
+            handle.remove()
+
+
+# The hook set kept for each root module (weakly: a model that goes away takes its entry along).
+_hook_sets: weakref.WeakKeyDictionary[nn.Module, _ModuleHooks] = weakref.WeakKeyDictionary()
 
 
 class TorchModuleTracker:
@@ -185,7 +252,8 @@ class TorchModuleTracker:
     def __init__(self, root: nn.Module) -> None:
         self.root = root
         self.observer: Observer | None = None
-        self._handles: list[RemovableHandle] = []
+        self.backward_spans = True  # grad hooks open backward spans; counting needs none
+        self._hooks: _ModuleHooks | None = None
         # Grad hooks live on tensors: those on tensors that outlive a step (leaves such as
         # the batch or the parameters) are removed when the backward pass ends and on
         # uninstall, so they never pile up; the others go away with the autograd graph.
@@ -196,23 +264,28 @@ class TorchModuleTracker:
         self._local = threading.local()
         self._owners_by_thread: dict[int, NodeOwners] = {}
         self._latest_owners: NodeOwners | None = None
-        self._param_owner: dict[int, ModuleInfo] = {}  # id(parameter) -> the module that owns it
+        self._param_owner: dict[int, ModuleInfo] = {}
         self._latest_call: dict[ModuleInfo, ModuleCall] = {}
 
     def install(self, observer: Observer) -> None:
         self.observer = observer
+        self.backward_spans = bool(getattr(observer, "spans_enabled", True))
         self._backward_end_queued = False
         self._local = threading.local()
         self._owners_by_thread = {}
         self._latest_owners = None
         self._latest_call = {}
-        self._param_owner = {}
-        for fqn, module in self.root.named_modules():
-            tracked = _TrackedModule(self, fqn, module)
-            for param in module.parameters(recurse=False):
-                self._param_owner.setdefault(id(param), tracked.info)
-            self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
-            self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+        hooks = _hook_sets.get(self.root)
+        if hooks is None or hooks.tracker is not None:  # none yet, or a window outside this one uses them
+            hooks = _ModuleHooks(self.root)
+            _hook_sets.setdefault(self.root, hooks)
+        installation.claim(hooks)
+        hooks.tracker = self
+        self._hooks = hooks
+        try:
+            hooks.attach(self.root)
+        finally:
+            self._param_owner = hooks.param_owner
         set_attribution = getattr(observer, "set_node_attribution", None)
         if set_attribution is not None:
             set_attribution(self.running_chain)
@@ -222,9 +295,13 @@ class TorchModuleTracker:
         set_attribution = getattr(observer, "set_node_attribution", None)
         if set_attribution is not None:
             set_attribution(None)
-        handles, self._handles = self._handles, []
-        for handle in handles:
-            handle.remove()
+        hooks, self._hooks = self._hooks, None
+        if hooks is not None:
+            hooks.tracker = None
+            if installation.keeping() and _hook_sets.get(self.root) is hooks:
+                installation.linger(hooks, hooks.remove)  # the next window on this model takes them over
+            else:
+                hooks.remove()
         self._remove_grad_hooks()
         self._owners_by_thread = {}
         self._latest_owners = None
