@@ -46,7 +46,7 @@ _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 _in_backward: Callable[[], int] = torch._C._current_graph_task_id  # -1 outside autograd
 
 
-def _has_dtensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _has_dtensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
     """DTensor disables __torch_function__, so `types` is empty: look at the arguments."""
     for value in args:
         if isinstance(value, DTensor):
@@ -64,20 +64,20 @@ class _OpMode(TorchFunctionMode):
         self._observer = observer
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if kwargs is None:
-            kwargs = {}
-        if _is_compiling():  # dynamo traces modes: compiled graphs get the bare op (collectives still counted)
-            return func(*args, **kwargs)
         observer = self._observer
+        # Most calls take no DTensor (DTensor's own Python calls torch too): out first, allocating nothing.
         try:
-            name = getattr(func, "__name__", None)
-            traced = name is not None and name not in _SKIPPED_FUNCTIONS and observer.accepting
-            traced = traced and _has_dtensor(args, kwargs)
+            traced = observer.accepting and _has_dtensor(args, kwargs) and not _is_compiling()
+            if traced:  # dynamo traces modes: compiled graphs get the bare op (collectives still counted)
+                name = getattr(func, "__name__", None)
+                traced = name is not None and name not in _SKIPPED_FUNCTIONS
         except Exception as exc:  # our check failed: run the user's call untraced
             observer.on_fault("op_before", exc)
             traced = False
         if not traced:
-            return func(*args, **kwargs)
+            return func(*args, **(kwargs or {}))
+        if kwargs is None:
+            kwargs = {}
         try:
             inputs = tensor_infos(*args, *kwargs.values())
         except Exception as exc:

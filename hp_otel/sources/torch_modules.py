@@ -84,8 +84,9 @@ def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
                 placements=placements_str(tuple(placements)) if placements is not None else "",
             )
         )
-    _param_cache[module] = (identity, tuple(infos))
-    return tuple(infos)
+    described = tuple(infos)
+    _param_cache[module] = (identity, described)
+    return described
 
 
 class NodeOwners:
@@ -135,11 +136,13 @@ class _TrackedModule:
             self.fqn, fqn or type(module).__name__, type(module).__qualname__, parameter_infos(module)
         )
 
-    def refresh(self, module: nn.Module) -> None:
-        """New parameter objects since the hooks were made (e.g. sharded later): describe them anew."""
+    def refresh(self, module: nn.Module) -> bool:
+        """New parameter objects since the hooks were made (e.g. sharded later): describe them anew (True)."""
         parameters = parameter_infos(module)
-        if parameters is not self.info.parameters:
-            self.info = ModuleInfo(self.info.fqn, self.info.span_name, self.info.module_type, parameters)
+        if parameters is self.info.parameters:
+            return False
+        self.info = ModuleInfo(self.info.fqn, self.info.span_name, self.info.module_type, parameters)
+        return True
 
     def forward_pre(self, module: nn.Module, args: Any) -> None:
         tracker = self.hooks.tracker
@@ -214,8 +217,11 @@ class _ModuleHooks:
         modules = list(root.named_modules())
         structure = [(fqn, id(module)) for fqn, module in modules]
         if self._handles and structure == self._structure:
+            changed = False
             for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
-                tracked.refresh(module)
+                changed |= tracked.refresh(module)
+            if not changed:  # the common case: same modules, same parameters
+                return
         else:
             self._detach()
             self._structure = structure
@@ -226,8 +232,9 @@ class _ModuleHooks:
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
         self.param_owner = {}
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
-            for param in module.parameters(recurse=False):
-                self.param_owner.setdefault(id(param), tracked.info)
+            for param in module._parameters.values():
+                if param is not None:
+                    self.param_owner.setdefault(id(param), tracked.info)
 
     def remove(self) -> None:
         """Take every hook out (a window still using them removes them when it closes)."""
