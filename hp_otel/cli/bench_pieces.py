@@ -1,0 +1,120 @@
+"""`hp-otel bench --pieces`: what each part of tracing costs a step, measured one by one.
+
+Each variant adds one piece to the one before it, so the difference between
+neighbours is that piece's cost; all run interleaved on the same step:
+
+    untraced                       the step alone (hp_otel's kernels registered: they
+                                     pass straight through)
+    hooks kept, no window          module hooks and wrappers kept (`hp_otel.install()`),
+                                     no window open: the idle cost between windows
+    empty counting window          + a counts-only window per step, no module
+                                     (window enter/exit, collective counting)
+    + module forward hooks         + module attribution (counts-only, `module=`)
+    + spans, no ops                + span events: modules, grad hooks for backward
+                                     spans, redistributes, collectives (`ops=False`)
+    + op mode                      + the function mode and op events (everything)
+    + install per window           the same, hooks installed and removed each window
+                                     (no `hp_otel.install()`)
+    bare no-op function mode       torch's cost of any TorchFunctionMode, for scale
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+Variant = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+@dataclass(frozen=True)
+class Piece:
+    make_ctx: Variant  # the context each timed step runs in
+    keep: bool = True  # hooks kept between windows (`hp_otel.install()`) while it runs
+    warm: Variant | None = None  # the context of the untimed first step (default: make_ctx)
+
+
+def piece_variants(model: Any) -> dict[str, Piece]:
+    """The variants, in the order their costs add up."""
+    from torch.overrides import TorchFunctionMode
+
+    from hp_otel import CommDebugMode
+
+    class _NoOpFunctionMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return func(*args, **(kwargs or {}))
+
+    return {
+        "untraced": Piece(contextlib.nullcontext, keep=False),
+        "hooks kept, no window": Piece(contextlib.nullcontext, warm=lambda: CommDebugMode(module=model)),
+        "empty counting window": Piece(lambda: CommDebugMode(record_spans=False)),
+        "+ module forward hooks": Piece(lambda: CommDebugMode(module=model, record_spans=False)),
+        "+ spans, no ops": Piece(lambda: CommDebugMode(module=model, ops=False)),
+        "+ op mode": Piece(lambda: CommDebugMode(module=model)),
+        "+ install per window": Piece(lambda: CommDebugMode(module=model), keep=False),
+        "bare no-op function mode": Piece(_NoOpFunctionMode, keep=False),
+    }
+
+
+@contextlib.contextmanager
+def _kept(keep: bool) -> Iterator[None]:
+    import hp_otel
+
+    if keep:
+        hp_otel.install()
+    try:
+        yield
+    finally:
+        hp_otel.uninstall()
+
+
+def _time(step: Callable[[], Any], piece: Piece, steps: int) -> float:
+    with _kept(piece.keep):
+        with (piece.warm or piece.make_ctx)():  # the first window of a block installs what later ones reuse
+            step()
+        gc.collect()
+        samples = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            with piece.make_ctx():
+                step()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
+
+
+def run_pieces(
+    model: Any, step: Callable[[], Any], rounds: int = 11, steps: int = 20
+) -> dict[str, list[float]]:
+    """Per-round median µs per step of every variant, rounds interleaved in shuffled order."""
+    from hp_otel import CommDebugMode
+
+    with CommDebugMode(module=model):  # registers the kernels: every variant after runs with them
+        step()
+    variants = piece_variants(model)
+    per_round: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
+            per_round[name].append(_time(step, variants[name], steps))
+    return per_round
+
+
+def format_pieces(per_round: dict[str, list[float]]) -> Iterator[str]:
+    """One line per variant: median µs, median per-round ratio [min, max], and the step from the line above."""
+    base = per_round["untraced"]
+    yield f"{'variant':<32}{'µs/step':>9}{'ratio':>8}  {'[min, max]':<14}{'piece µs':>9}"
+    previous: float | None = None
+    for name, values in per_round.items():
+        median = statistics.median(values)
+        ratios = sorted(v / b for v, b in zip(values, base, strict=True))
+        piece = "" if previous is None or name.startswith("bare") else f"{median - previous:+9.0f}"
+        yield f"{name:<32}{median:>9.0f}{statistics.median(ratios):>7.2f}x  [{ratios[0]:.2f}, {ratios[-1]:.2f}]  {piece}"
+        if not name.startswith("bare"):
+            previous = median
