@@ -133,9 +133,10 @@ def _select(
 
 
 def _interleave(
-    workload: Workload, variants: list[Variant], rounds: int, steps: int, progress: Progress
+    workload: Workload, variants: list[Variant], rounds: int, steps: int, progress: Progress, warned: bool
 ) -> tuple[dict[str, list[float]], list[float | None]]:
-    """Each variant's median µs per round, and the load average after each round."""
+    """Each variant's median µs per round, and the load average after each round (a busy
+    machine is reported once as a progress line, unless `warned` already)."""
     for variant in variants:  # warm-up
         _time_block(workload.step, variant, min(3, steps))
     per_round: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -149,6 +150,10 @@ def _interleave(
         for variant in order:
             per_round[variant.name].append(_time_block(workload.step, variant, steps))
         loads.append(load_average())
+        warning = load_warning(loads[-1]) if loads[-1] is not None else None
+        if warning and not warned:
+            progress(f"{workload.name}: {warning}")
+            warned = True
     return per_round, loads
 
 
@@ -168,7 +173,7 @@ def run_workload(
     load_start = load_average()
     warning = load_warning(load_start, cores)
     if warning:
-        progress(warning)
+        progress(f"{workload.name}: {warning}")
     variants, skipped = _select(*build_variants(workload.model), only)
     for name, reason in skipped.items():
         progress(f"{workload.name}: left out {name!r}: {reason}")
@@ -181,7 +186,7 @@ def run_workload(
             f"{workload.name}: {len(variants)} variants x {rounds} rounds x {steps} steps "
             f"({events} events, {collectives} collectives a step); warming up"
         )
-        per_round, loads = _interleave(workload, variants, rounds, steps, progress)
+        per_round, loads = _interleave(workload, variants, rounds, steps, progress, warned=warning is not None)
     load_end = load_average()
     seen = [load for load in (load_start, *loads, load_end) if load is not None]
     load_max = max(seen) if seen else None
