@@ -71,8 +71,11 @@ def test_bench_runs_every_variant() -> None:
     for variant in (
         "untraced",
         "hp_otel",
+        "hp_otel, counts only",
+        "hp_otel instrumentor, unsampled",
         "torch CommDebugMode",
         "torch DebugMode",
+        "torch.profiler, record_shapes",
         "hp_otel imported, inactive",
         "floor",
     ):
@@ -109,7 +112,10 @@ def test_version(capsys) -> None:
     [
         ("demo", ["--noise-level 0-3", "0 collectives only", "(default: 2)", "(default: hp_otel_out)"]),
         ("render", ["--noise-level 0-3", "(default: 1)", "an OTLP/JSON spans file"]),
-        ("bench", ["--rounds N", "(default: 15)", "(default: 20)", "--spans N", "(default: 100000)", "--scale"]),
+        (
+            "bench",
+            ["--rounds N", "mlp 15x20", "realistic 5x3", "(see --rounds)", "--spans N", "(default: 100000)"],
+        ),
     ],
 )
 def test_help_states_ranges_and_defaults(command, expected, capsys) -> None:

@@ -1,176 +1,270 @@
 """`hp-otel bench`: what tracing costs a training step, against torch's own tools.
 
-Runs the TP-MLP step in one process over torch's fake process group (DTensor
-dispatches and calls the same collectives; they return at once), so the step is pure
-dispatch and ratios are stable run to run.  Variants run interleaved, round after
-round, and each timed block starts after `gc.collect()`.
+Variants (bench_variants.py) of a workload's step (bench_workloads.py) run interleaved,
+round after round in shuffled order, each timed block after `gc.collect()`. The ratio
+to untraced is the median of per-round ratios (each round's variant time over that
+round's untraced time), so a slow spell of the machine moves both sides of a ratio
+instead of one variant; the interquartile range of those ratios says how steady it was.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hp_otel.cli.bench_variants import UNTRACED, Variant, build_variants
+from hp_otel.cli.bench_workloads import Workload
 from hp_otel.cli.progress import Progress, quiet
 
 
-def fake_process_group(world_size: int) -> None:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+@dataclass(frozen=True)
+class RatioSummary:
+    """A variant against untraced over rounds: median ratio, its interquartile range, µs added per event."""
 
-    if not dist.is_initialized():
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    median: float
+    q1: float
+    q3: float
+    us_per_event: float | None
 
 
-def _variants(model: Any) -> tuple[dict[str, Callable[[], contextlib.AbstractContextManager[Any]]], dict[str, str]]:
-    """The variants to time, and those left out with the reason (torch's debug modes need numpy)."""
-    from hp_otel import CommDebugMode
-    from hp_otel.sources.torch_dtensor import idle_modes
+def summarise_rounds(variant_us: Sequence[float], untraced_us: Sequence[float], events: int) -> RatioSummary:
+    """Per-round ratios variant/untraced: their median and quartiles; and the median per-round
+    µs added, divided by `events` (None when events is 0)."""
+    if len(variant_us) != len(untraced_us) or not variant_us:
+        raise ValueError("need the same number (at least one) of rounds for the variant and untraced")
+    ratios = [v / u for v, u in zip(variant_us, untraced_us, strict=True)]
+    q1, q3 = _quartiles(ratios)
+    added = statistics.median(v - u for v, u in zip(variant_us, untraced_us, strict=True))
+    return RatioSummary(statistics.median(ratios), q1, q3, added / events if events else None)
 
-    variants: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
-        "untraced": contextlib.nullcontext,
-        "hp_otel": lambda: CommDebugMode(module=model),
-    }
-    skipped: dict[str, str] = {}
-    try:  # torch.distributed.tensor.debug imports numpy, which `pip install torch` does not install
-        from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
-        variants["torch CommDebugMode"] = TorchCommDebugMode
-    except ImportError as exc:
-        skipped["torch CommDebugMode"] = f"cannot import it ({exc}); pip install numpy"
+def _quartiles(values: Sequence[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, or None where the platform has none."""
     try:
-        from torch.utils._debug_mode import DebugMode
-
-        variants["torch DebugMode"] = DebugMode
-    except ImportError as exc:
-        skipped["torch DebugMode"] = f"cannot import it ({exc})"
-    variants["hp_otel, dispatch-mode hook"] = lambda: _hook_window(model, "dispatch")
-    variants["hp_otel, kernel hook"] = lambda: _hook_window(model, "kernels")
-    variants["hp_otel imported, inactive"] = contextlib.nullcontext
-    variants["floor: bare torch modes"] = idle_modes
-    return variants, skipped
-
-
-@contextlib.contextmanager
-def _hook_window(model: Any, hook: str) -> Iterator[Any]:
-    """A window that sees collectives through `hook` (the env var is read at entry)."""
-    from hp_otel import CommDebugMode
-    from hp_otel.sources.torch_dtensor import HOOK_ENV
-
-    saved = os.environ.get(HOOK_ENV)
-    os.environ[HOOK_ENV] = hook
-    try:
-        mode = CommDebugMode(module=model)
-        mode.__enter__()
-    finally:
-        if saved is None:
-            del os.environ[HOOK_ENV]
-        else:
-            os.environ[HOOK_ENV] = saved
-    try:
-        yield mode
-    finally:
-        mode.__exit__(None, None, None)
-
-
-def load_warning(threshold: float = 1.0) -> str | None:
-    """A line to print when the machine is busy: timings taken under load are not comparable."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # no load average on this platform
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
         return None
-    if load <= threshold:
+
+
+def load_warning(load: float | None = None, cores: int | None = None) -> str | None:
+    """A line to print when more runs than there are cores: timings under load are not comparable."""
+    load = load_average() if load is None else load
+    cores = cores if cores is not None else os.cpu_count() or 1
+    if load is None or load <= cores:
         return None
-    return f"warning: 1-minute load average is {load:.2f} (> {threshold:g}): other processes skew these timings"
+    return f"warning: 1-minute load average {load:.2f} exceeds the {cores} cores: other processes skew these timings"
 
 
-def _time_block(step: Callable[[], Any], make_ctx: Callable[[], Any], steps: int) -> float:
+@dataclass
+class VariantResult:
+    name: str
+    median_us: float  # median over rounds of each round's median µs per step
+    ratio: RatioSummary
+    records_events: bool
+    per_round_us: list[float]  # each round's median µs per step, for --json
+
+
+@dataclass
+class WorkloadResult:
+    workload: str
+    summary: str
+    rounds: int
+    steps: int
+    events_per_step: int  # spans one CommDebugMode(module=model) window records for one step
+    collectives_per_step: int
+    variants: list[VariantResult]
+    skipped: dict[str, str]
+    cores: int
+    load_start: float | None
+    load_end: float | None
+    load_max: float | None  # the highest 1-minute load seen at the start, each round and the end
+    warnings: list[str] = field(default_factory=list)
+
+
+def _time_block(step: Callable[[], Any], variant: Variant, steps: int) -> float:
     """Median µs per step, each step in its own `with` block as a user would write it."""
     gc.collect()
     samples = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        with make_ctx():
-            step()
-        samples.append(time.perf_counter() - t0)
+    with variant.around_block():
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            with variant.step_context():
+                step()
+            samples.append(time.perf_counter() - t0)
     return statistics.median(samples) * 1e6
 
 
-def run_bench(
-    rounds: int = 15,
-    steps: int = 20,
-    world_size: int = 2,
-    hidden: int = 32,
-    intermediate: int = 64,
-    model_name: str = "mlp",
-    progress: Progress = quiet,
-) -> tuple[dict[str, float], dict[str, str]]:
-    """Median µs per step for each variant, and the variants that cannot run here with the reason.
-
-    `model_name`: "mlp" (the TP MLP) or "transformer" (the demo's 2-layer TP + SP transformer).
-    """
-    import torch
-
+def count_events(workload: Workload) -> tuple[int, int]:
+    """(spans recorded, collectives) in one step under `CommDebugMode(module=model)`."""
     from hp_otel import CommDebugMode
-    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 
-    torch.set_num_threads(1)  # intra-op threads only add noise to a dispatch-bound step
-    fake_process_group(world_size)
-    if model_name == "transformer":
-        from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+    mode = CommDebugMode(module=workload.model)
+    with mode:
+        workload.step()
+    return len(mode.get_finished_spans()), mode.get_total_counts()
 
-        model = build_tp_transformer(world_size)
-        tokens = demo_tokens()
 
-        def step() -> None:
-            model(tokens).sum().backward()
-            model.zero_grad(set_to_none=True)
+def _select(
+    variants: list[Variant], skipped: dict[str, str], only: Sequence[str] | None
+) -> tuple[list[Variant], dict[str, str]]:
+    """The variants named in `only` (untraced always), or all; an unknown name is an error."""
+    if only is None:
+        return variants, skipped
+    known = [v.name for v in variants] + list(skipped)
+    unknown = sorted(set(only) - set(known))
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; known: {known}")
+    chosen = [v for v in variants if v.name == UNTRACED or v.name in only]
+    return chosen, {name: reason for name, reason in skipped.items() if name in only}
 
-    else:
-        model = build_tp_mlp(world_size, hidden, intermediate)
-        batch = torch.randn(8, hidden)
 
-        def step() -> None:
-            # A new leaf each step, as with a new batch: torch's CommDebugMode leaves a grad
-            # hook on its window's inputs, and on a reused input those hooks would pile up
-            # and slow every later variant.
-            train_step(model, batch.detach().requires_grad_(True))
-            model.zero_grad(set_to_none=True)
-
-    variants, skipped = _variants(model)
-    for name, reason in skipped.items():
-        progress(f"left out {name!r}: {reason}")
-    # "inactive": hp_otel imported and one mode entered and exited before; the variant itself is untraced.
-    with CommDebugMode(module=model):
-        step()
-    for make_ctx in variants.values():  # warm-up
-        _time_block(step, make_ctx, 3)
-    per_round: dict[str, list[float]] = {name: [] for name in variants}
+def _interleave(
+    workload: Workload, variants: list[Variant], rounds: int, steps: int, progress: Progress, warned: bool
+) -> tuple[dict[str, list[float]], list[float | None]]:
+    """Each variant's median µs per round, and the load average after each round (a busy
+    machine is reported once as a progress line, unless `warned` already)."""
+    for variant in variants:  # warm-up
+        _time_block(workload.step, variant, min(3, steps))
+    per_round: dict[str, list[float]] = {v.name: [] for v in variants}
+    loads: list[float | None] = []
     order = list(variants)
     shuffle = random.Random(0).shuffle
-    progress(f"{len(variants)} variants x {rounds} rounds x {steps} steps")
-    warning = load_warning()
-    if warning:
-        progress(warning)
     for done in range(rounds):
         shuffle(order)  # no variant always runs right after another
         if done and done % max(1, rounds // 5) == 0:
-            progress(f"round {done + 1}/{rounds}")
-        for name in order:
-            per_round[name].append(_time_block(step, variants[name], steps))
-    return {name: statistics.median(values) for name, values in per_round.items()}, skipped
+            progress(f"{workload.name}: round {done + 1}/{rounds}")
+        for variant in order:
+            per_round[variant.name].append(_time_block(workload.step, variant, steps))
+        loads.append(load_average())
+        warning = load_warning(loads[-1]) if loads[-1] is not None else None
+        if warning and not warned:
+            progress(f"{workload.name}: {warning}")
+            warned = True
+    return per_round, loads
 
 
-def format_results(results: dict[str, float], skipped: dict[str, str] | None = None) -> Iterator[str]:
-    base = results["untraced"]
-    yield f"{'variant':<30}{'median µs/step':>16}{'ratio':>9}"
-    for name, value in results.items():
-        yield f"{name:<30}{value:>16.0f}{value / base:>8.2f}x"
-    for name, reason in (skipped or {}).items():
-        yield f"{name:<30}{'skipped':>16}   {reason}"
+def run_workload(
+    workload: Workload,
+    rounds: int | None = None,
+    steps: int | None = None,
+    only: Sequence[str] | None = None,
+    progress: Progress = quiet,
+) -> WorkloadResult:
+    """Time every variant (or those named in `only`; untraced always) on `workload`.
+
+    `rounds`/`steps` default to the workload's own (the realistic one runs fewer)."""
+    rounds = rounds or workload.rounds
+    steps = steps or workload.steps
+    cores = os.cpu_count() or 1
+    load_start = load_average()
+    warning = load_warning(load_start, cores)
+    if warning:
+        progress(f"{workload.name}: {warning}")
+    variants, skipped = _select(*build_variants(workload.model), only)
+    for name, reason in skipped.items():
+        progress(f"{workload.name}: left out {name!r}: {reason}")
+    with warnings.catch_warnings():
+        # torch's module tracker (its CommDebugMode, DebugMode) says this on every model fed integer tokens
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        # Counting the events also enters and exits one window: the "inactive" variant's premise.
+        events, collectives = count_events(workload)
+        progress(
+            f"{workload.name}: {len(variants)} variants x {rounds} rounds x {steps} steps "
+            f"({events} events, {collectives} collectives a step); warming up"
+        )
+        per_round, loads = _interleave(workload, variants, rounds, steps, progress, warned=warning is not None)
+    load_end = load_average()
+    seen = [load for load in (load_start, *loads, load_end) if load is not None]
+    load_max = max(seen) if seen else None
+    warning = load_warning(load_max, cores) if load_max is not None else None
+    untraced = per_round[UNTRACED]
+    return WorkloadResult(
+        workload=workload.name,
+        summary=workload.summary,
+        rounds=rounds,
+        steps=steps,
+        events_per_step=events,
+        collectives_per_step=collectives,
+        variants=[
+            VariantResult(
+                v.name,
+                statistics.median(per_round[v.name]),
+                summarise_rounds(per_round[v.name], untraced, events if v.records_events else 0),
+                v.records_events,
+                per_round[v.name],
+            )
+            for v in variants
+        ],
+        skipped=skipped,
+        cores=cores,
+        load_start=load_start,
+        load_end=load_end,
+        load_max=load_max,
+        warnings=[warning.replace("average", "average peaked at", 1)] if warning else [],
+    )
+
+
+def run_bench(
+    model_names: Sequence[str] = ("mlp",),
+    rounds: int | None = None,
+    steps: int | None = None,
+    only: Sequence[str] | None = None,
+    progress: Progress = quiet,
+) -> list[WorkloadResult]:
+    """Build and time each workload in turn (one at a time: the models are not kept)."""
+    from hp_otel.cli.bench_workloads import build_workload
+
+    results = []
+    for name in model_names:
+        progress(f"{name}: building")
+        results.append(run_workload(build_workload(name), rounds, steps, only, progress))
+    return results
+
+
+def _load_text(load: float | None) -> str:
+    return "n/a" if load is None else f"{load:.2f}"
+
+
+def format_results(result: WorkloadResult) -> Iterator[str]:
+    """One workload's table: µs per step, ratio to untraced (median, IQR), µs per recorded event."""
+    yield f"== {result.workload}: {result.summary}"
+    yield (
+        f"   {result.events_per_step} events and {result.collectives_per_step} collectives a step; "
+        f"{result.rounds} rounds x {result.steps} steps"
+    )
+    yield f"{'variant':<34}{'median µs/step':>15}{'ratio':>9}{'IQR of ratios':>16}{'µs/event':>10}"
+    for variant in result.variants:
+        ratio = variant.ratio
+        per_event = f"{ratio.us_per_event:>10.1f}" if ratio.us_per_event is not None else f"{'':>10}"
+        spread = f"{ratio.q1:.2f}–{ratio.q3:.2f}"
+        yield f"{variant.name:<34}{variant.median_us:>15.0f}{ratio.median:>8.2f}x{spread:>16}{per_event}"
+    for name, reason in result.skipped.items():
+        yield f"{name:<34}{'skipped':>15}   {reason}"
+    yield (
+        "ratio: median over rounds of (variant / untraced) in the same round; IQR: their 25th–75th percentile; "
+        "µs/event: median µs added per round / events a step"
+    )
+    yield (
+        f"1-minute load average: {_load_text(result.load_start)} at start, {_load_text(result.load_end)} at end, "
+        f"peak {_load_text(result.load_max)} ({result.cores} cores)"
+    )
+    yield from result.warnings
+
+
+def results_json(results: Sequence[WorkloadResult]) -> dict[str, Any]:
+    """The results as plain data for `--json`."""
+    return {"workloads": [asdict(result) for result in results]}

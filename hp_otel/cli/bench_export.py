@@ -92,7 +92,7 @@ def run_export_bench(
     import torch
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.bench import fake_process_group
+    from hp_otel.cli.bench_workloads import fake_process_group
     from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
     from hp_otel.steps import step as mark_step
 

@@ -1,0 +1,162 @@
+"""The ways `hp-otel bench` runs a step: untraced, under hp_otel's modes, under torch's tools.
+
+Each variant is a factory for the context one step runs in (a new one per step, as a
+user writes `with CommDebugMode(...): step()`), plus an optional context around a whole
+timed block for set-up a user pays once (the always-on instrumentor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+StepContext = Callable[[], contextlib.AbstractContextManager[Any]]
+
+UNTRACED = "untraced"
+HP_OTEL = "hp_otel"
+COUNTS_ONLY = "hp_otel, counts only"
+INSTRUMENTOR = "hp_otel instrumentor, unsampled"
+DISPATCH_HOOK = "hp_otel, dispatch-mode hook"
+KERNEL_HOOK = "hp_otel, kernel hook"
+INACTIVE = "hp_otel imported, inactive"
+TORCH_COMM = "torch CommDebugMode"
+TORCH_DEBUG = "torch DebugMode"
+PROFILER = "torch.profiler, record_shapes"
+FLOOR = "floor: bare torch modes"
+
+# What each variant runs, for --help and the README.
+DESCRIPTIONS: dict[str, str] = {
+    UNTRACED: "the step alone",
+    HP_OTEL: "hp_otel.CommDebugMode(module=model)",
+    COUNTS_ONLY: "CommDebugMode(module=model, record_spans=False): counts and metrics, no spans",
+    INSTRUMENTOR: "HpOtelInstrumentor active, each step marked with hp_otel.step(n), a sampler that samples nothing",
+    DISPATCH_HOOK: "as hp_otel, collectives seen by the dispatch mode (HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch)",
+    KERNEL_HOOK: "as hp_otel, collectives seen by Python kernels (HP_OTEL_TORCH_COLLECTIVE_HOOK=kernels)",
+    INACTIVE: "the step alone, after a hp_otel window was entered and exited once",
+    TORCH_COMM: "torch.distributed.tensor.debug.CommDebugMode() (needs numpy)",
+    TORCH_DEBUG: "torch.utils._debug_mode.DebugMode()",
+    PROFILER: "torch.profiler.profile(activities=[CPU], record_shapes=True), one per step",
+    FLOOR: "hp_otel's torch function + dispatch modes installed, recording nothing",
+}
+
+
+@dataclass
+class Variant:
+    """How to run one step; `around_block` wraps each timed block (outside the timed steps)."""
+
+    name: str
+    step_context: StepContext
+    around_block: StepContext = contextlib.nullcontext
+    records_events: bool = False  # an hp_otel recorder runs: the table gives µs per recorded event
+
+
+def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
+    """The variants that can run here, and those that cannot with the reason."""
+    from hp_otel import CommDebugMode
+    from hp_otel.sources.torch_dtensor import idle_modes
+
+    variants = [
+        Variant(UNTRACED, contextlib.nullcontext),
+        Variant(HP_OTEL, lambda: CommDebugMode(module=model), records_events=True),
+        Variant(COUNTS_ONLY, lambda: CommDebugMode(module=model, record_spans=False), records_events=True),
+        _instrumentor_variant(model),
+        Variant(DISPATCH_HOOK, lambda: _hook_window(model, "dispatch"), records_events=True),
+        Variant(KERNEL_HOOK, lambda: _hook_window(model, "kernels"), records_events=True),
+        Variant(INACTIVE, contextlib.nullcontext),
+    ]
+    skipped: dict[str, str] = {}
+    try:  # torch.distributed.tensor.debug imports numpy, which `pip install torch` does not install
+        from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
+
+        variants.append(Variant(TORCH_COMM, TorchCommDebugMode))
+    except ImportError as exc:
+        skipped[TORCH_COMM] = f"cannot import it ({exc}); pip install numpy"
+    try:
+        from torch.utils._debug_mode import DebugMode
+
+        variants.append(Variant(TORCH_DEBUG, DebugMode))
+    except ImportError as exc:
+        skipped[TORCH_DEBUG] = f"cannot import it ({exc})"
+    profiler = _profiler_context()
+    if isinstance(profiler, str):
+        skipped[PROFILER] = profiler
+    else:
+        variants.append(Variant(PROFILER, profiler))
+    variants.append(Variant(FLOOR, idle_modes))
+    return variants, skipped
+
+
+def _instrumentor_variant(model: Any) -> Variant:
+    """Always-on hp_otel as `opentelemetry-instrument` runs it, with steps that are never sampled.
+
+    The instrumentor is active only around this variant's blocks (instrumenting is outside
+    the timed steps), so the other variants run exactly as without it.
+    """
+    from hp_otel.steps import step as mark_step
+
+    numbers = itertools.count()
+    return Variant(
+        INSTRUMENTOR,
+        lambda: mark_step(next(numbers), run_id="hp-otel-bench", module=model),
+        around_block=lambda: _instrumented(model),
+        records_events=True,
+    )
+
+
+@contextlib.contextmanager
+def _instrumented(model: Any) -> Iterator[None]:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from hp_otel.config import SAMPLERS
+    from hp_otel.instrumentation import HpOtelInstrumentor
+    from hp_otel.providers import build_resource, default_meter_provider
+
+    tracer_provider = TracerProvider(sampler=SAMPLERS["always_off"](0.0), resource=build_resource())
+    instrumentor = HpOtelInstrumentor()
+    instrumentor.instrument(tracer_provider=tracer_provider, meter_provider=default_meter_provider()[0], module=model)
+    try:
+        yield
+    finally:
+        instrumentor.uninstrument()
+
+
+@contextlib.contextmanager
+def _hook_window(model: Any, hook: str) -> Iterator[Any]:
+    """A window that sees collectives through `hook` (the env var is read at entry)."""
+    from hp_otel import CommDebugMode
+    from hp_otel.sources.torch_dtensor import HOOK_ENV
+
+    saved = os.environ.get(HOOK_ENV)
+    os.environ[HOOK_ENV] = hook
+    try:
+        mode = CommDebugMode(module=model)
+        mode.__enter__()
+    finally:
+        if saved is None:
+            del os.environ[HOOK_ENV]
+        else:
+            os.environ[HOOK_ENV] = saved
+    try:
+        yield mode
+    finally:
+        mode.__exit__(None, None, None)
+
+
+def _profiler_context() -> StepContext | str:
+    """A factory for torch's profiler over CPU with shapes, or why it cannot run here."""
+    # Kineto prints two lines to stderr per profile() at its default log level; 6 silences
+    # them (read when the profiler first starts; a value the user set wins).
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+            torch.zeros(1).add_(1)
+    except Exception as exc:  # a build without the profiler (kineto), or one that fails here
+        return f"the profiler does not run here ({type(exc).__name__}: {exc})"
+    return lambda: profile(activities=[ProfilerActivity.CPU], record_shapes=True)

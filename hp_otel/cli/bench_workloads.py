@@ -1,0 +1,151 @@
+"""The training steps `hp-otel bench` times: one forward + backward + zero_grad each.
+
+All run in one process over torch's fake process group (DTensor dispatches and calls the
+same collectives; they return at once). The small ones are pure dispatch, where tracing
+costs most relative to the step; `realistic` is big enough that compute dominates, as in
+real training, so its ratio shows what a user would see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+WORLD_SIZE = 2
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What `--help` says about a workload, and its default rounds x steps."""
+
+    summary: str
+    rounds: int
+    steps: int
+
+
+WORKLOADS: dict[str, WorkloadSpec] = {
+    "mlp": WorkloadSpec("TP MLP 32->64->32, batch 8 (2 all_reduce a step)", rounds=15, steps=20),
+    "transformer": WorkloadSpec("the demo's 2-layer TP + sequence-parallel transformer, dim 16", rounds=15, steps=10),
+    "torch-transformer": WorkloadSpec(
+        "PyTorch's test Transformer (common_dtensor), 2 layers, dim 16, batch 8 x seq 8, TP", rounds=15, steps=10
+    ),
+    "torch-transformer-sp": WorkloadSpec(
+        "PyTorch's test Transformer as torch-transformer, TP + sequence parallel", rounds=15, steps=10
+    ),
+    "realistic": WorkloadSpec(
+        "PyTorch's test Transformer, 2 layers, dim 1024, 16 heads, batch 4 x seq 64, TP + sequence parallel "
+        "(compute dominates: about 0.3 s a step on 2 cores)",
+        rounds=5,
+        steps=3,
+    ),
+}
+
+
+@dataclass
+class Workload:
+    """A built model and its step; `step()` runs forward, backward and zero_grad."""
+
+    name: str
+    summary: str
+    model: Any
+    step: Callable[[], None]
+    rounds: int
+    steps: int
+
+
+def fake_process_group(world_size: int = WORLD_SIZE) -> None:
+    """A world of `world_size` ranks in this process whose collectives return at once."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+
+
+def build_workload(name: str) -> Workload:
+    """Build workload `name` (a key of WORKLOADS) over the fake process group (started if needed)."""
+    if name not in WORKLOADS:
+        raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {name!r}")
+    import torch
+
+    torch.set_num_threads(1)  # intra-op threads only add noise (and take cores other jobs use)
+    fake_process_group(WORLD_SIZE)
+    spec = WORKLOADS[name]
+    builders: dict[str, Callable[[], tuple[Any, Callable[[], None]]]] = {
+        "mlp": _mlp,
+        "transformer": _demo_transformer,
+        "torch-transformer": lambda: _torch_transformer(sequence_parallel=False),
+        "torch-transformer-sp": lambda: _torch_transformer(sequence_parallel=True),
+        "realistic": lambda: _torch_transformer(sequence_parallel=True, dim=1024, heads=16, batch=4, seq=64, vocab=64),
+    }
+    model, step = builders[name]()
+    return Workload(name, spec.summary, model, step, spec.rounds, spec.steps)
+
+
+def _mlp() -> tuple[Any, Callable[[], None]]:
+    import torch
+
+    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+
+    hidden = 32
+    model = build_tp_mlp(WORLD_SIZE, hidden, 64)
+    batch = torch.randn(8, hidden)
+
+    def step() -> None:
+        # A new leaf each step, as with a new batch: torch's CommDebugMode leaves a grad
+        # hook on its window's inputs, and on a reused input those hooks would pile up
+        # and slow every later variant.
+        train_step(model, batch.detach().requires_grad_(True))
+        model.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+def _demo_transformer() -> tuple[Any, Callable[[], None]]:
+    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+
+    model = build_tp_transformer(WORLD_SIZE)
+    tokens = demo_tokens()
+
+    def step() -> None:
+        model(tokens).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+def _torch_transformer(
+    *, sequence_parallel: bool, dim: int = 16, heads: int = 4, batch: int = 8, seq: int = 8, vocab: int = 8
+) -> tuple[Any, Callable[[], None]]:
+    """torch's own test Transformer, parallelised by its own `Transformer.parallelize`.
+
+    `use_attn_mask=False` and SDPA's math backend: on CPU the flash/efficient kernels have
+    no DTensor rule (see tests/test_torch_compat.py); dropout 0 keeps steps identical.
+    """
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.testing._internal.distributed._tensor.common_dtensor import ModelArgs, Transformer
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+    args = ModelArgs(
+        n_layers=2,
+        vocab_size=vocab,
+        max_seq_len=max(seq, 16),
+        dim=dim,
+        n_heads=heads,
+        dropout_p=0.0,
+        use_attn_mask=False,
+    )
+    model = Transformer.parallelize(Transformer(args), mesh, sequence_parallel)
+    tokens = distribute_tensor(torch.randint(vocab, (batch, seq)), device_mesh=mesh)
+
+    def step() -> None:
+        with sdpa_kernel(SDPBackend.MATH):
+            model(tokens).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return model, step
