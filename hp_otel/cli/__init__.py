@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: memory per retained span, and table / JSON dump time per noise level for one long window",
     )
     bench.add_argument("--spans", type=_positive, default=100_000, metavar="N", help="spans in the --scale window")
+    bench.add_argument(
+        "--pieces",
+        action="store_true",
+        help="instead: what each part of tracing costs the --model step, one part added at a time "
+        "(kept hooks idle, window + counting, module hooks, spans, op mode, install per window)",
+    )
 
     render = sub.add_parser(
         "render",
@@ -218,6 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hp_otel.cli.bench_scale import format_scale_results, run_scale_bench
 
         print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=to_stderr("bench --scale")))))
+        return 0
+    if args.command == "bench" and args.pieces:
+        from hp_otel.cli.bench_pieces import main as bench_pieces
+
+        print(bench_pieces(args.model, args.rounds, args.steps, to_stderr("bench --pieces")))
         return 0
     if args.command == "bench":
         return _bench(args)

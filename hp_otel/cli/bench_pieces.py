@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.cli.progress import Progress, quiet
+
 Variant = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
@@ -87,9 +89,7 @@ def _time(step: Callable[[], Any], piece: Piece, steps: int) -> float:
     return statistics.median(samples) * 1e6
 
 
-def run_pieces(
-    model: Any, step: Callable[[], Any], rounds: int = 11, steps: int = 20
-) -> dict[str, list[float]]:
+def run_pieces(model: Any, step: Callable[[], Any], rounds: int = 11, steps: int = 20) -> dict[str, list[float]]:
     """Per-round median µs per step of every variant, rounds interleaved in shuffled order."""
     from hp_otel import CommDebugMode
 
@@ -115,6 +115,30 @@ def format_pieces(per_round: dict[str, list[float]]) -> Iterator[str]:
         median = statistics.median(values)
         ratios = sorted(v / b for v, b in zip(values, base, strict=True))
         piece = "" if previous is None or name.startswith("bare") else f"{median - previous:+9.0f}"
-        yield f"{name:<32}{median:>9.0f}{statistics.median(ratios):>7.2f}x  [{ratios[0]:.2f}, {ratios[-1]:.2f}]  {piece}"
+        spread = f"[{ratios[0]:.2f}, {ratios[-1]:.2f}]"
+        yield f"{name:<32}{median:>9.0f}{statistics.median(ratios):>7.2f}x  {spread:<14}{piece}"
         if not name.startswith("bare"):
             previous = median
+
+
+def main(model_name: str, rounds: int | None, steps: int | None, progress: Progress = quiet) -> str:
+    """`hp-otel bench --pieces --model NAME` (every workload for "all"): the tables, with the load."""
+    import os
+
+    from hp_otel.cli.bench import load_warning
+    from hp_otel.cli.bench_workloads import WORKLOADS, build_workload
+
+    tables = []
+    for name in list(WORKLOADS) if model_name == "all" else [model_name]:
+        workload = build_workload(name)
+        rounds_, steps_ = rounds or workload.rounds, steps or workload.steps
+        progress(f"{name}: {len(piece_variants(workload.model))} variants x {rounds_} rounds x {steps_} steps")
+        start = os.getloadavg()[0]
+        per_round = run_pieces(workload.model, workload.step, rounds_, steps_)
+        lines = [f"== {name}: {workload.summary}", *format_pieces(per_round)]
+        lines.append(f"1-minute load average: {start:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+        warning = load_warning()
+        if warning:
+            lines.append(warning)
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)

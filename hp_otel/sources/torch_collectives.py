@@ -200,6 +200,21 @@ class CollectiveSpec:
             tags=tags,
         )
 
+    def describe_counts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CollectiveInfo:
+        """Only what counting and the metrics need (name, op, group size, dtype, bytes): a
+        counts-only window skips the reduce op (a TorchScript call), ranks, peers and shapes."""
+        inputs = self._arg(self._input, args, kwargs)
+        first_in = _first_tensor(inputs)
+        group = self._arg(self._group, args, kwargs)
+        return CollectiveInfo(
+            name=self.name,
+            op=self.normalised,
+            group_size=_group_info(group).size if group is not None else 0,
+            dtype=dtype_name(first_in.dtype) if first_in is not None else "",
+            bytes=_total_bytes(inputs),
+            is_async=self.functional,
+        )
+
     def complete(self, info: CollectiveInfo, result: Any) -> CollectiveInfo:
         """The info described at issue, with the output the op returned (functional ops return theirs)."""
         if self._output is None and isinstance(result, torch.Tensor):

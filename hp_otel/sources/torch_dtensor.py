@@ -178,8 +178,10 @@ class CollectiveRecorder:
     def _issue(self, spec: CollectiveSpec, args: Any, kwargs: Any, start: int) -> tuple[Any, str, Any]:
         observer = self._observer
         try:
-            info = spec.describe(args, kwargs, None, param_module())
             phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+            if not getattr(observer, "spans_enabled", True) and not getattr(observer, "wants_completion", False):
+                return spec.describe_counts(args, kwargs), phase, None  # a counts-only window
+            info = spec.describe(args, kwargs, None, param_module())
             return info, phase, observer.on_collective_issue(info, start, phase)
         except Exception as exc:
             observer.on_fault("collective_issue", exc)
