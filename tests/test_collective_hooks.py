@@ -1,8 +1,8 @@
-"""The two ways a window sees collectives: Python kernels on the collective ops (opt-in,
-`HP_OTEL_TORCH_COLLECTIVE_HOOK=kernels`) and the dispatch mode (default).
+"""The two ways a window sees collectives: Python kernels on the collective ops' BackendSelect
+key (the default) and the dispatch mode (`HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch`, the fallback).
 
 Every pattern is checked against the independent referee (a TorchDispatchMode of the
-tests' own) under both hooks; the rest of the suite runs on the default (dispatch mode).  A
+tests' own) under both hooks; the rest of the suite runs on the default (kernels).  A
 `torch.compile(fullgraph=True)` function that calls a functional collective keeps
 running compiled inside a window, and its collective is counted.
 """
@@ -33,12 +33,12 @@ def hook(request, monkeypatch) -> str:
     return HOOKS[request.param]
 
 
-def test_default_is_the_dispatch_mode_and_bad_values_are_refused(monkeypatch) -> None:
+def test_default_is_the_kernels_and_bad_values_are_refused(monkeypatch) -> None:
     monkeypatch.delenv(torch_dtensor.HOOK_ENV, raising=False)
-    assert torch_kernels.available()  # torch 2.13 has torch.library.get_kernel
-    assert torch_dtensor.collective_hook() == "dispatch_mode"
-    monkeypatch.setenv(torch_dtensor.HOOK_ENV, "kernels")
+    assert torch_kernels.available()
     assert torch_dtensor.collective_hook() == "kernels"
+    monkeypatch.setenv(torch_dtensor.HOOK_ENV, "dispatch")
+    assert torch_dtensor.collective_hook() == "dispatch_mode"
     monkeypatch.setenv(torch_dtensor.HOOK_ENV, "modes")
     with pytest.raises(ValueError, match="HP_OTEL_TORCH_COLLECTIVE_HOOK='modes': allowed values are"):
         torch_dtensor.collective_hook()

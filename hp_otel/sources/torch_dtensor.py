@@ -3,11 +3,11 @@
 - ops at the level the user wrote them (`linear`, `gelu`, `matmul`): a
   TorchFunctionMode that reports calls with at least one DTensor argument;
 - collectives at dispatch level, forward and backward (torch 2.13's DTensor dispatch is
-  C++, so there is no Python dispatcher to wrap): opt-in Python kernels on the
-  collective ops (`torch_kernels`, registered once per process; no other op pays), or
-  by default (`collective_hook()` says which is active) a TorchDispatchMode that lets
-  DTensor run (`NotImplemented`) and sees the collective ops its local ops issue.  Both
-  hand each collective to the window's `CollectiveRecorder`;
+  C++, so there is no Python dispatcher to wrap): Python kernels on the collective ops
+  (`torch_kernels`, registered once per process; no other op pays), or as a fallback
+  (`collective_hook()` says which is active) a TorchDispatchMode that lets DTensor run
+  (`NotImplemented`) and sees the collective ops its local ops issue.  Both hand each
+  collective to the window's `CollectiveRecorder`;
 - redistributes: `redistribute_local_tensor` wrapped in every module that imported it.
 """
 
@@ -227,7 +227,7 @@ class CollectiveRecorder:
 
 
 class _CollectiveMode(TorchDispatchMode):
-    """The fallback hook (torch without `torch.library.get_kernel`): a dispatch mode that
+    """The fallback hook (`HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch`, or no kernels): a dispatch mode that
     lets DTensor run (`NotImplemented`) and hands every collective op to the recorder."""
 
     def __init__(self, recorder: Any, specs: dict[Any, CollectiveSpec]) -> None:
@@ -333,24 +333,22 @@ def idle_modes() -> Iterator[None]:
 HOOK_ENV = "HP_OTEL_TORCH_COLLECTIVE_HOOK"
 KERNELS = "kernels"
 DISPATCH_MODE = "dispatch_mode"
-# The dispatch mode stays the default until an intermittent hang at process exit after
-# real-gloo multi-process tests on the kernel path is understood (seen in tests/test_torch_gloo.py).
-_HOOK_CHOICES = {"": DISPATCH_MODE, "kernels": KERNELS, "dispatch": DISPATCH_MODE, "dispatch_mode": DISPATCH_MODE}
+_HOOK_CHOICES = {"": KERNELS, "kernels": KERNELS, "dispatch": DISPATCH_MODE, "dispatch_mode": DISPATCH_MODE}
 
 
 def _requested_hook() -> str:
     value = os.environ.get(HOOK_ENV, "").strip().lower()
     hook = _HOOK_CHOICES.get(value)
     if hook is None:
-        raise ValueError(f"{HOOK_ENV}={value!r}: allowed values are 'dispatch' (default) and 'kernels'")
+        raise ValueError(f"{HOOK_ENV}={value!r}: allowed values are 'kernels' (default) and 'dispatch'")
     return hook
 
 
 def collective_hook() -> str:
-    """How windows see collectives in this process: "kernels" (Python kernels on the
-    collective ops, opt-in with `HP_OTEL_TORCH_COLLECTIVE_HOOK=kernels`) or
-    "dispatch_mode" (the default for now, and the fallback for torch without
-    `torch.library.get_kernel` or kernels that could not be registered)."""
+    """How windows see collectives in this process: "kernels" (the default: Python
+    kernels on the collective ops' `BackendSelect` key, `torch_kernels`) or
+    "dispatch_mode" (`HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch`, and the fallback for a
+    torch whose dispatcher lacks what the kernels need or where registering failed)."""
     if _requested_hook() == DISPATCH_MODE or not torch_kernels.available():
         return DISPATCH_MODE
     if torch_kernels.registration_error() is not None:

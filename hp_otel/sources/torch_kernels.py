@@ -2,17 +2,25 @@
 
 A TorchDispatchMode sends every aten op of a step through Python (measured 1.24–1.33×
 per step with a mode that does nothing).  Instead, each collective op overload that
-`collective_specs()` knows gets a Python kernel on its CPU (and CUDA) dispatch key that
-calls the kernel it replaced (`torch.library.get_kernel`); no other op pays anything.
-Kernels sit below DTensor, autograd and tensor subclasses, so they see what reaches a
-backend: every DTensor redistribute, FSDP2, DDP's C++ reducer, the backward of the
-functional autograd collectives, direct `torch.ops` and `ProcessGroup` calls and the
-eager API — and the collectives of compiled graphs, which keep running compiled.
+`collective_specs()` knows gets a Python kernel on the `BackendSelect` dispatch key; no
+other op pays anything.  `BackendSelect` is in every thread's included keys (also inside
+DTensor's dispatch, which turns autograd and `ADInplaceOrView` off) and sits just above
+the backends, so the kernel sees what reaches a backend: every DTensor redistribute,
+FSDP2, DDP's C++ reducer, the backward of the functional autograd collectives, direct
+`torch.ops` and `ProcessGroup` calls and the eager API — and the collectives of compiled
+graphs, which keep running compiled — on any device.
+
+The kernel goes on with `OperatorHandle.redispatch_boxed` to the keys after
+`BackendSelect`, which releases the GIL while the backend runs, as every torch op called
+from Python does.  (A kernel that replaces the CPU kernel and calls the one it replaced
+through `call_boxed` keeps the GIL: gloo's worker thread, freeing a finished work's
+tensors under the lock the next collective takes, then needs the GIL — a deadlock, seen
+in the real-gloo tests and reproduced by tests/repro_kernel_gil_deadlock.py.)
 
 Rules:
 - registered once per process, on the first window, and never unregistered (a
   `torch.library.Library` lives as long as the process; registering costs ms): while no
-  window records, a kernel reads one slot and calls the original;
+  window records, a kernel reads one slot and redispatches;
 - a collective op can call another (a functional `all_reduce` runs `c10d.allreduce_`
   through the dispatcher): only the outermost one on a thread is recorded, as a
   dispatch mode would;
@@ -33,8 +41,9 @@ import torch
 from hp_otel.sources.patching import ObserverSlot
 from hp_otel.sources.torch_collectives import CollectiveSpec
 
-_KEYS = ("CPU", "CUDA")
-_WAIT_TENSOR = "_c10d_functional::wait_tensor"
+_KEY = "BackendSelect"
+_BACKEND_SELECT = torch._C.DispatchKey.BackendSelect
+_META = torch._C.DispatchKey.Meta
 
 
 class KernelRecorder(Protocol):
@@ -60,8 +69,9 @@ _state: dict[str, Any] = {"registered": False, "error": None}
 
 
 def available() -> bool:
-    """This torch can hand out the kernel an op has (`torch.library.get_kernel`, torch ≥ 2.9)."""
-    return hasattr(torch.library, "get_kernel")
+    """This torch takes Python kernels that get their dispatch key set and can redispatch
+    (`Library.impl(..., with_keyset=True)`, `OperatorHandle.redispatch_boxed`)."""
+    return hasattr(torch._C, "_dispatch_has_kernel_for_dispatch_key") and hasattr(torch._C.DispatchKeySet, "remove")
 
 
 def registered() -> bool:
@@ -92,22 +102,25 @@ def _fault(recorder: Any, where: str, exc: BaseException) -> None:
         pass
 
 
-def _collective_kernel(spec: CollectiveSpec, original: Any) -> Any:
-    call_boxed = original.call_boxed
+def _collective_kernel(spec: CollectiveSpec, op: Any) -> Any:
+    redispatch = op._handle.redispatch_boxed  # releases the GIL while the backend runs
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        below = keyset.remove(_BACKEND_SELECT)
         recorder = None
         try:
             recorder = recorder_slot.current()
             traced = recorder is not None and not getattr(_depth, "active", False) and recorder.accepting
+            # meta tensors: shape propagation (fake tensors while torch.compile traces), no communication
+            traced = traced and not below.has(_META)
         except Exception as exc:  # our check failed: run the user's op untraced
             _fault(recorder, "collective_before", exc)
             traced = False
         if not traced:
-            return call_boxed(keyset, *args, **kwargs)
+            return redispatch(below, *args, **kwargs)
         _depth.active = True
         try:
-            return recorder.collective(spec, functools.partial(call_boxed, keyset), args, kwargs)
+            return recorder.collective(spec, functools.partial(redispatch, below), args, kwargs)
         finally:
             _depth.active = False
 
@@ -115,11 +128,11 @@ def _collective_kernel(spec: CollectiveSpec, original: Any) -> Any:
     return _hide_from_dynamo(kernel)
 
 
-def _wait_kernel(original: Any) -> Any:
-    call_boxed = original.call_boxed
+def _wait_kernel(op: Any) -> Any:
+    redispatch = op._handle.redispatch_boxed
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        result = call_boxed(keyset, *args, **kwargs)
+        result = redispatch(keyset.remove(_BACKEND_SELECT), *args, **kwargs)
         recorder = None
         try:
             recorder = recorder_slot.current()
@@ -132,11 +145,6 @@ def _wait_kernel(original: Any) -> Any:
     return _hide_from_dynamo(kernel)
 
 
-def _has_kernel(name: str, key: str) -> bool:
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return bool(has(name, key) or has(name, "CompositeExplicitAutograd"))
-
-
 def _library(namespace: str) -> torch.library.Library:
     library = _libraries.get(namespace)
     if library is None:
@@ -144,19 +152,14 @@ def _library(namespace: str) -> torch.library.Library:
     return library
 
 
-def _register_one(op: Any, make_kernel: Any) -> int:
-    """Register `make_kernel(original)` on each key the op has a kernel for; how many keys."""
+def _register_one(op: Any, make_kernel: Any) -> None:
+    """Register `make_kernel(op)` on the op's `BackendSelect` key (collectives have no kernel there)."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op._schema.name, _KEY):
+        raise RuntimeError(f"{op._schema.name} already has a {_KEY} kernel; hp_otel will not replace it")
     namespace, name = op._schema.name.split("::", 1)
     if op._overloadname != "default":
         name = f"{name}.{op._overloadname}"
-    count = 0
-    for key in _KEYS:
-        if not _has_kernel(op._schema.name, key):
-            continue
-        original = torch.library.get_kernel(op, key)
-        _library(namespace).impl(name, make_kernel(original), key, with_keyset=True)
-        count += 1
-    return count
+    _library(namespace).impl(name, make_kernel(op), _KEY, with_keyset=True)
 
 
 def ensure_registered(specs: dict[Any, CollectiveSpec]) -> bool:
@@ -167,7 +170,7 @@ def ensure_registered(specs: dict[Any, CollectiveSpec]) -> bool:
         if _state["registered"] or _state["error"] is not None:
             return bool(_state["registered"])
         try:
-            with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
+            with warnings.catch_warnings():  # torch warns about Python kernels on some keys: not for users
                 warnings.simplefilter("ignore", UserWarning)
                 for op, spec in specs.items():
                     _register_one(op, functools.partial(_collective_kernel, spec))
