@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 from referee import Referee
 from torch.overrides import _get_current_function_mode_stack
 
@@ -19,7 +20,7 @@ import hp_otel
 from hp_otel import CommDebugMode, installation, schema
 from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
 from hp_otel.instrumentation import HpOtelInstrumentor
-from hp_otel.sources import torch_dtensor
+from hp_otel.sources import torch_dtensor, torch_kernels
 
 _REDISTRIBUTE = "redistribute_local_tensor"
 
@@ -65,7 +66,7 @@ def test_without_install_every_window_removes_its_hooks(transformer) -> None:
         assert _hook_counts(model) != hooks
     assert _hook_counts(model) == hooks
     assert all(a is b for a, b in zip(_redistribute_functions(), functions, strict=True))
-    assert installation.lingering_count() == 0
+    assert installation.lingering_count() == 1 and torch_kernels.registered()  # only the collective kernels stay
 
 
 def test_install_keeps_hooks_between_windows_and_uninstall_restores_exactly(transformer) -> None:
@@ -77,7 +78,7 @@ def test_install_keeps_hooks_between_windows_and_uninstall_restores_exactly(tran
     installed = _hook_counts(model)
     assert installed != hooks  # still hooked after the window closed
     assert any(a is not b for a, b in zip(_redistribute_functions(), functions, strict=True))
-    assert installation.lingering_count() == 3  # the module hook set, the redistribute and FSDP wrappers
+    assert installation.lingering_count() == 4  # module hook set, redistribute and FSDP wrappers, kernels
 
     _step(model, tokens)  # between windows: nothing records
     assert first.get_total_counts() > 0
@@ -93,7 +94,7 @@ def test_install_keeps_hooks_between_windows_and_uninstall_restores_exactly(tran
     assert all(a is b for a, b in zip(_redistribute_functions(), functions, strict=True))
     with CommDebugMode(module=model):  # after uninstall, windows install and remove their own again
         _step(model, tokens)
-    assert _hook_counts(model) == hooks and installation.lingering_count() == 0
+    assert _hook_counts(model) == hooks and installation.lingering_count() == 1  # the kernels
 
 
 def test_uninstall_during_a_window_removes_its_hooks_when_it_closes(transformer) -> None:
@@ -106,6 +107,23 @@ def test_uninstall_during_a_window_removes_its_hooks_when_it_closes(transformer)
     assert mode.get_comm_module_counts() == referee.module_counts_dict()
     assert _hook_counts(model) == hooks
     assert all(a is b for a, b in zip(_redistribute_functions(), functions, strict=True))
+
+
+def test_uninstall_unregisters_the_collective_kernels_unless_a_window_uses_them(fake_world) -> None:
+    with CommDebugMode():
+        dist.all_reduce(torch.ones(2))
+    assert torch_kernels.registered()
+    hp_otel.uninstall()
+    assert not torch_kernels.registered() and not torch_kernels._libraries
+    dist.all_reduce(torch.ones(2))  # torch's own kernels again
+    with CommDebugMode() as mode:  # registered anew
+        hp_otel.uninstall()  # a window records through them: they stay
+        assert torch_kernels.registered()
+        dist.all_reduce(torch.ones(2))
+    assert mode.get_comm_counts() == {"c10d.allreduce_": 1}
+    assert torch_kernels.registered()
+    hp_otel.uninstall()  # nothing open now
+    assert not torch_kernels.registered()
 
 
 def test_nested_windows_on_one_model_with_kept_hooks(transformer) -> None:

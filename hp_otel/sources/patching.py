@@ -70,6 +70,10 @@ class ObserverSlot:
         except ValueError:  # exited in another context than entered: leave that context alone
             pass
 
+    def installed(self) -> bool:
+        """True while some window has an observer here (on any thread)."""
+        return bool(self._installed)
+
     def in_context(self) -> Observer | None:
         """This context's own observer only (no fallback to another thread's)."""
         return self._var.get()

@@ -194,9 +194,10 @@ class CollectiveRecorder:
         end = time.time_ns()
         observer = self._observer
         try:
-            info = (
-                spec.complete(info, result) if info is not None else spec.describe(args, kwargs, result, param_module())
-            )
+            if info is None:
+                info = spec.describe(args, kwargs, result, param_module())
+            elif info.output_shape or ticket is not None:  # a counts-only info has no shapes to complete
+                info = spec.complete(info, result)
             if ticket is not None and error is None and getattr(observer, "wants_completion", False):
                 ticket.pending = self._probe(spec, args, kwargs, result)
         except Exception as exc:

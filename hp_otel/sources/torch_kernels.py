@@ -18,9 +18,9 @@ tensors under the lock the next collective takes, then needs the GIL — a deadl
 in the real-gloo tests and reproduced by tests/repro_kernel_gil_deadlock.py.)
 
 Rules:
-- registered once per process, on the first window, and never unregistered (a
-  `torch.library.Library` lives as long as the process; registering costs ms): while no
-  window records, a kernel reads one slot and redispatches;
+- registered on the first window and kept (registering costs ≈1.3 ms): while no window
+  records, a kernel reads one slot and redispatches (≈15 µs a collective call, the round
+  trip into Python); `hp_otel.uninstall()` unregisters them when no window is open;
 - a collective op can call another (a functional `all_reduce` runs `c10d.allreduce_`
   through the dispatcher): only the outermost one on a thread is recorded, as a
   dispatch mode would;
@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
+from hp_otel import installation
 from hp_otel.sources.patching import ObserverSlot
 from hp_otel.sources.torch_collectives import CollectiveSpec
 
@@ -182,4 +183,21 @@ def ensure_registered(specs: dict[Any, CollectiveSpec]) -> bool:
             _libraries.clear()
             return False
         _state["registered"] = True
+        installation.linger(_state, unregister_unused)  # `hp_otel.uninstall()` takes them out
         return True
+
+
+def unregister_unused() -> None:
+    """Take every kernel out again, unless a window records through them (the next window
+    registers them anew, ≈1.3 ms).  Between windows each kernel costs a collective call
+    the round trip into Python (≈15 µs here); `hp_otel.uninstall()` calls this."""
+    with _lock:
+        if not _state["registered"]:
+            return
+        if recorder_slot.installed():
+            installation.linger(_state, unregister_unused)  # in use: the next uninstall() tries again
+            return
+        for library in _libraries.values():
+            library._destroy()
+        _libraries.clear()
+        _state["registered"] = False
