@@ -18,7 +18,9 @@ StepContext = Callable[[], contextlib.AbstractContextManager[Any]]
 
 UNTRACED = "untraced"
 HP_OTEL = "hp_otel"
+HP_OTEL_KEPT = "hp_otel, hooks kept"
 COUNTS_ONLY = "hp_otel, counts only"
+COUNTS_ONLY_KEPT = "hp_otel, counts only, hooks kept"
 INSTRUMENTOR = "hp_otel instrumentor, unsampled"
 DISPATCH_HOOK = "hp_otel, dispatch-mode hook"
 KERNEL_HOOK = "hp_otel, kernel hook"
@@ -30,13 +32,15 @@ FLOOR = "floor: bare torch modes"
 
 # What each variant runs, for --help and the README.
 DESCRIPTIONS: dict[str, str] = {
-    UNTRACED: "the step alone",
+    UNTRACED: "the step alone, nothing of hp_otel installed (hp_otel.uninstall() before the block)",
     HP_OTEL: "hp_otel.CommDebugMode(module=model)",
+    HP_OTEL_KEPT: "as hp_otel, after hp_otel.install(): a window takes the hooks over instead of installing them",
     COUNTS_ONLY: "CommDebugMode(module=model, record_spans=False): counts and metrics, no spans",
+    COUNTS_ONLY_KEPT: "as counts only, after hp_otel.install()",
     INSTRUMENTOR: "HpOtelInstrumentor active, each step marked with hp_otel.step(n), a sampler that samples nothing",
     DISPATCH_HOOK: "as hp_otel, collectives seen by the dispatch mode (HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch)",
     KERNEL_HOOK: "as hp_otel, collectives seen by Python kernels (HP_OTEL_TORCH_COLLECTIVE_HOOK=kernels)",
-    INACTIVE: "the step alone, after a hp_otel window was entered and exited once",
+    INACTIVE: "the step alone, after a hp_otel window was entered and exited (its collective kernels pass through)",
     TORCH_COMM: "torch.distributed.tensor.debug.CommDebugMode() (needs numpy)",
     TORCH_DEBUG: "torch.utils._debug_mode.DebugMode()",
     PROFILER: "torch.profiler.profile(activities=[CPU], record_shapes=True), one per step",
@@ -56,19 +60,32 @@ class Variant:
 
 def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
     """The variants that can run here, and those that cannot with the reason."""
+    import hp_otel
     from hp_otel import CommDebugMode
     from hp_otel.sources.torch_dtensor import idle_modes
 
     variants = [
-        Variant(UNTRACED, contextlib.nullcontext),
+        Variant(UNTRACED, contextlib.nullcontext, around_block=_nothing_installed),
         Variant(HP_OTEL, lambda: CommDebugMode(module=model), records_events=True),
-        Variant(COUNTS_ONLY, lambda: CommDebugMode(module=model, record_spans=False), records_events=True),
+    ]
+    skipped: dict[str, str] = {}
+    if hasattr(hp_otel, "install"):
+        variants.append(Variant(HP_OTEL_KEPT, lambda: CommDebugMode(module=model), _hooks_kept, True))
+    else:  # an hp_otel from before `install()` (comparing releases)
+        skipped[HP_OTEL_KEPT] = "this hp_otel has no install()"
+    variants.append(Variant(COUNTS_ONLY, lambda: CommDebugMode(module=model, record_spans=False), records_events=True))
+    if hasattr(hp_otel, "install"):
+        variants.append(
+            Variant(COUNTS_ONLY_KEPT, lambda: CommDebugMode(module=model, record_spans=False), _hooks_kept, True)
+        )
+    else:
+        skipped[COUNTS_ONLY_KEPT] = "this hp_otel has no install()"
+    variants += [
         _instrumentor_variant(model),
         Variant(DISPATCH_HOOK, lambda: _hook_window(model, "dispatch"), records_events=True),
         Variant(KERNEL_HOOK, lambda: _hook_window(model, "kernels"), records_events=True),
-        Variant(INACTIVE, contextlib.nullcontext),
+        Variant(INACTIVE, contextlib.nullcontext, around_block=_after_a_window),
     ]
-    skipped: dict[str, str] = {}
     try:  # torch.distributed.tensor.debug imports numpy, which `pip install torch` does not install
         from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
@@ -88,6 +105,38 @@ def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
         variants.append(Variant(PROFILER, profiler))
     variants.append(Variant(FLOOR, idle_modes))
     return variants, skipped
+
+
+@contextlib.contextmanager
+def _nothing_installed() -> Iterator[None]:
+    """Untraced means untraced: what earlier windows left (the collective kernels) is removed first."""
+    import hp_otel
+
+    uninstall = getattr(hp_otel, "uninstall", None)
+    if uninstall is not None:
+        uninstall()
+    yield
+
+
+@contextlib.contextmanager
+def _after_a_window() -> Iterator[None]:
+    """hp_otel used earlier in the process, idle now: one empty window registers what stays."""
+    from hp_otel import CommDebugMode
+
+    with CommDebugMode():
+        pass
+    yield
+
+
+@contextlib.contextmanager
+def _hooks_kept() -> Iterator[None]:
+    import hp_otel
+
+    hp_otel.install()
+    try:
+        yield
+    finally:
+        hp_otel.uninstall()
 
 
 def _instrumentor_variant(model: Any) -> Variant:
