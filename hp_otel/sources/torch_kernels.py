@@ -18,7 +18,8 @@ tensors under the lock the next collective takes, then needs the GIL — a deadl
 in the real-gloo tests and reproduced by tests/repro_kernel_gil_deadlock.py.)
 
 Rules:
-- registered on the first window and kept (registering costs ≈1.3 ms): while no window
+- registered on the first window and kept (registering costs ≈1.3 ms the first time, then
+  ≈0.4 ms): while no window
   records, a kernel reads one slot and redispatches (≈15 µs a collective call, the round
   trip into Python); `hp_otel.uninstall()` unregisters them when no window is open;
 - a collective op can call another (a functional `all_reduce` runs `c10d.allreduce_`
@@ -65,7 +66,8 @@ class KernelRecorder(Protocol):
 recorder_slot = ObserverSlot("hp_otel_collective_recorder")
 _depth = threading.local()  # .active: a collective of this thread is being recorded
 _lock = threading.Lock()
-_libraries: dict[str, torch.library.Library] = {}  # namespace -> library; kept alive for the process
+_libraries: dict[str, torch.library.Library] = {}  # namespace -> library, while registered
+_kernels: dict[Any, Any] = {}  # op -> its kernel (hidden from dynamo), made on first registration
 _state: dict[str, Any] = {"registered": False, "error": None}
 
 
@@ -160,7 +162,10 @@ def _register_one(op: Any, make_kernel: Any) -> None:
     namespace, name = op._schema.name.split("::", 1)
     if op._overloadname != "default":
         name = f"{name}.{op._overloadname}"
-    _library(namespace).impl(name, make_kernel(op), _KEY, with_keyset=True)
+    kernel = _kernels.get(op)
+    if kernel is None:  # made once: registering again after `uninstall()` costs ≈0.4 ms, not 1.3
+        kernel = _kernels[op] = make_kernel(op)
+    _library(namespace).impl(name, kernel, _KEY, with_keyset=True)
 
 
 def ensure_registered(specs: dict[Any, CollectiveSpec]) -> bool:
