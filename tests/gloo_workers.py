@@ -186,3 +186,34 @@ def eager_collectives_worker(rank: int, world_size: int, port: int) -> None:
         dist.barrier()  # no rank tears gloo down while its peer still talks to it
     finally:
         dist.destroy_process_group()
+
+
+def work_freed_on_gloo_thread_worker(rank: int, world_size: int, port: int, iterations: int, hook: str) -> None:
+    """Synchronous collectives back to back in a window: gloo's worker thread frees each
+    finished work (and its tensors' Python objects, which takes the GIL) while holding the
+    lock the next collective takes.  A hook that keeps the GIL while the collective runs
+    (kernels on the CPU key calling torch's `call_boxed`) deadlocked here within seconds;
+    neither hook may.  A hung rank dumps its stacks and exits, failing the test."""
+    import faulthandler
+
+    from hp_otel import CommDebugMode
+    from hp_otel.cli.demo import init_gloo
+    from hp_otel.sources import torch_dtensor
+
+    os.environ[torch_dtensor.HOOK_ENV] = hook
+    init_gloo(rank, world_size, port)
+    faulthandler.dump_traceback_later(60, exit=True)
+    try:
+        with CommDebugMode() as mode:
+            for _ in range(iterations):
+                t = torch.ones(64)
+                dist.broadcast(t, src=0)
+                del t  # the worker thread may now hold the last reference to it
+                dist.barrier()
+        _eq(torch_dtensor.collective_hook(), {"kernels": torch_dtensor.KERNELS}.get(hook, torch_dtensor.DISPATCH_MODE))
+        _eq(mode.get_comm_counts(), {"c10d.broadcast_": iterations, "c10d.barrier": iterations})
+        assert mode.get_callback_error_counts() == {}
+        dist.barrier()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        dist.destroy_process_group()

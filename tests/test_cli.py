@@ -29,6 +29,7 @@ def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
     out, result = demo_run
     assert result.returncode == 0, result.stderr[-3000:]
     assert "collective counts (rank 0): {'_c10d_functional.all_reduce': 2}" in result.stdout
+    assert "collective hook: kernels (choose with HP_OTEL_TORCH_COLLECTIVE_HOOK" in result.stdout
     assert "Module((root)) [enter]" in result.stdout
     assert "Collective(_c10d_functional.all_reduce) group_size=2" in result.stdout
     for rank in (0, 1):

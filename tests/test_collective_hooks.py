@@ -44,6 +44,15 @@ def test_default_is_the_kernels_and_bad_values_are_refused(monkeypatch) -> None:
         torch_dtensor.collective_hook()
 
 
+def test_window_in_inference_mode_sees_collectives(fake_world, monkeypatch) -> None:
+    """Inference mode turns autograd and ADInplaceOrView off, not BackendSelect: the kernels still see."""
+    monkeypatch.delenv(torch_dtensor.HOOK_ENV, raising=False)
+    with torch.inference_mode(), CommDebugMode() as mode:
+        assert _get_current_dispatch_mode_stack() == []
+        dist.all_reduce(torch.ones(2))
+    assert mode.get_comm_counts() == {"c10d.allreduce_": 1}
+
+
 def test_kernel_path_installs_no_dispatch_mode_and_registers_once(fake_world, monkeypatch) -> None:
     monkeypatch.setenv(torch_dtensor.HOOK_ENV, "kernels")
     with CommDebugMode():
@@ -91,6 +100,19 @@ def _functional_autograd() -> None:
     gathered.sum().backward()  # backward: a reduce_scatter run by the C++ autograd node
 
 
+def _implicit_redistribute() -> None:
+    """DTensor redistributes inputs inside its own dispatch (autograd and ADInplaceOrView off there)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    x = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
+    z = distribute_tensor(torch.ones(8, 4), mesh, [Shard(1)])
+    w = distribute_tensor(torch.ones(4, 8, requires_grad=True), mesh, [Shard(0)])
+    (x + z).to_local()
+    (x @ w).sum().backward()
+
+
 def _distribute_tensor() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -104,6 +126,7 @@ _PATTERNS = {
     "eager_and_direct": _eager_and_direct_calls,
     "functional_autograd": _functional_autograd,
     "distribute_tensor": _distribute_tensor,
+    "implicit_redistribute": _implicit_redistribute,
 }
 
 
@@ -174,7 +197,7 @@ def test_completion_under_both_hooks(tp_mlp, hook) -> None:
 def test_compiled_fullgraph_runs_compiled_in_and_after_a_window(fake_world, monkeypatch) -> None:
     import torch._dynamo
 
-    monkeypatch.setenv(torch_dtensor.HOOK_ENV, "kernels")
+    monkeypatch.delenv(torch_dtensor.HOOK_ENV, raising=False)  # the default: kernels
     graph_calls = []
 
     def counting_backend(gm, example_inputs):  # dynamo's graph, run as is; counts its runs
@@ -200,6 +223,38 @@ def test_compiled_fullgraph_runs_compiled_in_and_after_a_window(fake_world, monk
     torch.testing.assert_close(inside, expected)
     torch.testing.assert_close(after, expected)
     assert len(graph_calls) == 3  # the compiled graph ran inside the window too, not eager code
+    assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 1}
+    assert mode.get_callback_error_counts() == {}
+    torch._dynamo.reset()
+
+
+def test_compiled_inside_a_window_counts_the_run_not_the_trace(fake_world, monkeypatch) -> None:
+    """Compiling traces the function with fake tensors, through the kernels: not a collective."""
+    import torch._dynamo
+    from torch._dynamo.backends.debugging import aot_eager
+
+    monkeypatch.delenv(torch_dtensor.HOOK_ENV, raising=False)
+    group_name = dist.group.WORLD.group_name
+    runs = []
+
+    def counting_aot_eager(gm, example_inputs):  # AOT autograd traces again, with fake tensors
+        compiled = aot_eager(gm, example_inputs)
+
+        def run(*args):
+            runs.append(1)
+            return compiled(*args)
+
+        return run
+
+    @torch.compile(fullgraph=True, backend=counting_aot_eager)
+    def reduced_cos(x):
+        y = torch.ops._c10d_functional.all_reduce(x, "sum", group_name)
+        return torch.ops._c10d_functional.wait_tensor(y).cos()
+
+    with CommDebugMode() as mode:
+        out = reduced_cos(torch.ones(4))  # traced by dynamo and AOT autograd, then run, in the window
+    torch.testing.assert_close(out, torch.ones(4).cos())  # the fake group's all_reduce leaves x as is
+    assert runs == [1]
     assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 1}
     assert mode.get_callback_error_counts() == {}
     torch._dynamo.reset()

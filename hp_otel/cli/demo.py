@@ -119,8 +119,10 @@ def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
 
 def _report(mode: object, config: DemoConfig, out: TextIO) -> None:
     from hp_otel import CommDebugMode
+    from hp_otel.sources.torch_dtensor import HOOK_ENV, collective_hook
 
     assert isinstance(mode, CommDebugMode)
+    print(f"collective hook: {collective_hook()} (choose with {HOOK_ENV}=dispatch|kernels)", file=out)
     print(f"collective counts (rank 0): {mode.get_comm_counts()}", file=out)
     print(f"by op: {mode.get_comm_counts(normalized=True)}", file=out)
     print("by module (forward: every enclosing module; backward: the module whose forward made the node):", file=out)
