@@ -107,18 +107,24 @@ def run_pieces(model: Any, step: Callable[[], Any], rounds: int = 11, steps: int
 
 
 def format_pieces(per_round: dict[str, list[float]]) -> Iterator[str]:
-    """One line per variant: median µs, median per-round ratio [min, max], and the step from the line above."""
+    """One line per variant: median µs, median per-round ratio with its interquartile range,
+    and the piece: the median over rounds of (this variant − the line above) in the same
+    round, so a slow spell of the machine moves both sides of each difference."""
+    from hp_otel.cli.bench import _quartiles
+
     base = per_round["untraced"]
-    yield f"{'variant':<32}{'µs/step':>9}{'ratio':>8}  {'[min, max]':<14}{'piece µs':>9}"
-    previous: float | None = None
+    yield f"{'variant':<32}{'µs/step':>9}{'ratio':>8}  {'IQR of ratios':<14}{'piece µs':>9}"
+    previous: list[float] | None = None
     for name, values in per_round.items():
-        median = statistics.median(values)
-        ratios = sorted(v / b for v, b in zip(values, base, strict=True))
-        piece = "" if previous is None or name.startswith("bare") else f"{median - previous:+9.0f}"
-        spread = f"[{ratios[0]:.2f}, {ratios[-1]:.2f}]"
-        yield f"{name:<32}{median:>9.0f}{statistics.median(ratios):>7.2f}x  {spread:<14}{piece}"
+        ratios = [v / b for v, b in zip(values, base, strict=True)]
+        low, high = _quartiles(ratios)
+        piece = ""
+        if previous is not None and not name.startswith("bare"):
+            piece = f"{statistics.median(v - p for v, p in zip(values, previous, strict=True)):+9.0f}"
+        spread = f"{low:.2f}–{high:.2f}"
+        yield f"{name:<32}{statistics.median(values):>9.0f}{statistics.median(ratios):>7.2f}x  {spread:<14}{piece}"
         if not name.startswith("bare"):
-            previous = median
+            previous = values
 
 
 def main(model_name: str, rounds: int | None, steps: int | None, progress: Progress = quiet) -> str:
