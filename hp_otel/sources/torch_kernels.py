@@ -19,9 +19,9 @@ in the real-gloo tests and reproduced by tests/repro_kernel_gil_deadlock.py.)
 
 Rules:
 - registered on the first window and kept (registering costs ≈1.3 ms the first time, then
-  ≈0.4 ms): while no window
-  records, a kernel reads one slot and redispatches (≈15 µs a collective call, the round
-  trip into Python); `hp_otel.uninstall()` unregisters them when no window is open;
+  ≈0.4 ms): while no window records, a kernel reads one slot and redispatches (≈15–30 µs
+  a collective call, the round trip into Python); `hp_otel.uninstall()` unregisters them
+  when no window is open;
 - a collective op can call another (a functional `all_reduce` runs `c10d.allreduce_`
   through the dispatcher): only the outermost one on a thread is recorded, as a
   dispatch mode would;
