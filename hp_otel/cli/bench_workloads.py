@@ -33,6 +33,12 @@ WORKLOADS: dict[str, WorkloadSpec] = {
     "torch-transformer-sp": WorkloadSpec(
         "PyTorch's test Transformer as torch-transformer, TP + sequence parallel", rounds=15, steps=10
     ),
+    "medium": WorkloadSpec(
+        "PyTorch's test Transformer, 2 layers, dim 256, 8 heads, batch 4 x seq 64, TP + sequence parallel "
+        "(dispatch and compute about even)",
+        rounds=11,
+        steps=5,
+    ),
     "realistic": WorkloadSpec(
         "PyTorch's test Transformer, 2 layers, dim 1024, 16 heads, batch 4 x seq 64, TP + sequence parallel "
         "(compute dominates: about 0.3 s a step on 2 cores)",
@@ -77,6 +83,7 @@ def build_workload(name: str) -> Workload:
         "transformer": _demo_transformer,
         "torch-transformer": lambda: _torch_transformer(sequence_parallel=False),
         "torch-transformer-sp": lambda: _torch_transformer(sequence_parallel=True),
+        "medium": lambda: _torch_transformer(sequence_parallel=True, dim=256, heads=8, batch=4, seq=64, vocab=64),
         "realistic": lambda: _torch_transformer(sequence_parallel=True, dim=1024, heads=16, batch=4, seq=64, vocab=64),
     }
     model, step = builders[name]()
