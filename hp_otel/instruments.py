@@ -97,10 +97,11 @@ class DeferredDurations:
         self._lock = threading.Lock()
 
     def add(self, attributes: dict[str, Any], durations_ns: Iterable[int], context: Any = None) -> None:
-        pending = self._pending
-        for duration_ns in durations_ns:
-            pending.append((duration_ns / 1e9, attributes, context))
-        if len(pending) >= self._max_pending:
+        with self._lock:  # a periodic reader flushes from its own thread
+            pending = self._pending
+            pending.extend((duration_ns / 1e9, attributes, context) for duration_ns in durations_ns)
+            full = len(pending) >= self._max_pending
+        if full:
             self.flush()
 
     def flush(self) -> None:
@@ -110,9 +111,6 @@ class DeferredDurations:
         record = self._histogram.record
         for seconds, attributes, context in pending:
             record(seconds, attributes, context=context)
-
-    def pending(self) -> int:
-        return len(self._pending)
 
 
 @dataclass(frozen=True)

@@ -228,3 +228,18 @@ def test_instrumentor_keeps_hooks_while_instrumented(transformer, hp_meter_provi
     assert _hook_counts(model) == hooks
     assert all(a is b for a, b in zip(_redistribute_functions(), functions, strict=True))
     assert installation.lingering_count() == 0
+
+
+def test_kept_hooks_do_not_keep_a_model_alive(fake_world) -> None:
+    import gc
+    import weakref
+
+    model = build_tp_transformer(fake_world)
+    hp_otel.install()
+    with CommDebugMode(module=model):
+        _step(model, demo_tokens())
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+    hp_otel.uninstall()  # the lingering set of a model that went away is removed without error

@@ -202,3 +202,37 @@ def test_repr_says_state_and_counts() -> None:
         collective(mode.observer)
         assert "CommDebugMode(active" in repr(mode)
     assert "collectives=1" in repr(mode)
+
+
+def test_durations_reach_the_histogram_at_collection_or_when_too_many_wait() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from hp_otel.instruments import DeferredDurations
+
+    reader = InMemoryMetricReader()
+    histogram = MeterProvider(metric_readers=[reader]).get_meter("t").create_histogram("d")
+    deferred = DeferredDurations(histogram, max_pending=4)
+
+    def recorded() -> int:
+        data = reader.get_metrics_data()
+        points = (
+            [
+                p
+                for rm in data.resource_metrics
+                for sm in rm.scope_metrics
+                for m in sm.metrics
+                for p in m.data.data_points
+            ]
+            if data
+            else []
+        )
+        return sum(p.count for p in points)
+
+    deferred.add({"k": "v"}, [1_000, 2_000])
+    assert recorded() == 0  # waiting: nothing called the SDK yet (this reader has no hp_otel callback)
+    deferred.add({"k": "v"}, [3_000, 4_000])  # the fourth point: recorded now, memory stays bounded
+    assert recorded() == 4
+    deferred.add({"k": "v"}, [5_000])
+    deferred.flush()  # what the calls counter's callback does at every collection
+    assert recorded() == 5

@@ -204,8 +204,7 @@ class _ModuleHooks:
     again; a window nested on the same tree gets a set of its own.
     """
 
-    def __init__(self, root: nn.Module) -> None:
-        self._root = weakref.ref(root)  # the hooks must not keep the model alive
+    def __init__(self) -> None:
         self.tracker: TorchModuleTracker | None = None
         self.param_owner: dict[int, ModuleInfo] = {}  # id(parameter) -> the module that owns it
         self._tracked: list[_TrackedModule] = []
@@ -284,7 +283,7 @@ class TorchModuleTracker:
         self._latest_call = {}
         hooks = _hook_sets.get(self.root)
         if hooks is None or hooks.tracker is not None:  # none yet, or a window outside this one uses them
-            hooks = _ModuleHooks(self.root)
+            hooks = _ModuleHooks()
             _hook_sets.setdefault(self.root, hooks)
         installation.claim(hooks)
         hooks.tracker = self
