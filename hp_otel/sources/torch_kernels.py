@@ -19,9 +19,10 @@ in the real-gloo tests and reproduced by tests/repro_kernel_gil_deadlock.py.)
 
 Rules:
 - registered on the first window and kept (registering costs ≈1.3 ms the first time, then
-  ≈0.4 ms): while no window records, a kernel reads one slot and redispatches (≈6–16 µs
-  a collective op call, the round trip into Python); `hp_otel.uninstall()` unregisters them
-  when no window is open;
+  ≈0.4 ms; the first also imports `torch._dynamo`, ≈0.8 s once per process): while no
+  window records, a kernel reads one slot and redispatches (≈6–16 µs a collective op
+  call, the round trip into Python); `hp_otel.uninstall()` unregisters them when no
+  window is open;
 - a collective op can call another (a functional `all_reduce` runs `c10d.allreduce_`
   through the dispatcher): only the outermost one on a thread is recorded, as a
   dispatch mode would;
@@ -205,7 +206,7 @@ def ensure_registered(specs: dict[Any, CollectiveSpec]) -> bool:
 
 def unregister_unused() -> None:
     """Take every kernel out again, unless a window records through them (the next window
-    registers them anew, ≈1.3 ms).  Between windows each kernel costs a collective call
+    registers them anew, ≈0.4 ms).  Between windows each kernel costs a collective call
     the round trip into Python (≈6–16 µs here); `hp_otel.uninstall()` calls this."""
     with _lock:
         if not _state["registered"]:
