@@ -22,18 +22,23 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
-from hp_otel import signal_guard
-from hp_otel.call_tree import CallRecord, build_call_tree
-from hp_otel.files import check_path, write_text_atomically
-from hp_otel.instruments import get_instruments
-from hp_otel.observer import Observer, Source
-from hp_otel.providers import default_meter_provider, default_tracer_provider, get_tracer, is_internal_tracer_provider
-from hp_otel.recorder import SpanRecorder
+from hp_otel.always_on.watchdog import HangWatchdog
+from hp_otel.common.files import check_path, write_text_atomically
+from hp_otel.export.providers import (
+    default_meter_provider,
+    default_tracer_provider,
+    get_tracer,
+    is_internal_tracer_provider,
+)
+from hp_otel.record import signal_guard
+from hp_otel.record.instruments import get_instruments
+from hp_otel.record.observer import Observer, Source
+from hp_otel.record.recorder import SpanRecorder
+from hp_otel.record.signal_guard import GUARD
+from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
-from hp_otel.signal_guard import GUARD
-from hp_otel.span_store import LocalSpanStore
-from hp_otel.watchdog import HangWatchdog
+from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 logger = logging.getLogger("hp_otel")
 
@@ -132,7 +137,7 @@ class CommDebugMode:
             and the function mode that sees them, for users who want collectives and
             modules only; it saves most of the per-op cost.
         extra_sources: your own sources (objects with `install(observer)` and
-            `uninstall()`, see `hp_otel.observer.Source`), installed after the engine's:
+            `uninstall()`, see `hp_otel.record.observer.Source`), installed after the engine's:
             the way to trace a framework hp_otel does not know.
         watchdog: a `hp_otel.HangWatchdog`: while the window is open, a collective that does
             not complete within its timeout makes this rank write its spans so far (the
@@ -478,9 +483,9 @@ class CommDebugMode:
         spans marked `hp.collective.in_flight` (start = issue time, end = now). The
         file's resource names this rank (`hp.rank`) even when no launcher variable does.
         """
-        from hp_otel import schema
-        from hp_otel.otlp_json import write_spans
-        from hp_otel.steps import current_rank
+        from hp_otel.always_on.steps import current_rank
+        from hp_otel.spans import schema
+        from hp_otel.spans.otlp_json import write_spans
 
         check_path(path, "path")
         spans = list(self.get_finished_spans())

@@ -1,14 +1,25 @@
-"""Shared fixtures: a one-process fake process group for fast DTensor tests."""
+"""Shared fixtures: a one-process fake process group for fast DTensor tests.
+
+Test folders mirror the package (`tests/record/` tests `hp_otel/record/`, ...); what the
+tests share — the referee, synthetic events, worker bodies of multi-process jobs, the
+hyper-parallel stand-in, server launchers — lives in `tests/support/`, importable by name.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 # Tests that abort a step on purpose leave functional collectives unwaited; torch then
 # prints a C++ warning per thread at exit, after pytest's summary line. Set before torch loads.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+SUPPORT = str(Path(__file__).resolve().parent / "support")
+if SUPPORT not in sys.path:
+    sys.path.insert(0, SUPPORT)
 
 
 @pytest.fixture(scope="session")

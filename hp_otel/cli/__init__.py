@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hp_otel.cli.progress import to_stderr
-from hp_otel.config import PROTOCOLS
+from hp_otel.export.config import PROTOCOLS
 from hp_otel.version import __version__
 
 NOISE_LEVEL_HELP = (
@@ -236,9 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hp_otel.cli.ranks import run_ranks
 
         return run_ranks(args.files, args.json, args.top)
-    from hp_otel.call_tree import build_call_tree, check_attribute_types, count_collectives
-    from hp_otel.otlp_json import SpanFileError, read_spans
     from hp_otel.render.table import render_table
+    from hp_otel.spans.call_tree import build_call_tree, check_attribute_types, count_collectives
+    from hp_otel.spans.otlp_json import SpanFileError, read_spans
 
     try:
         spans = read_spans(args.file, max_bytes=args.max_bytes)

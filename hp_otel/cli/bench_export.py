@@ -68,8 +68,8 @@ def _variant_telemetry(endpoint: str | None, protocol: str) -> Any:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-    from hp_otel.config import ExportConfig
-    from hp_otel.export import build_telemetry
+    from hp_otel.export.config import ExportConfig
+    from hp_otel.export.telemetry import build_telemetry
 
     if endpoint is None:
         return None, TracerProvider(shutdown_on_exit=False), MeterProvider(shutdown_on_exit=False)
@@ -92,9 +92,9 @@ def run_export_bench(
     import torch
 
     from hp_otel import CommDebugMode
+    from hp_otel.always_on.steps import step as mark_step
     from hp_otel.cli.bench_workloads import fake_process_group
     from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
-    from hp_otel.steps import step as mark_step
 
     torch.set_num_threads(1)
     fake_process_group(2)

@@ -20,9 +20,9 @@ from typing import Any
 
 from hp_otel import CommDebugMode
 from hp_otel.cli.progress import Progress, quiet
-from hp_otel.infos import CollectiveInfo, ModuleInfo, TensorInfo
 from hp_otel.render.levels import NOISE_LEVELS
 from hp_otel.render.table import render_table
+from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, TensorInfo
 
 _SPANS_PER_STEP = 7  # design_mlp_forward: root, fc1, linear, gelu, fc2, linear, all_reduce
 

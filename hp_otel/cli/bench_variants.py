@@ -62,7 +62,7 @@ def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
     """The variants that can run here, and those that cannot with the reason."""
     import hp_otel
     from hp_otel import CommDebugMode
-    from hp_otel.sources.torch_dtensor import idle_modes
+    from hp_otel.sources.pytorch.dtensor import idle_modes
 
     variants = [
         Variant(UNTRACED, contextlib.nullcontext, around_block=_nothing_installed),
@@ -145,7 +145,7 @@ def _instrumentor_variant(model: Any) -> Variant:
     The instrumentor is active only around this variant's blocks (instrumenting is outside
     the timed steps), so the other variants run exactly as without it.
     """
-    from hp_otel.steps import step as mark_step
+    from hp_otel.always_on.steps import step as mark_step
 
     numbers = itertools.count()
     return Variant(
@@ -160,9 +160,9 @@ def _instrumentor_variant(model: Any) -> Variant:
 def _instrumented(model: Any) -> Iterator[None]:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from hp_otel.config import SAMPLERS
-    from hp_otel.instrumentation import HpOtelInstrumentor
-    from hp_otel.providers import build_resource, default_meter_provider
+    from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+    from hp_otel.export.config import SAMPLERS
+    from hp_otel.export.providers import build_resource, default_meter_provider
 
     tracer_provider = TracerProvider(sampler=SAMPLERS["always_off"](0.0), resource=build_resource())
     instrumentor = HpOtelInstrumentor()
@@ -177,7 +177,7 @@ def _instrumented(model: Any) -> Iterator[None]:
 def _hook_window(model: Any, hook: str) -> Iterator[Any]:
     """A window that sees collectives through `hook` (the env var is read at entry)."""
     from hp_otel import CommDebugMode
-    from hp_otel.sources.torch_dtensor import HOOK_ENV
+    from hp_otel.sources.pytorch.dtensor import HOOK_ENV
 
     saved = os.environ.get(HOOK_ENV)
     os.environ[HOOK_ENV] = hook

@@ -128,7 +128,7 @@ def _torch_transformer(
     """torch's own test Transformer, parallelised by its own `Transformer.parallelize`.
 
     `use_attn_mask=False` and SDPA's math backend: on CPU the flash/efficient kernels have
-    no DTensor rule (see tests/test_torch_compat.py); dropout 0 keeps steps identical.
+    no DTensor rule (see tests/torch_dropin/test_torch_compat.py); dropout 0 keeps steps identical.
     """
     import torch
     from torch.distributed.device_mesh import init_device_mesh

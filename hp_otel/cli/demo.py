@@ -106,7 +106,7 @@ def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = N
 
 
 def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
-    from hp_otel.export import Telemetry
+    from hp_otel.export.telemetry import Telemetry
 
     assert isinstance(telemetry, Telemetry)
     parts = [f"rank {rank}: run id {telemetry.config.run_id}"]
@@ -119,7 +119,7 @@ def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
 
 def _report(mode: object, config: DemoConfig, out: TextIO) -> None:
     from hp_otel import CommDebugMode
-    from hp_otel.sources.torch_dtensor import HOOK_ENV, collective_hook
+    from hp_otel.sources.pytorch.dtensor import HOOK_ENV, collective_hook
 
     assert isinstance(mode, CommDebugMode)
     print(f"collective hook: {collective_hook()} (choose with {HOOK_ENV}=dispatch|kernels)", file=out)

@@ -38,9 +38,9 @@ def add_parsers(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hp_otel.files import write_text_atomically
-    from hp_otel.otlp_json import SpanFileError
+    from hp_otel.common.files import write_text_atomically
     from hp_otel.render.rank_spans import load_rank_spans
+    from hp_otel.spans.otlp_json import SpanFileError
 
     command = args.command
     if command == "plot" and args.out.suffix.lower() not in PLOT_FORMATS:

@@ -1,4 +1,4 @@
-"""`hp-otel ranks FILE...`: compare the ranks' collective sequences (see `hp_otel.rank_compare`).
+"""`hp-otel ranks FILE...`: compare the ranks' collective sequences (see `hp_otel.analysis`).
 
 Exit status: 0 the ranks agree, 3 they diverge or one misses collectives, 2 bad input
 (one line on stderr, no traceback).
@@ -17,7 +17,7 @@ EXIT_DIVERGE = 3
 
 
 def run_ranks(files: Sequence[Path], as_json: bool, top: int = 5) -> int:
-    from hp_otel.rank_compare import RankInputError, compare_files, format_report, report_to_json
+    from hp_otel.analysis import RankInputError, compare_files, format_report, report_to_json
 
     try:
         report = compare_files(files)

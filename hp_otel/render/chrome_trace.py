@@ -16,7 +16,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from hp_otel.call_tree import CallRecord, build_call_tree
+from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 PID_BASE = 1_000_000  # hp_otel's process tracks: PID_BASE + rank, apart from real pids
 

@@ -18,12 +18,12 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from hp_otel import codec
-from hp_otel import schema as s
-from hp_otel.call_tree import CallRecord, build_call_tree
-from hp_otel.files import write_text_atomically
+from hp_otel.common.files import write_text_atomically
 from hp_otel.render.levels import NoiseLevel, noise_level
 from hp_otel.render.module_info import parameter_info, sharding_info
+from hp_otel.spans import codec
+from hp_otel.spans import schema as s
+from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 _INDENT = "  "
 _PER_RECORD_FIELDS = ("duration_ns", "start_ns", "seq", "error", "children")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hp_otel import schema as s
-from hp_otel.call_tree import CallRecord
+from hp_otel.spans import schema as s
+from hp_otel.spans.call_tree import CallRecord
 
 NOISE_LEVELS = (0, 1, 2, 3)
 DEFAULT_NOISE_LEVEL = 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from hp_otel import schema as s
-from hp_otel.call_tree import CallRecord
+from hp_otel.spans import schema as s
+from hp_otel.spans.call_tree import CallRecord
 
 
 def parameter_info(roots: Iterable[CallRecord]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from hp_otel import schema as s
-from hp_otel.call_tree import span_attributes
-from hp_otel.otlp_json import SpanFileError, read_spans
+from hp_otel.spans import schema as s
+from hp_otel.spans.call_tree import span_attributes
+from hp_otel.spans.otlp_json import SpanFileError, read_spans
 
 
 def load_rank_spans(

@@ -11,10 +11,10 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from hp_otel import codec
-from hp_otel import schema as s
-from hp_otel.call_tree import CallRecord, build_call_tree
 from hp_otel.render.levels import NoiseLevel, noise_level
+from hp_otel.spans import codec
+from hp_otel.spans import schema as s
+from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 EMPTY_TABLE = "(no operations recorded)"
 _TYPE_COLUMN = 21

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from hp_otel import schema as s
-from hp_otel.call_tree import CallRecord, build_call_tree
+from hp_otel.spans import schema as s
+from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 COLLECTIVE_COLOURS = {
     "all_reduce": "#d62728",

@@ -1,4 +1,4 @@
-"""Sources: framework hooks that feed the observer interface (`hp_otel.observer`).
+"""Sources: framework hooks that feed the observer interface (`hp_otel.record.observer`).
 
 Engines are rows of `ENGINES`: a name, the package that must be importable, and a
 factory for the engine's sources.  A new engine is one new module here and one row;
@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from hp_otel.observer import Source
+from hp_otel.record.observer import Source
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,9 @@ class Engine:
 
 
 ENGINES: tuple[Engine, ...] = (
-    Engine("torch", "torch", "hp_otel.sources.torch_dtensor:TorchDTensorSource"),
+    Engine("torch", "torch", "hp_otel.sources.pytorch.dtensor:TorchDTensorSource"),
     Engine("hyper_parallel", "hyper_parallel", "hp_otel.sources.hyper_parallel:HyperParallelSource"),
-    Engine("mindspore", "mindspore", "hp_otel.sources.mindspore:MindSporeCollectiveSource"),
+    Engine("mindspore", "mindspore", "hp_otel.sources.mindspore.collectives:MindSporeCollectiveSource"),
 )
 _BY_NAME = {engine.name: engine for engine in ENGINES}
 ENGINE_NAMES = ("auto", *_BY_NAME)
@@ -93,10 +93,10 @@ def resolve_engine(engine: str, module: Any = None) -> str:
 def module_tracker(module: Any) -> Source:
     """The module tracker for a torch `nn.Module` or a MindSpore `Cell`."""
     if is_mindspore_cell(module):
-        from hp_otel.sources.mindspore_cells import MindSporeCellTracker
+        from hp_otel.sources.mindspore.cells import MindSporeCellTracker
 
         return MindSporeCellTracker(module)
-    from hp_otel.sources.torch_modules import TorchModuleTracker
+    from hp_otel.sources.pytorch.modules import TorchModuleTracker
 
     return TorchModuleTracker(module)
 

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hp_otel.infos import CollectiveInfo
 from hp_otel.sources.patching import ObserverSlot
+from hp_otel.spans.infos import CollectiveInfo
 
 _INPUT_NAMES = ("data", "input_data", "input_tensor", "input", "tensor", "x")
 _OUTPUT_NAMES = ("output_tensor", "output", "tensor_list", "output_tensor_list", "gather_list")

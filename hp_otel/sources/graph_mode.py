@@ -22,7 +22,7 @@ import sys
 import warnings
 from typing import Any
 
-from hp_otel.observer import Observer
+from hp_otel.record.observer import Observer
 
 _DISPATCH_MODE_SKIP = "torch dispatch mode"
 _MAX_REASONS = 64  # the first few frames are enough to name the compiled function

@@ -33,9 +33,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from hp_otel import schema as s
-from hp_otel.infos import TensorInfo
-from hp_otel.observer import Observer
+from hp_otel.record.observer import Observer
 from hp_otel.sources.function_collectives import (
     AsyncHandles,
     CallReader,
@@ -52,6 +50,8 @@ from hp_otel.sources.patching import (
     patch_owned,
     run_every,
 )
+from hp_otel.spans import schema as s
+from hp_otel.spans.infos import TensorInfo
 
 logger = logging.getLogger("hp_otel")
 

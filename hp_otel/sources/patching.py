@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from hp_otel import installation
-from hp_otel.observer import Observer
+from hp_otel.record import installation
+from hp_otel.record.observer import Observer
 
 
 def run_every(steps: Iterable[Callable[[], Any]]) -> None:

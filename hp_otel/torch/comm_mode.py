@@ -22,7 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
-from hp_otel.files import check_path, write_text_atomically
+from hp_otel.common.files import check_path, write_text_atomically
 from hp_otel.mode import DEFAULT_MAX_SPANS
 from hp_otel.mode import CommDebugMode as OtelCommDebugMode
 from hp_otel.torch import op_keys, report

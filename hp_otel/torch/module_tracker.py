@@ -31,9 +31,9 @@ from torch.nn.modules.module import (
 )
 from torch.utils._pytree import tree_flatten
 
-from hp_otel import schema as s
-from hp_otel.infos import ModuleInfo
-from hp_otel.observer import Observer
+from hp_otel.record.observer import Observer
+from hp_otel.spans import schema as s
+from hp_otel.spans.infos import ModuleInfo
 
 GLOBAL = "Global"
 # torch 2.13's ModTracker markers take a weakref to the module first; older releases do not
@@ -76,7 +76,7 @@ class CompatModuleTracker(ModTracker):
 
     # --- hp_otel spans ------------------------------------------------------------
     def _info(self, module: torch.nn.Module | None, name: str) -> ModuleInfo:
-        from hp_otel.sources.torch_modules import parameter_infos
+        from hp_otel.sources.pytorch.modules import parameter_infos
 
         info = self._infos.get(module) if module is not None else None
         if info is None or info.fqn != name:

@@ -25,7 +25,7 @@ from torch._guards import detect_fake_mode
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hp_otel.observer import Observer
+from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import run_every
 from hp_otel.torch.module_tracker import GLOBAL, CompatModuleTracker
 from hp_otel.torch.op_keys import comm_registry, count_key

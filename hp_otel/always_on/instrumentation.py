@@ -1,0 +1,226 @@
+"""Always-on instrumentation: `opentelemetry-instrument python train.py` records every step.
+
+`HpOtelInstrumentor` follows opentelemetry-python-contrib's conventions: a
+`BaseInstrumentor` subclass, found through the `opentelemetry_instrumentor` entry
+point, honouring `instrument(tracer_provider=..., meter_provider=...)` (default: the
+global providers, or — when nobody configured them — `hp_otel.configure()` from the
+OTEL_* environment) and suppression (`suppress_instrumentation()`: a step that starts
+suppressed is not recorded).
+
+Each step is one CommDebugMode window inside the step's spans (`hp_otel.always_on.steps`):
+collective counts and metrics always (they are cheap), spans only when the configured
+sampler samples the step. Steps are what you mark with `hp_otel.step(n)`; if you mark
+none, each `torch.optim` `optimizer.step()` ends one step and starts the next (the
+window before the first `optimizer.step()` is not recorded: no mode is active while
+the program starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Collection, Iterator
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
+from hp_otel.always_on.model_tracker import ModelTracker
+from hp_otel.always_on.steps import StepSpans, begin_step, running, set_step_handler
+from hp_otel.common import launcher_env
+from hp_otel.record import installation
+from hp_otel.spans import schema as s
+
+logger = logging.getLogger("hp_otel")
+
+_session: StepSession | None = None
+_HOLDER = "HpOtelInstrumentor"  # keeps hooks installed between its windows
+
+
+def active_session() -> StepSession | None:
+    """The always-on session while the instrumentor is active, else None."""
+    return _session
+
+
+def _is_configured(provider: Any, proxy_types: tuple[type, ...]) -> bool:
+    return not isinstance(provider, proxy_types)
+
+
+def _resolve_providers(tracer_provider: Any, meter_provider: Any) -> tuple[Any, Any]:
+    """The caller's providers; else OTel's global ones if someone set them; else hp_otel.configure()'s."""
+    from opentelemetry.metrics import NoOpMeterProvider
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider
+
+    from hp_otel.export import telemetry as export
+
+    if tracer_provider is None:
+        candidate = trace.get_tracer_provider()
+        if _is_configured(candidate, (ProxyTracerProvider, NoOpTracerProvider)):
+            tracer_provider = candidate
+    if meter_provider is None:
+        candidate = metrics.get_meter_provider()
+        if _is_configured(candidate, (_ProxyMeterProvider, NoOpMeterProvider)):
+            meter_provider = candidate
+    if tracer_provider is None or meter_provider is None:
+        telemetry = export.configured() or export.configure()
+        tracer_provider = tracer_provider or telemetry.tracer_provider
+        meter_provider = meter_provider or telemetry.meter_provider
+    return tracer_provider, meter_provider
+
+
+class StepSession:
+    """Opens one CommDebugMode window per step, inside that step's spans."""
+
+    def __init__(self, tracer_provider: Any, meter_provider: Any, module: Any = None) -> None:
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.module = module
+        # No module given (zero-code): find the model the optimizer trains, for module attribution.
+        self.tracker = ModelTracker()
+        self.implicit_steps = 0  # optimizer.step() calls seen
+        self.explicit = False  # once the user marks steps, optimizer.step() no longer does
+        self._implicit: tuple[StepSpans, Any] | None = None
+        self._lock = threading.Lock()
+        self._hook: Any = None
+
+    # --- windows ----------------------------------------------------------------
+    def _model(self, optimizer: Any = None) -> Any:
+        """The module to attribute collectives to: given, else the one the tracker found (then it stops)."""
+        if self.module is None and self.tracker.tracking:
+            found = self.tracker.find(optimizer)
+            if found is not None:
+                self.module = found
+                self.tracker.stop()
+                logger.info("hp_otel: attributing collectives to the modules of %s", type(found).__name__)
+        return self.module
+
+    def _open_window(self, spans: StepSpans, module: Any) -> Any:
+        from hp_otel.mode import CommDebugMode
+
+        mode = CommDebugMode(
+            module=module if module is not None else self._model(),
+            tracer_provider=self.tracer_provider,
+            meter_provider=self.meter_provider,
+            live_spans=False,  # the step pays an append per event; spans are built when it ends
+            record_spans=spans.sampled,
+        )
+        token = otel_context.attach(spans.context)  # the window's spans nest under rank_step
+        try:
+            mode.__enter__()
+        except BaseException:
+            if mode.active:  # a Ctrl-C right after __enter__ returned: close the window before it propagates
+                mode.__exit__(None, None, None)
+            raise
+        finally:
+            otel_context.detach(token)
+        return mode
+
+    @contextlib.contextmanager
+    def explicit_step(
+        self, step: int | str, *, run_id: str | None, rank: int | None, module: Any
+    ) -> Iterator[StepSpans]:
+        self.explicit = True
+        self._close_implicit()
+        if not is_instrumentation_enabled():  # suppressed: no spans, no window
+            yield StepSpans(step, run_id or "", rank or 0, self.tracer_provider, sampled=False)
+            return
+        spans = begin_step(step, run_id=run_id, rank=rank, tracer_provider=self.tracer_provider)
+        mode = self._open_window(spans, module)
+
+        def close_window(error: BaseException | None) -> None:
+            mode.__exit__(type(error) if error else None, error, None)
+
+        with running(spans, before_end=close_window):
+            yield spans
+
+    # --- implicit steps: optimizer.step() boundaries ---------------------------------
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.explicit:
+            return
+        try:
+            with self._lock:
+                self._close_implicit()
+                self._model(optimizer)
+                step = self.implicit_steps
+                self.implicit_steps += 1
+                if is_instrumentation_enabled():
+                    spans = begin_step(step, tracer_provider=self.tracer_provider)
+                    self._implicit = (spans, self._open_window(spans, None))
+        except Exception as exc:  # never break training
+            logger.warning("hp_otel: always-on step boundary failed; this step is not recorded", exc_info=exc)
+
+    def _close_implicit(self) -> None:
+        current, self._implicit = self._implicit, None
+        if current is not None:
+            spans, mode = current
+            mode.__exit__(None, None, None)
+            spans.end()
+
+    def start(self) -> None:
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+        except ImportError:  # no torch: only explicit hp_otel.step() marks steps
+            return
+        self._hook = register_optimizer_step_post_hook(self._after_optimizer_step)
+        if self.module is None:
+            self.tracker.start()
+
+    def stop(self) -> None:
+        self.tracker.stop()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        with self._lock:
+            self._close_implicit()
+
+
+def _warn_if_resource_lacks_rank(tracer_provider: Any) -> None:
+    """Providers hp_otel did not make (the distro's) lack the ranks unless the resource detector is named."""
+    resource = getattr(tracer_provider, "resource", None)
+    if resource is None or launcher_env.global_rank() is None or s.RESOURCE_RANK in resource.attributes:
+        return
+    logger.warning(
+        "hp_otel: the tracer provider's resource has no %s, so spans and metrics cannot be told apart by rank; "
+        "set OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=hp_otel for the SDK to add it",
+        s.RESOURCE_RANK,
+    )
+
+
+class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Always-on hp_otel: counts every collective of every step, spans for sampled steps.
+
+    `HpOtelInstrumentor().instrument(tracer_provider=tp, meter_provider=mp, module=model)`;
+    all arguments optional. `uninstrument()` closes the open step and removes the hook.
+    """
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ()  # works with any installed framework; torch adds the optimizer-step default
+
+    def _instrument(self, **kwargs: Any) -> None:
+        global _session
+        if launcher_env.is_launcher_process():
+            # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
+            # and configuring export there would take rank 0's Prometheus port.
+            logger.debug("hp_otel: a launcher process (torchrun/msrun): not instrumented")
+            return
+        tracer_provider, meter_provider = _resolve_providers(
+            kwargs.get("tracer_provider"), kwargs.get("meter_provider")
+        )
+        _warn_if_resource_lacks_rank(tracer_provider)
+        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"))
+        installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
+        session.start()
+        _session = session
+        set_step_handler(session)  # hp_otel.step() now records through the session
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        global _session
+        session, _session = _session, None
+        set_step_handler(None)
+        if session is not None:
+            session.stop()
+        installation.release(_HOLDER)  # what the windows left installed is removed now

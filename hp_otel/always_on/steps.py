@@ -1,0 +1,291 @@
+"""One trace per training step across all ranks, without the ranks talking to each other.
+
+Every rank derives the same ids from the run id and the step (a SHA-256 hash):
+the trace id, and the span id of one root span `step`. Rank 0 emits that root span
+(its SDK tracer is given exactly those ids); every rank, rank 0 included, emits a
+`rank_step` span whose parent is the root — on rank 0 the real span, elsewhere a
+remote parent with the derived ids — and everything hp_otel records in the step nests
+under its rank's `rank_step`. Jaeger and Tempo then show all ranks of step N in one
+trace: `step` → one `rank_step` per rank → modules, ops, collectives.
+
+The sampling decision is the configured sampler's on the derived trace id, taken the
+same way on every rank, so ranks agree (ratio samplers decide from the trace id).
+If rank 0 does not export (crashed, or its provider is not the SDK's), the other
+ranks' spans still share the trace and show a missing parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import logging
+import uuid
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, TracerProvider
+
+from hp_otel.common import launcher_env
+from hp_otel.record import matching
+from hp_otel.record.span_builder import mark_error
+from hp_otel.spans import schema as s
+from hp_otel.version import __version__
+
+logger = logging.getLogger("hp_otel")
+
+_SCOPE = "hp_otel.always_on.steps"
+
+
+def step_ids(run_id: str, step: int | str) -> tuple[int, int]:
+    """(trace id, root span id) of a step: the same on every rank of the run, never zero."""
+    digest = hashlib.sha256(f"hp_otel/{run_id}/{step}".encode()).digest()
+    trace_id = int.from_bytes(digest[:16], "big") or 1
+    span_id = int.from_bytes(digest[16:24], "big") or 1
+    return trace_id, span_id
+
+
+class _RootIds(IdGenerator):
+    """Hands out the derived ids for the step root span, random ids otherwise."""
+
+    def __init__(self) -> None:
+        self.forced: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+            "hp_otel_step_root_ids", default=None
+        )
+        self._random = RandomIdGenerator()
+
+    def generate_trace_id(self) -> int:
+        forced = self.forced.get()
+        return forced[0] if forced else self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        forced = self.forced.get()
+        return forced[1] if forced else self._random.generate_span_id()
+
+
+_ROOT_IDS = _RootIds()
+_root_tracers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)
+
+
+def _tracers(provider: TracerProvider) -> tuple[Any, Any]:
+    """(tracer for rank spans, tracer for root spans whose ids we choose); the second is None without the SDK."""
+    cached = _root_tracers.get(provider)
+    if cached is None:
+        tracer = provider.get_tracer(_SCOPE, __version__)
+        # A scope of its own (the SDK caches one tracer per scope), so this tracer object is
+        # ours alone: giving it our id generator leaves the provider and its other tracers untouched.
+        root = provider.get_tracer(_SCOPE, __version__, None, {"hp.step.root_ids": "derived"})
+        if hasattr(root, "id_generator") and root is not tracer:
+            root.id_generator = _ROOT_IDS
+        else:
+            root = None
+        cached = _root_tracers[provider] = (tracer, root)
+    return cached
+
+
+def _sampled(tracer: Any, trace_id: int, attributes: dict[str, Any]) -> bool:
+    """The configured sampler's decision for a root span of this trace (SDK tracers; others: sampled)."""
+    sampler = getattr(tracer, "sampler", None)
+    if sampler is None:
+        return True
+    result = sampler.should_sample(None, trace_id, s.STEP_ROOT_SPAN_NAME, SpanKind.INTERNAL, attributes)
+    return bool(result.decision.is_sampled())
+
+
+def current_rank() -> int:
+    """The rank from the launcher's environment, else torch.distributed's, else 0."""
+    rank = launcher_env.global_rank()
+    if rank is not None:
+        return rank
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+_process_run_id: str | None = None
+
+
+def resolve_run_id(run_id: str | None = None) -> str:
+    """The run id steps derive their trace ids from (see `hp_otel.common.launcher_env.run_id`)."""
+    global _process_run_id
+    if run_id:
+        return run_id
+    from hp_otel.export.telemetry import configured
+
+    telemetry = configured()
+    if telemetry is not None and telemetry.config.run_id:
+        return telemetry.config.run_id
+    found = launcher_env.run_id()
+    if found:
+        return found
+    if _process_run_id is None:
+        _process_run_id = f"process-{uuid.uuid4().hex}"
+        _warn_once(
+            "run_id",
+            "hp_otel: no run id (HP_OTEL_RUN_ID, TORCHELASTIC_RUN_ID, MASTER_ADDR/MASTER_PORT); "
+            "using %s — ranks of other processes will not share step traces",
+            _process_run_id,
+        )
+    return _process_run_id
+
+
+@dataclass
+class StepSpans:
+    """The spans of one step on this rank; `begin()` then `end()`."""
+
+    step: int | str
+    run_id: str
+    rank: int
+    tracer_provider: TracerProvider
+    trace_id: int = 0
+    root_span_id: int = 0
+    sampled: bool = True
+    root: Span | None = None
+    rank_span: Span | None = None
+    context: Any = None  # the OTel context with `rank_step` as current span
+    _token: Any = field(default=None, repr=False)
+
+    def begin(self) -> None:
+        self.trace_id, self.root_span_id = step_ids(self.run_id, self.step)
+        matching.register_step(self.trace_id, self.step)  # windows inside count their collectives per step
+        tracer, root_tracer = _tracers(self.tracer_provider)
+        attributes: dict[str, Any] = {s.STEP: self.step, s.RESOURCE_RUN_ID: self.run_id}
+        world_size = launcher_env.world_size()
+        if world_size is not None:
+            attributes[s.RESOURCE_WORLD_SIZE] = world_size
+        self.sampled = _sampled(root_tracer or tracer, self.trace_id, attributes)
+        if self.rank == 0 and root_tracer is not None:
+            token = _ROOT_IDS.forced.set((self.trace_id, self.root_span_id))
+            try:
+                self.root = root_tracer.start_span(
+                    s.STEP_ROOT_SPAN_NAME, context=otel_context.Context(), attributes=attributes
+                )
+            finally:
+                _ROOT_IDS.forced.reset(token)
+            parent = trace.set_span_in_context(self.root, otel_context.Context())
+        else:
+            if self.rank == 0:
+                _warn_once(
+                    "root", "hp_otel: the tracer provider is not the OTel SDK's; step root spans are not emitted"
+                )
+            flags = TraceFlags(TraceFlags.SAMPLED if self.sampled else TraceFlags.DEFAULT)
+            remote = SpanContext(self.trace_id, self.root_span_id, is_remote=True, trace_flags=flags)
+            parent = trace.set_span_in_context(NonRecordingSpan(remote), otel_context.Context())
+        self.rank_span = tracer.start_span(
+            s.RANK_STEP_SPAN_NAME, context=parent, attributes={s.STEP: self.step, s.RESOURCE_RANK: self.rank}
+        )
+        self.context = trace.set_span_in_context(self.rank_span, parent)
+
+    def end(self, error: BaseException | None = None) -> None:
+        for span in (self.rank_span, self.root):
+            if span is not None:
+                if error is not None:
+                    mark_error(span, error)
+                span.end()
+        self.rank_span = self.root = None
+
+
+def begin_step(
+    step: int | str,
+    *,
+    run_id: str | None = None,
+    rank: int | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> StepSpans:
+    """Start the spans of a step (see `step()`); the caller ends them with `.end()`."""
+    if isinstance(step, bool) or not isinstance(step, (int, str)) or (isinstance(step, str) and not step):
+        raise TypeError(f"step must be an int or a non-empty str, got {step!r}")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank must be a non-negative int or None, got {rank!r}")
+    if tracer_provider is None:
+        from hp_otel.export.providers import default_tracer_provider
+
+        tracer_provider = default_tracer_provider()
+    spans = StepSpans(step, resolve_run_id(run_id), current_rank() if rank is None else rank, tracer_provider)
+    spans.begin()
+    return spans
+
+
+class StepHandler(Protocol):
+    """Takes over `step()` while registered: the always-on instrumentor records every step."""
+
+    def explicit_step(
+        self, step: int | str, *, run_id: str | None, rank: int | None, module: Any
+    ) -> contextlib.AbstractContextManager[StepSpans]: ...
+
+
+_step_handler: StepHandler | None = None
+
+
+def set_step_handler(handler: StepHandler | None) -> None:
+    """Route `step()` through `handler` (None: back to plain step spans)."""
+    global _step_handler
+    _step_handler = handler
+
+
+@contextlib.contextmanager
+def step(
+    step: int | str,
+    *,
+    run_id: str | None = None,
+    rank: int | None = None,
+    tracer_provider: TracerProvider | None = None,
+    module: Any = None,
+) -> Iterator[StepSpans]:
+    """Mark a training step (or a debug window): every rank's spans of it share one trace.
+
+    ```
+    for n, batch in enumerate(loader):
+        with hp_otel.step(n):
+            with CommDebugMode(module=model):   # or let the instrumentor record it
+                train_step(model, batch)
+    ```
+
+    Inside, `rank_step` is the current span, so CommDebugMode windows (and your own
+    spans) nest under it. With `HpOtelInstrumentor` active, the step is also recorded
+    (counts always; spans when the step is sampled) — `module=` then adds module
+    boundaries. Default provider: the one `hp_otel.configure()` installed, else
+    hp_otel's in-memory one.
+    """
+    handler = _step_handler
+    if handler is not None:
+        with handler.explicit_step(step, run_id=run_id, rank=rank, module=module) as spans:
+            yield spans
+        return
+    with running(begin_step(step, run_id=run_id, rank=rank, tracer_provider=tracer_provider)) as spans:
+        yield spans
+
+
+@contextlib.contextmanager
+def running(spans: StepSpans, before_end: Callable[[BaseException | None], None] | None = None) -> Iterator[StepSpans]:
+    """Make the step's `rank_step` span current for the block, then end the step with the block's error.
+
+    `before_end` runs first (with that error), e.g. to close a recording window inside the step.
+    """
+    token = otel_context.attach(spans.context)
+    error: BaseException | None = None
+    try:
+        yield spans
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        otel_context.detach(token)
+        if before_end is not None:
+            before_end(error)
+        spans.end(error)

@@ -1,0 +1,176 @@
+"""A hang leaves evidence: each rank writes its spans so far when a collective does not complete.
+
+`CommDebugMode(watchdog=HangWatchdog(timeout_s=60))` starts one daemon thread for the
+window.  Every `poll_s` it looks at the collectives this rank issued that have not
+completed (the recorder's in-flight records: issue time, sequence number, module); when
+one has waited `timeout_s`, it writes the window's spans so far — the in-flight
+collective included, marked `hp.collective.in_flight` with its issue time as start — to
+`path` (`{rank}` filled in), logs where, and puts an `hp.watchdog.dump` event on the
+collective's span.  Run `hp-otel ranks` on every rank's file to see who is missing.
+
+With `on_signals=(signal.SIGTERM, signal.SIGINT)` the same file is also written when the
+job is stopped, then the signal's previous handler runs (the default one still ends the
+process).  Python runs signal handlers in the main thread between bytecodes, so a rank
+blocked inside a collective writes on the watchdog's timeout rather than on the signal:
+use both.
+
+The watchdog never kills, raises into or slows training: it only reads what the recorder
+already keeps and writes a file; a failure of its own is logged once and it goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from hp_otel.record.events import CollectiveIssue
+
+if TYPE_CHECKING:
+    from hp_otel.mode import CommDebugMode
+
+logger = logging.getLogger("hp_otel")
+
+DEFAULT_PATH = "hp_otel_hang_rank{rank}.json"
+
+
+class HangWatchdog:
+    """Writes every rank's spans so far when one of its collectives has not completed in `timeout_s`.
+
+    Args:
+        timeout_s: how long a collective may take before the file is written (> 0).
+        path: the file; `{rank}` becomes this process's rank. Its folder must exist.
+        on_signals: signals that also write the file (e.g. `(signal.SIGTERM, signal.SIGINT)`);
+            installed only when the window is entered on the main thread.
+        poll_s: how often the thread looks (default: a quarter of the timeout, at most 1 s).
+    """
+
+    def __init__(
+        self,
+        timeout_s: float,
+        path: str | os.PathLike[str] = DEFAULT_PATH,
+        *,
+        on_signals: Iterable[int] = (),
+        poll_s: float | None = None,
+    ) -> None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
+        if poll_s is not None and (isinstance(poll_s, bool) or not isinstance(poll_s, (int, float)) or poll_s <= 0):
+            raise ValueError(f"poll_s must be a positive number of seconds or None, got {poll_s!r}")
+        signals = tuple(on_signals)
+        valid = set(signal.valid_signals())
+        for sig in signals:
+            if sig not in valid or sig in (signal.SIGKILL, getattr(signal, "SIGSTOP", -1)):
+                raise ValueError(f"on_signals: {sig!r} is not a signal that can be caught")
+        self.timeout_s = float(timeout_s)
+        self.path_template = os.fspath(path)
+        self.on_signals = signals
+        self.poll_s = float(poll_s) if poll_s is not None else min(self.timeout_s / 4, 1.0)
+        self.written: list[str] = []  # every file this watchdog wrote, in order
+        self._mode: CommDebugMode | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._previous: dict[int, Any] = {}
+        self._failed = False
+
+    @property
+    def path(self) -> str:
+        from hp_otel.always_on.steps import current_rank
+
+        return os.path.abspath(self.path_template.replace("{rank}", str(current_rank())))
+
+    # --- lifecycle (CommDebugMode's enter and exit) --------------------------------
+    def start(self, mode: CommDebugMode) -> None:
+        if self._thread is not None:
+            raise RuntimeError("this HangWatchdog already watches a window; give each CommDebugMode its own")
+        self._mode = mode
+        mode._recorder.wants_completion = True  # sources attach a done-probe to returned collectives
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="hp_otel-watchdog", daemon=True)
+        self._thread.start()
+        if self.on_signals and threading.current_thread() is threading.main_thread():
+            for sig in self.on_signals:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=max(self.poll_s * 2, 1.0))
+        for sig, previous in self._previous.items():
+            if signal.getsignal(sig) == self._on_signal:  # someone else's handler since: leave theirs
+                signal.signal(sig, previous)
+        self._previous.clear()
+        if self._mode is not None:
+            self._mode._recorder.wants_completion = False
+            self._mode = None
+
+    # --- the thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.check(time.time_ns())
+            except Exception as exc:  # never let the watchdog die noisily or touch training
+                if not self._failed:
+                    self._failed = True
+                    logger.warning("hp_otel watchdog: check failed; it keeps watching", exc_info=exc)
+
+    def check(self, now_ns: int) -> list[CollectiveIssue]:
+        """Write the file if a collective has waited `timeout_s`; returns the ones that newly did."""
+        mode = self._mode
+        if mode is None:
+            return []
+        recorder = mode._recorder
+        recorder.forget_completed()
+        limit_ns = int(self.timeout_s * 1e9)
+        stuck = [i for i in recorder.in_flight() if not i.dumped_to and now_ns - i.start_ns >= limit_ns]
+        if not stuck:
+            return []
+        path = self.path
+        for issue in stuck:
+            issue.waited_s = round((now_ns - issue.start_ns) / 1e9, 3)
+            issue.dumped_to = path
+        mode.write_spans(path)
+        self.written.append(path)
+        for issue in stuck:
+            info = issue.info
+            where = f" in Module({issue.fqn})" if issue.fqn else ""
+            logger.warning(
+                "hp_otel watchdog: %s #%d on group %s (ranks %s)%s issued %.1f s ago has not completed; "
+                "wrote this rank's spans so far to %s (compare the ranks with: hp-otel ranks FILE...)",
+                info.op,
+                issue.seq,
+                info.group or "?",
+                ",".join(map(str, info.group_ranks)) or "?",
+                where,
+                issue.waited_s,
+                path,
+            )
+        return stuck
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        try:
+            mode = self._mode
+            if mode is not None:
+                path = self.path
+                mode.write_spans(path)
+                self.written.append(path)
+                logger.warning(
+                    "hp_otel watchdog: got %s; wrote this rank's spans so far to %s",
+                    signal.Signals(signum).name,
+                    path,
+                )
+        except Exception as exc:
+            logger.warning("hp_otel watchdog: writing the spans on a signal failed", exc_info=exc)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:  # what would have happened without us: do it now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)

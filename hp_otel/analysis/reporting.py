@@ -1,0 +1,115 @@
+"""The rank comparison as text (`hp-otel ranks`) and as JSON (`--json`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
+from hp_otel.analysis.comparing import RanksReport
+from hp_otel.spans import schema as s
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f} ms"
+
+
+def format_report(report: RanksReport, top: int = 5) -> str:
+    lines = []
+    total = sum(len(f.calls) for f in report.files)
+    lines.append(
+        f"ranks {','.join(map(str, report.ranks))}: {len(report.files)} files, {total} collectives, "
+        f"{len(report.groups)} group windows"
+    )
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    for f in report.files:
+        if f.unsequenced:
+            lines.append(f"note: {f.path} has {f.unsequenced} collectives without {s.COLLECTIVE_SEQ} (not compared)")
+    for g in report.groups:
+        verdict = "agree" if g.agree else "DIVERGE" if g.divergence is not None else "INCOMPLETE"
+        lines.append(f"\n{g.title()}: {verdict} ({g.compared} collectives reached by every rank)")
+        if g.absent_ranks:
+            lines.append(f"  no file for ranks {','.join(map(str, g.absent_ranks))} (not compared)")
+        if g.divergence is not None:
+            d = g.divergence
+            lines.append(f"  first divergence at seq #{d.seq}:")
+            for rank in sorted(d.calls):
+                lines.append(f"    rank {rank}: {d.calls[rank].describe()}")
+        for m in g.missing:
+            ref = m.reference
+            waiting = f"; rank {','.join(map(str, m.in_flight_on))} waiting in it" if m.in_flight_on else ""
+            lines.append(
+                f"  hang suspect: rank {m.rank} never reached {ref.op} #{m.seq} in {ref.where()} "
+                f"(issued by rank {','.join(map(str, m.issued_by))}{waiting})"
+            )
+        for seq in g.stuck_together:
+            lines.append(f"  every rank is waiting in seq #{seq}: the collective itself does not complete")
+    lines.append("\nstragglers (arrival skew = last issue - first issue, over collectives every rank reached):")
+    lines.append(f"  {'rank':>4}  {'last':>9}  {'others waited':>14}  {'mean skew when last':>20}  {'max skew':>12}")
+    for row in report.stragglers:
+        last = f"{row.last}/{row.compared}"
+        lines.append(
+            f"  {row.rank:>4}  {last:>9}  {_ms(row.total_skew_ns):>14}  {_ms(row.mean_skew_ns):>20}"
+            f"  {_ms(row.max_skew_ns):>12}"
+        )
+    worst = sorted(((k, g) for g in report.groups for k in g.skews), key=lambda kg: -kg[0].skew_ns)[:top]
+    if worst and worst[0][0].skew_ns > 0:
+        lines.append("  largest skews:")
+        for k, g in worst:
+            where = f"Module({k.module})" if k.module else "no module"
+            lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
+    lines.append(
+        "\nverdict: ranks agree" if report.agree else "\nverdict: ranks DIVERGE or miss collectives (exit status 3)"
+    )
+    return "\n".join(lines)
+
+
+def report_to_json(report: RanksReport) -> dict[str, Any]:
+    return {
+        "agree": report.agree,
+        "ranks": report.ranks,
+        "notes": report.notes,
+        "files": [{"path": f.path, "rank": f.rank, "collectives": len(f.calls)} for f in report.files],
+        "groups": [
+            {
+                "window": g.window,
+                "group": g.group,
+                "group_ranks": list(g.group_ranks),
+                "ranks": g.ranks,
+                "compared": g.compared,
+                "agree": g.agree,
+                "absent_ranks": g.absent_ranks,
+                "divergence": None
+                if g.divergence is None
+                else {"seq": g.divergence.seq, "calls": [c.to_json() for _, c in sorted(g.divergence.calls.items())]},
+                "missing": [
+                    {
+                        "rank": m.rank,
+                        "seq": m.seq,
+                        "op": m.reference.op,
+                        "module": m.reference.module,
+                        "issued_by": m.issued_by,
+                        "in_flight_on": m.in_flight_on,
+                    }
+                    for m in g.missing
+                ],
+                "stuck_together": g.stuck_together,
+                "skews": [
+                    {"seq": k.seq, "op": k.op, "module": k.module, "skew_ns": k.skew_ns, "last_rank": k.last_rank}
+                    for k in g.skews
+                ],
+            }
+            for g in report.groups
+        ],
+        "stragglers": [
+            {
+                "rank": r.rank,
+                "last": r.last,
+                "compared": r.compared,
+                "total_skew_ns": r.total_skew_ns,
+                "mean_skew_ns": r.mean_skew_ns,
+                "max_skew_ns": r.max_skew_ns,
+            }
+            for r in report.stragglers
+        ],
+    }

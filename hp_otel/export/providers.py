@@ -1,0 +1,106 @@
+"""The zero-configuration OpenTelemetry providers, the resource, and hp_otel's tracer.
+
+CommDebugMode works with no configuration: it then uses one process-wide SDK
+TracerProvider (no processors: the mode hands spans to its own local store) and one
+SDK MeterProvider read by an InMemoryMetricReader.  Both are made on first use, so
+importing hp_otel costs nothing.  A caller's providers replace them.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.trace import Tracer, TracerProvider
+
+from hp_otel.export.resource_detector import RankResourceDetector
+from hp_otel.spans import schema as s
+from hp_otel.version import __version__
+
+_lock = threading.Lock()
+_default_tracer_provider: SdkTracerProvider | None = None
+_default_meter_provider: SdkMeterProvider | None = None
+_default_metric_reader: InMemoryMetricReader | None = None
+
+
+def build_resource(extra: dict[str, Any] | None = None) -> Resource:
+    """Rank identity (the `hp_otel` resource detector) under the SDK's own resource.
+
+    `Resource.create` adds the SDK's attributes, the detectors named in
+    OTEL_EXPERIMENTAL_RESOURCE_DETECTORS, OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME,
+    which win over what was detected; `extra` (configure()'s arguments) wins over all.
+    The service is `hp_otel` unless one of them names it.
+    """
+    resource = RankResourceDetector().detect().merge(Resource.create())
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "hp_otel"}))
+    return resource.merge(Resource(dict(extra or {})))
+
+
+# Providers installed by `hp_otel.configure()` (export.py); they replace the in-memory defaults.
+_configured_tracer_provider: TracerProvider | None = None
+_configured_meter_provider: MeterProvider | None = None
+
+
+def set_default_providers(tracer_provider: TracerProvider | None, meter_provider: MeterProvider | None) -> None:
+    """Make these the providers CommDebugMode uses when given none (None: back to the in-memory defaults)."""
+    global _configured_tracer_provider, _configured_meter_provider
+    with _lock:
+        _configured_tracer_provider, _configured_meter_provider = tracer_provider, meter_provider
+
+
+def is_internal_tracer_provider(provider: Any) -> bool:
+    """True for hp_otel's processor-less default provider (its spans go nowhere but the local store)."""
+    return provider is not None and provider is _default_tracer_provider
+
+
+def default_tracer_provider() -> TracerProvider:
+    global _default_tracer_provider
+    if _configured_tracer_provider is not None:
+        return _configured_tracer_provider
+    with _lock:
+        if _default_tracer_provider is None:
+            _default_tracer_provider = SdkTracerProvider(resource=build_resource())
+        return _default_tracer_provider
+
+
+def default_meter_provider() -> tuple[MeterProvider, InMemoryMetricReader | None]:
+    global _default_meter_provider, _default_metric_reader
+    if _configured_meter_provider is not None:
+        return _configured_meter_provider, None
+    with _lock:
+        if _default_meter_provider is None:
+            _default_metric_reader = InMemoryMetricReader()
+            _default_meter_provider = SdkMeterProvider(
+                metric_readers=[_default_metric_reader], resource=build_resource()
+            )
+        assert _default_metric_reader is not None
+        return _default_meter_provider, _default_metric_reader
+
+
+_tracers: weakref.WeakKeyDictionary[Any, Tracer] = weakref.WeakKeyDictionary()
+
+
+def _cache_key(provider: Any) -> Any:
+    return _Global if provider is None else provider
+
+
+class _Global:
+    """Weak-referenceable stand-in key for the global provider."""
+
+
+def get_tracer(tracer_provider: TracerProvider | None) -> Tracer:
+    """hp_otel's tracer on a provider, made once per provider."""
+    key = _cache_key(tracer_provider)
+    with _lock:
+        tracer = _tracers.get(key)
+        if tracer is None:
+            tracer = _tracers[key] = trace.get_tracer(s.INSTRUMENTATION_NAME, __version__, tracer_provider)
+        return tracer

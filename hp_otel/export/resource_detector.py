@@ -1,0 +1,47 @@
+"""Rank identity as an OpenTelemetry resource detector, for any provider.
+
+`hp.rank`, `hp.local_rank`, `hp.world_size` and `hp.run.id` (read by `launcher_env`
+from torchrun, SLURM, Open MPI, msrun or Kubeflow variables), with `host.name` and
+`process.pid`. hp_otel's own providers use it; the SDK's `Resource.create()` runs it
+for everyone else — `opentelemetry-instrument`, the distro, a provider you build —
+when `OTEL_EXPERIMENTAL_RESOURCE_DETECTORS` names `hp_otel` (entry point
+`opentelemetry_resource_detector: hp_otel`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource, ResourceDetector
+
+from hp_otel.common import launcher_env
+from hp_otel.spans import schema as s
+
+DETECTOR_NAME = "hp_otel"  # the entry point name, for OTEL_EXPERIMENTAL_RESOURCE_DETECTORS
+
+
+def rank_attributes(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The resource attributes that say which process of which run this is (unknown ones left out)."""
+    attrs: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
+    for key, value in (
+        (s.RESOURCE_RANK, launcher_env.global_rank(environ)),
+        (s.RESOURCE_LOCAL_RANK, launcher_env.local_rank(environ)),
+        (s.RESOURCE_WORLD_SIZE, launcher_env.world_size(environ)),
+        (s.RESOURCE_RUN_ID, launcher_env.run_id(environ)),
+    ):
+        if value is not None:
+            attrs[key] = value
+    return attrs
+
+
+class RankResourceDetector(ResourceDetector):
+    """The SDK's ResourceDetector interface over `rank_attributes()`."""
+
+    def detect(self) -> Resource:
+        return Resource(rank_attributes())
+
+    def is_process_dependent(self) -> bool:
+        return True  # process.pid: the SDK re-runs it in a forked child

@@ -1,0 +1,124 @@
+"""The events the recorder hands to the span builder: one small typed record per kind.
+
+The recorder appends them on the training step's hot path (a slotted dataclass costs
+about as much as the tuple it replaced, plus a few hundred nanoseconds); the span builder
+turns them into spans, live or when the spans are first read.  Every event carries its
+own timestamps, so building later gives the same spans as building at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, TensorInfo
+
+
+@dataclass(slots=True)
+class ModuleEnter:
+    time_ns: int
+    module: ModuleInfo
+    phase: str  # schema.PHASE_FORWARD | PHASE_BACKWARD
+
+
+@dataclass(slots=True)
+class ModuleExit:
+    time_ns: int
+    fqn: str
+    phase: str
+    error: BaseException | None
+
+
+@dataclass(slots=True)
+class BackwardEnd:
+    """The autograd pass finished: backward module spans still open close now."""
+
+    time_ns: int
+
+
+@dataclass(slots=True)
+class OpEnter:
+    time_ns: int
+    name: str
+    inputs: Sequence[TensorInfo]
+
+
+@dataclass(slots=True)
+class OpExit:
+    time_ns: int
+    name: str
+    outputs: Sequence[TensorInfo]
+    error: BaseException | None
+
+
+@dataclass(slots=True)
+class RedistributeEnter:
+    time_ns: int
+    src_placements: str
+    dst_placements: str
+    shape: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class RedistributeExit:
+    time_ns: int
+    error: BaseException | None
+
+
+@dataclass(slots=True, eq=False)
+class CollectiveIssue:
+    """A collective was issued and has not returned yet: its issue time, sequence number and place.
+
+    Compared by identity: the recorder keeps the in-flight ones (what a hang watchdog
+    writes) and the source hands this back as the ticket of the completing call.
+    """
+
+    start_ns: int
+    info: CollectiveInfo
+    seq: int  # index among this window's collectives on the group
+    phase: str
+    fqn: str  # innermost open module, "" if none
+    dumped_to: str = ""  # set by the watchdog when it wrote a file while this was in flight
+    waited_s: float = 0.0
+    # After the call returned: says whether its work is done (a Work, an unwaited result), or None.
+    pending: Callable[[], bool] | None = None
+    returned: bool = False
+
+
+@dataclass(slots=True)
+class Collective:
+    """A collective call: a leaf span of the innermost open call."""
+
+    start_ns: int
+    end_ns: int
+    info: CollectiveInfo
+    error: BaseException | None
+    phase: str
+    seq: int = -1
+    fqn: str = ""
+    issue: CollectiveIssue | None = None  # its issue record, when the source reported one
+    # schema.COMPLETION_*: LAUNCH while a completion is awaited (end_ns is the launch's end
+    # until then); the source's completion helper moves end_ns and sets WAIT or WORK.
+    completion: str = "call"
+
+
+@dataclass(slots=True)
+class WindowEnd:
+    """The CommDebugMode window closed: every span still open ends (with its error, if it raised)."""
+
+    time_ns: int
+    error: BaseException | None
+
+
+Event = (
+    ModuleEnter
+    | ModuleExit
+    | BackwardEnd
+    | OpEnter
+    | OpExit
+    | RedistributeEnter
+    | RedistributeExit
+    | CollectiveIssue
+    | Collective
+    | WindowEnd
+)

@@ -1,0 +1,175 @@
+"""hp_otel's metric instruments: collective calls and bytes, durations, callback faults.
+
+Calls and bytes are observable counters over exact in-process totals, so the training
+step adds to a dict instead of calling the SDK per collective; the SDK reads the totals
+only when a metric reader collects.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, MeterProvider, Observation
+
+from hp_otel.spans import codec
+from hp_otel.spans import schema as s
+from hp_otel.version import __version__
+
+_lock = threading.Lock()
+_instruments: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
+
+
+class _Global:
+    """Weak-referenceable stand-in key for the global provider."""
+
+
+class CollectiveTotals:
+    """Cumulative calls and bytes per metric attribute set, read by the observable counters.
+
+    The recorder adds to plain dicts on the hot path (no SDK call per collective);
+    the SDK reads them only when a metric reader collects.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[Any, ...], int] = {}
+        self.bytes: dict[tuple[Any, ...], int] = {}
+        self._attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # Where a fault inside the callbacks is counted (the recorder of the latest window);
+        # the SDK would otherwise swallow it with a log line and drop both counters.
+        self._fault_sink: weakref.WeakMethod[Callable[[str, BaseException], None]] | None = None
+
+    def add(self, key: tuple[Any, ...], calls: int, nbytes: int) -> None:
+        self.calls[key] = self.calls.get(key, 0) + calls
+        self.bytes[key] = self.bytes.get(key, 0) + nbytes
+
+    def set_fault_sink(self, on_fault: Callable[[str, BaseException], None]) -> None:
+        """Count callback faults with this (bound) method; held weakly, so no mode is kept alive."""
+        self._fault_sink = weakref.WeakMethod(on_fault)  # type: ignore[arg-type]
+
+    def attributes(self, key: tuple[Any, ...]) -> dict[str, Any]:
+        attrs = self._attrs.get(key)
+        if attrs is None:
+            attrs = self._attrs[key] = codec.metric_attributes(key)
+        return attrs
+
+    def observe_calls(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self._observe(self.calls)
+
+    def observe_bytes(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self._observe(self.bytes)
+
+    def _observe(self, totals: dict[tuple[Any, ...], int]) -> list[Observation]:
+        """Observations of every key that can be described; a failing key is skipped and counted."""
+        out = []
+        for key, value in list(totals.items()):
+            try:
+                out.append(Observation(value, self.attributes(key)))
+            except Exception as exc:
+                self.fault("metric_observe", exc)
+        return out
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        """Count a fault of a metric callback with the latest window's recorder."""
+        sink = self._fault_sink() if self._fault_sink is not None else None
+        if sink is not None:
+            sink(where, exc)
+
+
+class DeferredDurations:
+    """Collective durations handed to the histogram when a metric reader collects.
+
+    The SDK's `Histogram.record` costs ≈30 µs (it cleans and hashes the attributes each
+    time); a window that ends hands its durations over here instead, and the calls
+    counter's callback — which every collection runs before it reads the instruments —
+    records them.  Without collections (a provider with no reader) they are recorded
+    once `max_pending` wait, so memory stays bounded.
+    """
+
+    def __init__(self, histogram: Histogram, max_pending: int = 8192) -> None:
+        self._histogram = histogram
+        self._max_pending = max_pending
+        self._pending: list[tuple[float, dict[str, Any], Any]] = []  # (seconds, attributes, context)
+        self._lock = threading.Lock()
+
+    def add(self, attributes: dict[str, Any], durations_ns: Iterable[int], context: Any = None) -> None:
+        with self._lock:  # a periodic reader flushes from its own thread
+            pending = self._pending
+            pending.extend((duration_ns / 1e9, attributes, context) for duration_ns in durations_ns)
+            full = len(pending) >= self._max_pending
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Record every waiting duration (in the context it was measured in: exemplars link to its trace)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        record = self._histogram.record
+        for seconds, attributes, context in pending:
+            record(seconds, attributes, context=context)
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """hp_otel's metric instruments on one meter."""
+
+    totals: CollectiveTotals
+    duration: Histogram
+    callback_errors: Counter
+    durations: DeferredDurations
+
+    @classmethod
+    def create(cls, meter: Meter) -> Instruments:
+        totals = CollectiveTotals()
+        histogram = meter.create_histogram(
+            s.METRIC_DURATION,
+            unit=s.METRIC_DURATION_UNIT,
+            description="Wall time of the collective call (launch time for async collectives).",
+            explicit_bucket_boundaries_advisory=list(s.DURATION_BUCKETS_S),
+        )
+        durations = DeferredDurations(histogram)
+
+        def observe_calls(options: CallbackOptions) -> Iterable[Observation]:
+            try:  # a collection starts: the durations of ended windows go in first
+                durations.flush()
+            except Exception as exc:
+                totals.fault("metric_durations", exc)
+            return totals.observe_calls(options)
+
+        meter.create_observable_counter(
+            s.METRIC_CALLS,
+            callbacks=[observe_calls],
+            unit=s.METRIC_CALLS_UNIT,
+            description="Collective calls issued.",
+        )
+        meter.create_observable_counter(
+            s.METRIC_BYTES,
+            callbacks=[totals.observe_bytes],
+            unit=s.METRIC_BYTES_UNIT,
+            description="Bytes handed to collectives (input size).",
+        )
+        return cls(
+            totals=totals,
+            duration=histogram,
+            durations=durations,
+            callback_errors=meter.create_counter(
+                s.METRIC_CALLBACK_ERRORS,
+                unit=s.METRIC_CALLBACK_ERRORS_UNIT,
+                description="Faults inside hp_otel's own callbacks, isolated from the traced code.",
+            ),
+        )
+
+
+def get_instruments(meter_provider: MeterProvider | None) -> Instruments:
+    """Instruments for a provider, made once per provider (creating them is not free)."""
+    key = _Global if meter_provider is None else meter_provider
+    with _lock:
+        instruments = _instruments.get(key)
+        if instruments is None:
+            meter = metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider)
+            instruments = _instruments[key] = Instruments.create(meter)
+        return instruments

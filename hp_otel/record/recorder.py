@@ -1,0 +1,502 @@
+"""The recorder: observer events in, exact counts, metrics and spans out.
+
+The hot path (one call per module, op, redistribute or collective event) does the
+least it can: count collectives exactly, note which modules are open, and append a
+timestamped event.  Spans are built from those events by `SpanBuilder`:
+
+- deferred (default with hp_otel's own provider): when the spans are first read, or
+  when `max_pending` events have piled up — the training step pays for an append, not
+  for an SDK span (≈16-21 µs each here);
+- live (default with your `tracer_provider`): as events happen, so spans reach your
+  processors at once and are the current span while their work runs.
+
+Nothing here raises into the traced code: a fault is counted, logged once per kind,
+and recording goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import Tracer
+
+from hp_otel.record import events as ev
+from hp_otel.record import matching
+from hp_otel.record.instruments import Instruments
+from hp_otel.record.span_builder import SpanBuilder
+from hp_otel.record.span_store import LocalSpanStore
+from hp_otel.spans import codec
+from hp_otel.spans import schema as s
+from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
+
+logger = logging.getLogger("hp_otel")
+_now = time.time_ns
+_MAX_IN_FLIGHT = 4096
+
+
+class SpanRecorder:
+    """Implements `hp_otel.record.observer.Observer`."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        instruments: Instruments,
+        store: LocalSpanStore,
+        live: bool,
+        max_pending: int,
+    ) -> None:
+        self._tracer = tracer
+        self._instruments = instruments
+        self._store = store
+        self.live = live
+        self._max_pending = max(max_pending, 1)
+        self._pending: list[ev.Event] = []
+        self._builder: SpanBuilder | None = None
+        self._build_lock = threading.Lock()
+        self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
+        # Backward by autograd node (torch): the module calls owning the running backward
+        # work, outermost first, and the source's function that names them.
+        self._backward_calls: tuple[ModuleCall, ...] = ()
+        self._backward_moved_ns = 0  # when the open backward spans last changed
+        self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
+        self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
+        # Async collectives awaiting completion: their duration is recorded when the window ends.
+        self._awaiting: list[tuple[ev.Collective, tuple[Any, ...]]] = []
+        self._thread = threading.get_ident()  # the window's thread: live spans end on it only
+        self._window_context: Any = None
+        self._active = False
+        self._suspended = 0  # > 0 while a nested mode records instead of this one
+        self.accepting = False  # active and not suspended: the one flag the hot path reads
+        self.spans_enabled = True  # False: counts and metrics only (an unsampled step)
+        self.ops_enabled = True  # False: sources leave out op tracing (counts, modules and collectives only)
+        self.comm_counts: dict[str, int] = {}
+        self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
+        self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
+        self.fault_counts: dict[str, int] = {}
+        # Per window: the next sequence number of each group (name, ranks), and the
+        # collectives issued that have not returned (what a hang watchdog writes).
+        self._seqs: dict[tuple[str, tuple[int, ...]], int] = {}
+        self._in_flight: dict[ev.CollectiveIssue, None] = {}
+        self.window: matching.Window | None = None
+        self.wants_completion = False  # sources attach a done-probe to returned collectives (watchdog on)
+
+    # --- lifecycle -----------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._active = value
+        self.accepting = value and not self._suspended
+
+    @property
+    def suspended(self) -> int:
+        return self._suspended
+
+    @suspended.setter
+    def suspended(self, value: int) -> None:
+        self._suspended = value
+        self.accepting = self._active and not value
+
+    def start(self) -> None:
+        """Begin a window: its spans nest under whatever span is current now."""
+        self.materialise()  # spans of an earlier window are built with that window's builder
+        parent_ctx = otel_context.get_current()
+        self._window_context = parent_ctx  # the step's span: durations' exemplars link to it
+        self.window = matching.window_for(parent_ctx)
+        self._seqs.clear()
+        self._in_flight.clear()
+        self._builder = SpanBuilder(self._tracer, self._store, parent_ctx, self.live, self.on_fault, self.window)
+        self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
+        self._modules.clear()
+        self._backward_calls = ()
+        self._awaiting = []
+        self._thread = threading.get_ident()
+        self.active = True
+
+    def stop(self, error: BaseException | None = None) -> None:
+        """End the window: spans still open end now (with error status if the window raised)."""
+        self.active = False
+        try:
+            self._emit(ev.WindowEnd(_now(), error))
+        except Exception as exc:
+            self.on_fault("window_end", exc)
+        self._modules.clear()
+        self._backward_calls = ()
+        awaiting, self._awaiting = self._awaiting, []
+        for event, key in awaiting:  # completion times where seen, else the launch
+            self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
+        self._flush_metrics()
+
+    def reset(self) -> None:
+        """Forget counts and unbuilt events (the OTel counters, being cumulative, keep theirs)."""
+        with self._build_lock:
+            self._pending.clear()
+        self.comm_counts.clear()
+        self.comm_ops.clear()
+        self.module_counts.clear()
+
+    def materialise(self) -> None:
+        """Build the spans of every event recorded so far."""
+        with self._build_lock:
+            pending, self._pending = self._pending, []
+            builder = self._builder
+            if builder is None:
+                return
+            for event in pending:
+                try:
+                    builder.feed(event)
+                except Exception as exc:
+                    self.on_fault("span_build", exc)
+
+    def _emit(self, event: ev.Event) -> None:
+        if not self.spans_enabled:
+            return
+        if self.live:
+            builder = self._builder
+            if builder is not None:
+                try:
+                    builder.feed(event)
+                except Exception as exc:
+                    self.on_fault("span_build", exc)
+            return
+        self._pending.append(event)
+        if len(self._pending) >= self._max_pending:  # bound memory: build now, the store caps what it keeps
+            self.materialise()
+
+    # --- observer: modules ----------------------------------------------------
+    def on_module_enter(self, module: ModuleInfo, phase: str) -> None:
+        if not self.accepting:
+            return
+        try:
+            self._modules.append((module.fqn, phase))
+            self._emit(ev.ModuleEnter(_now(), module, phase))
+        except Exception as exc:
+            self.on_fault("module_enter", exc)
+
+    def on_module_exit(self, fqn: str, phase: str, error: BaseException | None = None) -> None:
+        if not self.accepting:
+            return
+        try:
+            modules = self._modules
+            key = (fqn, phase)
+            for i in range(len(modules) - 1, -1, -1):
+                if modules[i] == key:
+                    del modules[i]
+                    break
+            self._emit(ev.ModuleExit(_now(), fqn, phase, error))
+        except Exception as exc:
+            self.on_fault("module_exit", exc)
+
+    def on_backward_end(self) -> None:
+        if not self.accepting:
+            return
+        try:
+            self._modules = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]
+            self._backward_calls = ()
+            self._emit(ev.BackwardEnd(_now()))
+        except Exception as exc:
+            self.on_fault("backward_end", exc)
+
+    def on_backward_modules(self, chain: Sequence[ModuleCall]) -> None:
+        if not self.accepting:
+            return
+        try:
+            self._follow_backward(tuple(chain), _now())
+        except Exception as exc:
+            self.on_fault("backward_modules", exc)
+
+    def set_node_attribution(self, resolve: Callable[[], tuple[ModuleCall, ...] | None] | None) -> None:
+        self._node_attribution = resolve
+
+    def _follow_backward(self, chain: tuple[ModuleCall, ...], time_ns: int) -> None:
+        """Close the open backward spans not in `chain`, open those of `chain` not open yet."""
+        open_calls = self._backward_calls
+        same = 0
+        limit = min(len(open_calls), len(chain))
+        while same < limit and open_calls[same] is chain[same]:
+            same += 1
+        if same == len(open_calls) == len(chain):
+            return
+        # never before the previous move: a span must not end before it started
+        time_ns = self._backward_moved_ns = max(time_ns, self._backward_moved_ns)
+        self._backward_calls = chain
+        for call in reversed(open_calls[same:]):
+            try:
+                self._emit(ev.ModuleExit(time_ns, call.module.fqn, s.PHASE_BACKWARD, None))
+            except Exception as exc:
+                self.on_fault("module_exit", exc)
+        for call in chain[same:]:
+            try:
+                self._emit(ev.ModuleEnter(time_ns, call.module, s.PHASE_BACKWARD))
+            except Exception as exc:
+                self.on_fault("module_enter", exc)
+
+    # --- observer: ops and redistributes ------------------------------------------
+    def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None:
+        if not self.accepting:
+            return
+        try:
+            self._emit(ev.OpEnter(_now(), op_name, inputs))
+        except Exception as exc:
+            self.on_fault("op_enter", exc)
+
+    def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None:
+        if not self.accepting:
+            return
+        try:
+            self._emit(ev.OpExit(_now(), op_name, outputs, error))
+        except Exception as exc:
+            self.on_fault("op_exit", exc)
+
+    def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None:
+        if not self.accepting:
+            return
+        try:
+            now = _now()
+            if not self._modules and self._node_attribution is not None:  # backward: its node's modules first
+                chain = self._running_chain()
+                if chain is not None:
+                    self._follow_backward(chain, now)
+            self._emit(ev.RedistributeEnter(now, src_placements, dst_placements, shape))
+        except Exception as exc:
+            self.on_fault("redistribute_enter", exc)
+
+    def on_redistribute_exit(self, error: BaseException | None = None) -> None:
+        if not self.accepting:
+            return
+        try:
+            self._emit(ev.RedistributeExit(_now(), error))
+        except Exception as exc:
+            self.on_fault("redistribute_exit", exc)
+
+    # --- observer: collectives --------------------------------------------------
+    def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
+        if not self.accepting or not (self.spans_enabled or self.wants_completion):  # counts need no issue record
+            return None
+        try:
+            modules = self._modules
+            if modules:
+                fqn, module_phase = modules[-1]
+                if module_phase == s.PHASE_RECOMPUTE:  # the source sees backward; it is a recomputed forward
+                    phase = module_phase
+            else:
+                fqn, module_phase = "", s.PHASE_FORWARD
+                chain = self._running_chain() if phase != s.PHASE_FORWARD else None
+                if chain is not None:  # backward: its node's modules, before the span finds its parent
+                    self._follow_backward(chain, start_ns)
+                    fqn, module_phase = (chain[-1].module.fqn if chain else ""), s.PHASE_BACKWARD
+            issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), phase or module_phase, fqn)
+            in_flight = self._in_flight
+            if len(in_flight) >= _MAX_IN_FLIGHT:  # work nobody waits for: forget the oldest
+                in_flight.pop(next(iter(in_flight)), None)
+            in_flight[issue] = None
+            self._emit(issue)
+            return issue
+        except Exception as exc:
+            self.on_fault("collective_issue", exc)
+            return None
+
+    def on_collective(
+        self,
+        info: CollectiveInfo,
+        start_ns: int,
+        end_ns: int,
+        error: BaseException | None = None,
+        phase: str | None = None,
+        ticket: Any = None,
+        awaits_completion: bool = False,
+    ) -> ev.Collective | None:
+        """Count and record one collective; with `awaits_completion` (launched, not finished)
+        returns the token to pass to `on_collective_complete` when it finishes."""
+        issue = ticket if type(ticket) is ev.CollectiveIssue else None
+        if issue is not None:
+            issue.returned = True
+            if issue.pending is None or error is not None:  # else in flight until its work is done
+                self._in_flight.pop(issue, None)
+        if not self.accepting:
+            return None
+        try:
+            seq = issue.seq if issue is not None else self._next_seq(info)
+            phase, fqn = self._count(info, phase, start_ns)
+            awaits = awaits_completion and error is None
+            issued_in = issue.fqn if issue is not None else fqn
+            event = ev.Collective(
+                start_ns,
+                end_ns,
+                info,
+                error,
+                phase,
+                seq,
+                issued_in,
+                issue,
+                s.COMPLETION_LAUNCH if awaits else s.COMPLETION_CALL,
+            )
+            key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
+            if awaits:
+                self._awaiting.append((event, key))
+            self._emit(event)
+            return event if awaits else None
+        except Exception as exc:
+            self.on_fault("collective", exc)
+            return None
+
+    def on_collective_complete(self, token: Any, end_ns: int, completion: str) -> None:
+        """The collective of `token` finished at `end_ns` (its wait_tensor, its Work); any thread."""
+        if not isinstance(token, ev.Collective) or token.completion != s.COMPLETION_LAUNCH:
+            return
+        try:
+            token.end_ns = max(end_ns, token.end_ns)
+            token.completion = completion
+            builder = self._builder
+            if self.live and builder is not None and threading.get_ident() == self._thread:
+                builder.complete_collective(token)
+        except Exception as exc:
+            self.on_fault("collective_complete", exc)
+
+    def _next_seq(self, info: CollectiveInfo) -> int:
+        """This collective's index among the window's collectives on its group (one dict update)."""
+        key = (info.group, info.group_ranks)
+        seqs = self._seqs
+        seq = seqs.get(key, 0)
+        seqs[key] = seq + 1
+        return seq
+
+    def forget_completed(self) -> None:
+        """Drop returned collectives whose work is done (the watchdog's thread calls this)."""
+        for issue in self.in_flight():
+            pending = issue.pending
+            if issue.returned and pending is not None:
+                try:
+                    done = pending()
+                except Exception:  # a handle that cannot say: it returned, count it done
+                    done = True
+                if done:
+                    self._in_flight.pop(issue, None)
+
+    def in_flight(self) -> list[ev.CollectiveIssue]:
+        """Collectives issued in this window that have not returned, oldest first (any thread may ask)."""
+        return list(dict(self._in_flight))  # one C-level copy: safe while the training thread adds and removes
+
+    def in_flight_spans(self, now_ns: int) -> list[ReadableSpan]:
+        """The in-flight collectives as finished spans marked in flight (for a file; nothing is exported)."""
+        self.forget_completed()
+        self.materialise()
+        builder = self._builder
+        if builder is None:
+            return []
+        spans = []
+        with self._build_lock:
+            for issue in self.in_flight():
+                try:
+                    spans.append(builder.in_flight_span(issue, now_ns))
+                except Exception as exc:  # live spans change under us on the training thread: skip this one
+                    self.on_fault("in_flight_span", exc)
+        return spans
+
+    def _count(self, info: CollectiveInfo, phase_hint: str | None, start_ns: int) -> tuple[str, str]:
+        """Exact counts, overall and for each module it belongs to; returns the innermost module's (phase, fqn).
+
+        Forward (and a recomputed forward): every open module, innermost phase.  Backward
+        with a node attribution: the module calls whose forward created the running
+        autograd node — the open backward spans follow them first, so the span tree
+        agrees with the counts.
+        """
+        name = info.name
+        counts = self.comm_counts
+        counts[name] = counts.get(name, 0) + 1
+        self.comm_ops[name] = info.op
+        modules = self._modules
+        if not modules:
+            chain = self._running_chain() if phase_hint != s.PHASE_FORWARD else None
+            if chain is None:
+                return phase_hint or s.PHASE_FORWARD, ""
+            self._follow_backward(chain, start_ns)
+            if not chain:
+                return s.PHASE_BACKWARD, ""
+            for fqn in {call.module.fqn for call in chain}:
+                per_phase = self.module_counts.setdefault(fqn, {}).setdefault(s.PHASE_BACKWARD, {})
+                per_phase[name] = per_phase.get(name, 0) + 1
+            return s.PHASE_BACKWARD, chain[-1].module.fqn
+        fqn, phase = modules[-1]
+        owners = {f for f, p in modules if p == phase}
+        if phase == s.PHASE_RECOMPUTE:  # also the modules whose backward node asked for the recompute
+            owners.update(call.module.fqn for call in self._running_chain() or ())
+        for module_fqn in owners:
+            per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
+            per_phase[name] = per_phase.get(name, 0) + 1
+        return phase, fqn
+
+    def _running_chain(self) -> tuple[ModuleCall, ...] | None:
+        resolve = self._node_attribution
+        if resolve is None:
+            return None
+        try:
+            return resolve()
+        except Exception as exc:  # counted without a module rather than lost
+            self.on_fault("node_attribution", exc)
+            return None
+
+    def _measure(
+        self,
+        info: CollectiveInfo,
+        phase: str,
+        fqn: str,
+        duration_ns: int | None,
+        error: BaseException | None = None,
+    ) -> tuple[Any, ...]:
+        """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
+        key: tuple[Any, ...] = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
+        if error is not None:  # a failed call: its own series, with error.type (OTel's convention)
+            key += (codec.error_type(error),)
+        self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
+        if duration_ns is None:
+            return key
+        if self.live:
+            self._record_durations(key, (duration_ns,))
+        else:
+            self._pending_durations.setdefault(key, []).append(duration_ns)
+        return key
+
+    def _flush_metrics(self) -> None:
+        """Hand the window's durations to the histogram's next collection (see `DeferredDurations`)."""
+        pending, self._pending_durations = self._pending_durations, {}
+        deferred = self._instruments.durations
+        attributes = self._instruments.totals.attributes
+        for key, durations in pending.items():
+            try:
+                deferred.add(attributes(key), durations, self._window_context)
+            except Exception as exc:
+                self.on_fault("metrics", exc)
+
+    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int], context: Any = None) -> None:
+        """Record durations; recorded in a sampled span's context, the SDK attaches exemplars of its trace."""
+        attrs = self._instruments.totals.attributes(key)
+        record = self._instruments.duration.record
+        for duration_ns in durations:
+            record(duration_ns / 1e9, attrs, context=context)
+
+    # --- faults -------------------------------------------------------------------
+    def on_fault(self, where: str, exc: BaseException) -> None:
+        """Count a fault in our own code, log it once per kind, and keep going."""
+        try:
+            first = where not in self.fault_counts
+            self.fault_counts[where] = self.fault_counts.get(where, 0) + 1
+            if first:
+                logger.warning(
+                    "hp_otel: %s failed; tracing goes on and the traced code is unaffected "
+                    "(later %s faults are counted, not logged)",
+                    where,
+                    where,
+                    exc_info=exc,
+                )
+            self._instruments.callback_errors.add(1, {s.CALLBACK_NAME: where})
+        except Exception:  # pragma: no cover - logging itself failed; nothing more can be done safely
+            pass

@@ -1,0 +1,295 @@
+"""Turns recorded call events into OpenTelemetry spans.
+
+Events carry their own timestamps, so the same builder serves both schedules of the
+recorder: fed as events happen (live: spans open and close around the work and are the
+current span meanwhile) or fed later from the event log (deferred: the step pays for
+an append, the SDK span is built when someone reads the spans).  Either way a module,
+op or redistribute event opens a span; a collective is a leaf span of the innermost
+open call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
+
+from hp_otel.record import events as ev
+from hp_otel.record.matching import Window
+from hp_otel.record.span_store import LocalSpanStore
+from hp_otel.spans import codec
+from hp_otel.spans import schema as s
+from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
+
+_LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+
+
+def _ignore_fault(where: str, exc: BaseException) -> None:
+    pass
+
+
+class _Frame:
+    """One open call."""
+
+    __slots__ = ("ctx", "key", "kind", "phase", "saved_ctx", "span")
+
+    def __init__(self, kind: str, key: Any, span: Span, ctx: Any, saved_ctx: Any, phase: str) -> None:
+        self.kind = kind
+        self.key = key
+        self.span = span
+        self.ctx = ctx
+        self.saved_ctx = saved_ctx
+        self.phase = phase
+
+
+def mark_error(span: Span, error: BaseException | str) -> None:
+    """Error status, the exception event, and `error.type` (OTel's convention; `_OTHER` without an exception)."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    span.set_status(Status(StatusCode.ERROR, text))
+    span.set_attribute(s.ERROR_TYPE, codec.error_type(error) if isinstance(error, BaseException) else "_OTHER")
+    if isinstance(error, BaseException):
+        span.record_exception(error)
+
+
+class SpanBuilder:
+    """Keeps the stack of open spans; `feed(event)` advances it by one event."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        store: LocalSpanStore,
+        parent_ctx: Any,
+        live: bool,
+        on_fault: Callable[[str, BaseException], None] | None = None,
+        window: Window | None = None,
+    ) -> None:
+        self._tracer = tracer
+        self._window = window  # what collective sequence numbers count within (matching.py)
+        self._issued: dict[ev.CollectiveIssue, Any] = {}  # in flight -> the parent context it was issued under
+        # A user's span processor raising inside start/end: counted here, and the span
+        # still reaches the local store (the SDK sets the end time before the processors run).
+        self._on_fault = on_fault or _ignore_fault
+        self._store = store
+        self._parent_ctx = parent_ctx
+        self._live = live  # live: make each open span the current span of this thread
+        self._stack: list[_Frame] = []
+        # Async collectives whose completion was awaited when built: ended at completion or window end.
+        self._awaiting: dict[int, tuple[Span, ev.Collective]] = {}
+        # Encodings that repeat every step, made once per window.
+        self._collective_attrs: dict[CollectiveInfo, dict[str, Any]] = {}
+        self._module_attrs: dict[tuple[ModuleInfo, str], dict[str, Any]] = {}
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.ModuleEnter: self._module_enter,
+            ev.ModuleExit: self._module_exit,
+            ev.OpEnter: self._op_enter,
+            ev.OpExit: self._op_exit,
+            ev.RedistributeEnter: self._redistribute_enter,
+            ev.RedistributeExit: self._redistribute_exit,
+            ev.CollectiveIssue: self._collective_issue,
+            ev.Collective: self._collective,
+            ev.BackwardEnd: self._backward_end,
+            ev.WindowEnd: self._window_end,
+        }
+
+    def feed(self, event: ev.Event) -> None:
+        self._handlers[type(event)](event)
+
+    # --- stack ----------------------------------------------------------------
+    def _push(self, kind: str, key: Any, name: str, attrs: dict[str, Any], phase: str, time_ns: int) -> None:
+        parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
+        span = self._start_span(name, parent_ctx, attrs, time_ns)
+        # A span that failed to start is invisible: its children attach to its parent.
+        ctx = parent_ctx if span is _LOST_SPAN else trace.set_span_in_context(span, parent_ctx)
+        saved = None
+        if self._live:
+            saved = otel_context.get_current()
+            otel_context.attach(ctx)
+        self._stack.append(_Frame(kind, key, span, ctx, saved, phase))
+
+    def _pop(self, kind: str, key: Any) -> _Frame | None:
+        """Remove the innermost open frame matching (kind, key), wherever it is.
+
+        Frames above it stay open: MindSpore's backward hooks close parents before
+        children, and a missing exit must not end someone else's span.
+        """
+        stack = self._stack
+        for i in range(len(stack) - 1, -1, -1):
+            frame = stack[i]
+            if frame.kind == kind and frame.key == key:
+                del stack[i]
+                if self._live and i == len(stack):  # it was the top: restore what was current before it
+                    otel_context.attach(frame.saved_ctx)
+                return frame
+        return None
+
+    def _end(self, frame: _Frame, time_ns: int, error: Any = None) -> None:
+        if error is not None:
+            mark_error(frame.span, error)
+        self._end_span(frame.span, time_ns)
+
+    def _end_span(self, span: Span, time_ns: int) -> None:
+        try:
+            span.end(end_time=time_ns)
+        except Exception as exc:  # a span processor's on_end raised
+            self._on_fault("span_processor", exc)
+        self._export(span)
+
+    def _start_span(self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None) -> Span:
+        try:
+            return self._tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns, links=links)
+        except Exception as exc:  # a span processor's on_start raised: the SDK span is lost to us
+            self._on_fault("span_processor", exc)
+            return _LOST_SPAN
+
+    def _export(self, span: Span) -> None:
+        if isinstance(span, ReadableSpan):  # sampled out spans record nothing
+            self._store.export((span,))
+
+    def _phase(self) -> str:
+        for frame in reversed(self._stack):
+            if frame.kind == s.KIND_MODULE:
+                return frame.phase
+        return s.PHASE_FORWARD
+
+    # --- handlers -------------------------------------------------------------
+    def _module_enter(self, e: ev.ModuleEnter) -> None:
+        module = e.module
+        key = (module, e.phase)
+        attrs = self._module_attrs.get(key)
+        if attrs is None:
+            attrs = self._module_attrs[key] = codec.encode_module(module, e.phase)
+        self._push(s.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns)
+
+    def _module_exit(self, e: ev.ModuleExit) -> None:
+        frame = self._pop(s.KIND_MODULE, (e.fqn, e.phase))
+        if frame is not None:
+            self._end(frame, e.time_ns, e.error)
+
+    def _backward_end(self, e: ev.BackwardEnd) -> None:
+        for frame in [f for f in reversed(self._stack) if f.kind == s.KIND_MODULE and f.phase == s.PHASE_BACKWARD]:
+            self._pop(frame.kind, frame.key)
+            self._end(frame, e.time_ns)
+
+    def _op_enter(self, e: ev.OpEnter) -> None:
+        phase = self._phase()
+        self._push(s.KIND_OP, e.name, e.name, codec.encode_op(e.name, e.inputs, phase), phase, e.time_ns)
+
+    def _op_exit(self, e: ev.OpExit) -> None:
+        frame = self._pop(s.KIND_OP, e.name)
+        if frame is None:
+            return
+        if e.outputs:
+            frame.span.set_attributes(codec.encode_tensor_infos(e.outputs, "output"))
+        self._end(frame, e.time_ns, e.error)
+
+    def _redistribute_enter(self, e: ev.RedistributeEnter) -> None:
+        phase = self._phase()
+        attrs = codec.encode_redistribute(e.src_placements, e.dst_placements, e.shape, phase)
+        self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, e.time_ns)
+
+    def _redistribute_exit(self, e: ev.RedistributeExit) -> None:
+        frame = self._pop(s.KIND_REDISTRIBUTE, None)
+        if frame is not None:
+            self._end(frame, e.time_ns, e.error)
+
+    def _collective_issue(self, e: ev.CollectiveIssue) -> None:
+        self._issued[e] = self._stack[-1].ctx if self._stack else self._parent_ctx
+
+    def _collective(self, e: ev.Collective) -> None:
+        info = e.info
+        attrs = self._collective_attrs.get(info)
+        if attrs is None:
+            attrs = self._collective_attrs[info] = codec.encode_collective(info)
+        issued_under = self._issued.pop(e.issue, None) if e.issue is not None else None
+        parent_ctx = issued_under or (self._stack[-1].ctx if self._stack else self._parent_ctx)
+        attrs, links = self._matching(attrs, e.seq, e.fqn, e.phase)
+        span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
+        if e.issue is not None and e.issue.dumped_to:
+            span.add_event(
+                s.WATCHDOG_EVENT,
+                {s.WATCHDOG_PATH: e.issue.dumped_to, s.WATCHDOG_WAITED_S: e.issue.waited_s},
+                timestamp=e.start_ns + int(e.issue.waited_s * 1e9),
+            )
+        if e.error is not None:
+            mark_error(span, e.error)
+        if e.completion == s.COMPLETION_LAUNCH:  # completion not seen yet: end it when it is, or at window end
+            self._awaiting[id(e)] = (span, e)
+            return
+        self._end_collective(span, e)
+
+    def _end_collective(self, span: Span, e: ev.Collective) -> None:
+        span.set_attribute(s.COLLECTIVE_COMPLETION, e.completion)
+        self._end_span(span, e.end_ns)
+
+    def complete_collective(self, e: ev.Collective) -> None:
+        """An awaited collective completed (live spans: it ends now)."""
+        pending = self._awaiting.pop(id(e), None)
+        if pending is not None:
+            self._end_collective(*pending)
+
+    def _matching(self, attrs: dict[str, Any], seq: int, fqn: str, phase: str) -> tuple[dict[str, Any], Any]:
+        """A collective's attributes with its phase and cross-rank identity; its link to the shared context."""
+        attrs = codec.encode_collective_place(attrs, phase, fqn)
+        if seq < 0 or self._window is None:
+            return attrs, None
+        match_id, link = self._window.link(attrs[s.COLLECTIVE_GROUP], attrs[s.COLLECTIVE_GROUP_RANKS], seq)
+        attrs.update(codec.encode_collective_match(seq, self._window.label, match_id))
+        return attrs, (link,)
+
+    def in_flight_span(self, issue: ev.CollectiveIssue, now_ns: int) -> ReadableSpan:
+        """A finished span for a collective that has not returned: start = issue time, end = now,
+        `hp.collective.in_flight` true. Made directly, not by the tracer: it goes to a file, never
+        to your processors (the real span follows if the call ever returns)."""
+        parent_ctx = self._issued.get(issue) or (self._stack[-1].ctx if self._stack else self._parent_ctx)
+        parent = trace.get_current_span(parent_ctx).get_span_context()
+        attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, issue.fqn, issue.phase)
+        attrs[s.COLLECTIVE_IN_FLIGHT] = True
+        trace_id = parent.trace_id if parent.is_valid else RandomIdGenerator().generate_trace_id()
+        context = SpanContext(trace_id, RandomIdGenerator().generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
+        events = ()
+        if issue.dumped_to:
+            events = (
+                Event(
+                    s.WATCHDOG_EVENT,
+                    {s.WATCHDOG_PATH: issue.dumped_to, s.WATCHDOG_WAITED_S: issue.waited_s},
+                    timestamp=now_ns,
+                ),
+            )
+        return ReadableSpan(
+            name=issue.info.op,
+            context=context,
+            parent=parent if parent.is_valid else None,
+            resource=getattr(self._tracer, "resource", None) or Resource.get_empty(),
+            instrumentation_scope=getattr(self._tracer, "_instrumentation_scope", None),
+            attributes=attrs,
+            events=events,
+            links=links or (),
+            kind=SpanKind.INTERNAL,
+            start_time=issue.start_ns,
+            end_time=max(now_ns, issue.start_ns),
+        )
+
+    def _window_end(self, e: ev.WindowEnd) -> None:
+        """Close every span still open, with error status if the window raised."""
+        stack, self._stack = self._stack, []
+        awaiting, self._awaiting = self._awaiting, {}
+        for span, collective in awaiting.values():  # completed since, or never: then its launch is all we saw
+            try:
+                self._end_collective(span, collective)
+            except Exception as exc:
+                self._on_fault("span_build", exc)
+        try:
+            for frame in reversed(stack):
+                try:
+                    self._end(frame, e.time_ns, e.error)
+                except Exception as exc:  # one span failing must not leave the others open
+                    self._on_fault("span_build", exc)
+        finally:
+            if self._live:  # the context of the window's start, whatever order the spans closed in
+                otel_context.attach(self._parent_ctx)

@@ -1,0 +1,1 @@
+"""MindSpore sources: its communication functions and `Cell` calls, reported to the observer."""

@@ -1,0 +1,148 @@
+"""The window's collective recorder: times each collective the hooks hand it and reports it
+to the observer twice (when issued and when its op returns), with a completion probe when
+the observer asks for one.  Both collective hooks (the kernels and the dispatch mode) call it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hp_otel.record.observer import Observer
+from hp_otel.sources.pytorch.collectives import CollectiveSpec
+from hp_otel.sources.pytorch.completion import Completions
+from hp_otel.sources.pytorch.fsdp import param_module
+from hp_otel.spans import schema as s
+
+_in_backward: Callable[[], int] = torch._C._current_graph_task_id  # -1 outside autograd
+
+
+class _Waited:
+    """A functional collective's result: done once `wait_tensor` returned for it."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def __call__(self) -> bool:
+        return self.done
+
+
+class _WorkDone:
+    """An eager c10d collective's Work: done when the backend says so (asked from the watchdog thread)."""
+
+    __slots__ = ("_boxed",)
+
+    def __init__(self, boxed: Any) -> None:
+        self._boxed = boxed
+
+    def __call__(self) -> bool:
+        work = torch._C._distributed_c10d.Work.unbox(self._boxed)
+        if isinstance(work, _FAKE_WORK):  # the fake process group's work never reports completion
+            return True
+        return bool(work.is_completed())
+
+
+_FAKE_WORK: Any = getattr(torch._C._distributed_c10d, "FakeWork", ())
+
+
+class CollectiveRecorder:
+    """Times and reports the collectives of one window; both hook paths call it.
+
+    Each collective is reported twice: when issued (its sequence number, and what a hang
+    watchdog sees if it never returns) and when its op returns.  Collective ops return
+    before the work is done (eager c10d ops hand back a Work, functional ones a tensor
+    `wait_tensor` waits for); when the observer asks for it (`wants_completion`, set by
+    the watchdog), the issue record carries a probe that says when the work is done.
+    """
+
+    def __init__(self, observer: Observer) -> None:
+        self._observer = observer
+        self._completions = Completions(observer)
+
+    @property
+    def accepting(self) -> bool:
+        return bool(self._observer.accepting)
+
+    def on_fault(self, where: str, exc: BaseException) -> None:
+        self._observer.on_fault(where, exc)
+
+    def collective(self, spec: CollectiveSpec, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Run `call(*args, **kwargs)`, the collective op `spec` describes, and report it."""
+        start = time.time_ns()
+        info, phase, ticket = self._issue(spec, args, kwargs, start)
+        try:
+            result = call(*args, **kwargs)
+        except BaseException as error:
+            self._report(spec, info, phase, ticket, args, kwargs, None, start, error)
+            raise
+        self._report(spec, info, phase, ticket, args, kwargs, result, start, None)
+        return result
+
+    def waited(self, tensor: Any) -> None:
+        """`wait_tensor(tensor)` returned: the watchdog's probe is done, its collective completes now."""
+        try:
+            self._completions.waited(tensor)
+        except Exception as exc:
+            self._observer.on_fault("collective_complete", exc)
+
+    def waited_in(self, args: Any, kwargs: Any) -> None:
+        """An op that read AsyncCollectiveTensors (which waits inside) returned."""
+        try:
+            self._completions.waited_in(args, kwargs)
+        except Exception as exc:
+            self._observer.on_fault("collective_complete", exc)
+
+    def _issue(self, spec: CollectiveSpec, args: Any, kwargs: Any, start: int) -> tuple[Any, str, Any]:
+        observer = self._observer
+        try:
+            phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+            if not getattr(observer, "spans_enabled", True) and not getattr(observer, "wants_completion", False):
+                return spec.describe_counts(args, kwargs), phase, None  # a counts-only window
+            info = spec.describe(args, kwargs, None, param_module())
+            return info, phase, observer.on_collective_issue(info, start, phase)
+        except Exception as exc:
+            observer.on_fault("collective_issue", exc)
+            return None, "", None
+
+    def _report(
+        self, spec: CollectiveSpec, info: Any, phase: str, ticket: Any, args: Any, kwargs: Any, result: Any,
+        start: int, error: Any,
+    ) -> None:  # fmt: skip
+        end = time.time_ns()
+        observer = self._observer
+        try:
+            if info is None:
+                info = spec.describe(args, kwargs, result, param_module())
+            elif info.output_shape or ticket is not None:  # a counts-only info has no shapes to complete
+                info = spec.complete(info, result)
+            if ticket is not None and error is None and getattr(observer, "wants_completion", False):
+                ticket.pending = self._probe(spec, args, kwargs, result)
+        except Exception as exc:
+            observer.on_fault("collective_describe", exc)
+            if ticket is not None:
+                observer.on_collective(info, start, end, error, phase, ticket)  # closes the issue record
+            return
+        try:
+            if not phase:
+                phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+            token = observer.on_collective(info, start, end, error, phase, ticket, awaits_completion=result is not None)
+            if token is not None:  # launched, not finished: its wait or Work says when it is
+                self._completions.launched(spec.functional, result, token)
+        except Exception as exc:
+            observer.on_fault("collective_after", exc)
+
+    def _probe(self, spec: CollectiveSpec, args: Any, kwargs: Any, result: Any) -> Any:
+        """What says when the returned collective's work is done, or None (done when the op returned)."""
+        if spec.functional:
+            output = result if isinstance(result, torch.Tensor) else spec.first_input(args, kwargs)
+            if output is None:
+                return None
+            waited = _Waited()
+            self._completions.probe(output, waited)  # done when its wait is seen (by storage, views too)
+            return waited
+        work = result[-1] if isinstance(result, tuple) and result else result
+        return _WorkDone(work) if isinstance(work, torch.ScriptObject) else None

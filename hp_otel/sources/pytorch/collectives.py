@@ -1,0 +1,243 @@
+"""Which aten-level ops are collectives, and how to read a CollectiveInfo from a call.
+
+Covers the functional collectives (`_c10d_functional.*`, their autograd variants and
+`_dtensor.shard_dim_alltoall`) and the eager c10d ops (`c10d.allreduce_`, ...,
+`barrier`, `send`, `recv_`) — including the ones torch's CommDebugMode does not
+count.  Arguments are found by their names in each op's schema, once per op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hp_otel.sources.function_collectives import reduce_op_name
+from hp_otel.sources.pytorch.tensors import dtype_name
+from hp_otel.spans.infos import CollectiveInfo
+
+# framework op name (namespace.op) -> normalised op
+_NORMALISED: dict[str, str] = {
+    "_c10d_functional.all_reduce": "all_reduce",
+    "_c10d_functional.all_reduce_": "all_reduce",
+    "_c10d_functional.all_reduce_coalesced": "all_reduce",
+    "_c10d_functional.all_reduce_coalesced_": "all_reduce",
+    "_c10d_functional.all_gather_into_tensor": "all_gather",
+    "_c10d_functional.all_gather_into_tensor_out": "all_gather",
+    "_c10d_functional.all_gather_into_tensor_coalesced": "all_gather",
+    "_c10d_functional.reduce_scatter_tensor": "reduce_scatter",
+    "_c10d_functional.reduce_scatter_tensor_out": "reduce_scatter",
+    "_c10d_functional.reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "_c10d_functional.all_to_all_single": "all_to_all",
+    "_c10d_functional.broadcast": "broadcast",
+    "_c10d_functional.broadcast_": "broadcast",
+    "_c10d_functional.isend": "send",
+    "_c10d_functional.irecv": "recv",
+    "_c10d_functional.batch_p2p_ops": "p2p",
+    "_c10d_functional_autograd.all_reduce": "all_reduce",
+    "_c10d_functional_autograd.all_gather_into_tensor": "all_gather",
+    "_c10d_functional_autograd.reduce_scatter_tensor": "reduce_scatter",
+    "_c10d_functional_autograd.all_to_all_single": "all_to_all",
+    "_dtensor.shard_dim_alltoall": "all_to_all",
+    "c10d.allreduce_": "all_reduce",
+    "c10d.allreduce_coalesced_": "all_reduce",
+    "c10d.allgather_": "all_gather",
+    "c10d._allgather_base_": "all_gather",
+    "c10d.allgather_coalesced_": "all_gather",
+    "c10d.allgather_into_tensor_coalesced_": "all_gather",
+    "c10d.reduce_scatter_": "reduce_scatter",
+    "c10d._reduce_scatter_base_": "reduce_scatter",
+    "c10d.reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "c10d.alltoall_": "all_to_all",
+    "c10d.alltoall_base_": "all_to_all",
+    "c10d.broadcast_": "broadcast",
+    "c10d.barrier": "barrier",
+    "c10d.monitored_barrier_": "barrier",
+    "c10d.send": "send",
+    "c10d.recv_": "recv",
+    "c10d.recv_any_source_": "recv",
+    "c10d.gather_": "gather",
+    "c10d.scatter_": "scatter",
+    "c10d.reduce_": "reduce",
+}
+
+_INPUT_ARGS = ("input", "self", "input_tensor", "input_tensors", "inputs", "tensors", "tensor")
+_OUTPUT_ARGS = ("output", "out", "output_tensor", "output_tensors")
+_GROUP_ARGS = ("group_name", "process_group", "group")
+_REDUCE_ARGS = ("reduce_op", "reduceOp")
+_PEER_ARGS = ("dst", "src", "peer_list")  # group ranks of point-to-point ops
+_TAG_ARGS = ("tag", "tag_list")
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    while isinstance(value, (list, tuple)):
+        if not value:
+            return None
+        value = value[0]
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _total_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_total_bytes(v) for v in value)
+    return 0
+
+
+@dataclass(frozen=True)
+class _GroupInfo:
+    size: int
+    name: str
+    ranks: tuple[int, ...]
+
+
+# ProcessGroup (kept alive here, so its id cannot be reused) -> info.  Keyed by the group
+# object, not its name: names are reused when a process group is destroyed and re-created.
+_groups: dict[int, tuple[Any, _GroupInfo]] = {}
+
+
+def _group_info(group: Any) -> _GroupInfo:
+    """Size, name and ranks of a group given by name (functional ops) or ProcessGroup (c10d ops)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    if isinstance(group, str):
+        pg = _resolve_process_group(group)
+    elif isinstance(group, dist.ProcessGroup):
+        pg = group
+    else:  # eager c10d ops get the group boxed as a TorchScript object
+        pg = dist.ProcessGroup.unbox(group)
+    cached = _groups.get(id(pg))
+    if cached is not None and cached[0] is pg:
+        return cached[1]
+    try:
+        ranks = tuple(dist.get_process_group_ranks(pg))
+    except Exception:  # a group the default-group registry does not know
+        ranks = ()
+    info = _GroupInfo(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks)
+    _groups[id(pg)] = (pg, info)
+    return info
+
+
+def _ints(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _global_rank(group: _GroupInfo, group_rank: int) -> int:
+    """A point-to-point op names its peer by rank in its group; spans give the global rank."""
+    return group.ranks[group_rank] if 0 <= group_rank < len(group.ranks) else group_rank
+
+
+def _reduce_name(value: Any) -> str:
+    """Eager c10d ops pass a TorchScript ReduceOp, whose only accessor is its `op()` method: unbox it first."""
+    if isinstance(value, torch.ScriptObject):
+        value = dist.ReduceOp.RedOpType(value.op())
+    return reduce_op_name(value)
+
+
+class CollectiveSpec:
+    """Where one collective op keeps its input, output, group and reduce op."""
+
+    def __init__(self, op: torch._ops.OpOverload, name: str, normalised: str) -> None:
+        self.name = name
+        self.normalised = normalised
+        self.functional = name.startswith(("_c10d_functional", "_dtensor"))
+        arg_names = [a.name for a in op._schema.arguments]
+        self._index = {n: i for i, n in enumerate(arg_names)}
+        self._input = next((n for n in _INPUT_ARGS if n in self._index), None)
+        self._output = next((n for n in _OUTPUT_ARGS if n in self._index), None)
+        self._group = next((n for n in _GROUP_ARGS if n in self._index), None)
+        self._reduce = next((n for n in _REDUCE_ARGS if n in self._index), None)
+        self._async = "async_op" if "async_op" in self._index else None
+        self._peer = next((n for n in _PEER_ARGS if n in self._index), None)
+        self._tag = next((n for n in _TAG_ARGS if n in self._index), None)
+
+    def _arg(self, name: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name is None:
+            return None
+        if name in kwargs:
+            return kwargs[name]
+        i = self._index[name]
+        return args[i] if i < len(args) else None
+
+    def describe(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, param_module: str = ""
+    ) -> CollectiveInfo:
+        inputs = self._arg(self._input, args, kwargs)
+        outputs = self._arg(self._output, args, kwargs)
+        if outputs is None:
+            outputs = result if isinstance(result, torch.Tensor) else inputs  # in place: output is the input
+        first_in = _first_tensor(inputs)
+        first_out = _first_tensor(outputs)
+        group = self._arg(self._group, args, kwargs)
+        ginfo = _group_info(group) if group is not None else _GroupInfo(0, "", ())
+        is_async = True if self.functional else bool(self._arg(self._async, args, kwargs))
+        peers: tuple[int, ...] = ()
+        tags: tuple[int, ...] = ()
+        if self._peer is not None:
+            peers = tuple(_global_rank(ginfo, int(p)) for p in _ints(self._arg(self._peer, args, kwargs)))
+            tags = tuple(_ints(self._arg(self._tag, args, kwargs)))
+        return CollectiveInfo(
+            name=self.name,
+            op=self.normalised,
+            group_size=ginfo.size,
+            group=ginfo.name,
+            group_ranks=ginfo.ranks,
+            input_shape=tuple(first_in.shape) if first_in is not None else (),
+            output_shape=tuple(first_out.shape) if first_out is not None else (),
+            dtype=dtype_name(first_in.dtype) if first_in is not None else "",
+            bytes=_total_bytes(inputs),
+            reduce_op=_reduce_name(self._arg(self._reduce, args, kwargs)),
+            is_async=is_async,
+            param_module=param_module,
+            peers=peers,
+            tags=tags,
+        )
+
+    def describe_counts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CollectiveInfo:
+        """Only what counting and the metrics need (name, op, group size, dtype, bytes): a
+        counts-only window skips the reduce op (a TorchScript call), ranks, peers and shapes."""
+        inputs = self._arg(self._input, args, kwargs)
+        first_in = _first_tensor(inputs)
+        group = self._arg(self._group, args, kwargs)
+        return CollectiveInfo(
+            name=self.name,
+            op=self.normalised,
+            group_size=_group_info(group).size if group is not None else 0,
+            dtype=dtype_name(first_in.dtype) if first_in is not None else "",
+            bytes=_total_bytes(inputs),
+            is_async=self.functional,
+        )
+
+    def complete(self, info: CollectiveInfo, result: Any) -> CollectiveInfo:
+        """The info described at issue, with the output the op returned (functional ops return theirs)."""
+        if self._output is None and isinstance(result, torch.Tensor):
+            shape = tuple(result.shape)
+            if shape != info.output_shape:
+                return dataclasses.replace(info, output_shape=shape)
+        return info
+
+    def first_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+        return _first_tensor(self._arg(self._input, args, kwargs))
+
+
+@functools.cache
+def collective_specs() -> dict[Any, CollectiveSpec]:
+    """OpOverload -> spec for every collective this torch build has (missing ones skipped)."""
+    specs: dict[Any, CollectiveSpec] = {}
+    for name, normalised in _NORMALISED.items():
+        namespace, op_name = name.split(".", 1)
+        try:
+            packet = getattr(getattr(torch.ops, namespace), op_name)
+        except (AttributeError, RuntimeError):
+            continue
+        for overload_name in packet.overloads():
+            overload = getattr(packet, overload_name)
+            specs[overload] = CollectiveSpec(overload, name, normalised)
+    return specs

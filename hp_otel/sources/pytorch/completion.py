@@ -1,0 +1,114 @@
+"""When an async torch collective completes, not just when it was launched.
+
+At dispatch level every collective op returns once it is launched: a functional
+collective (`_c10d_functional.all_reduce`) returns its output tensor before the
+transfer is done, an eager c10d op (`c10d.allreduce_`) returns a `Work` — also for
+`async_op=False`, whose Python wrapper waits right after.  This helper pairs the two:
+
+- a functional collective with the `_c10d_functional.wait_tensor` of its output —
+  called directly (`AsyncCollectiveTensor.wait()`), or inside an op that reads an
+  `AsyncCollectiveTensor` (which runs the wait out of any mode's sight, so the op's
+  return is the moment the wait is known to be done).  Outputs are matched by storage,
+  as torch's own work registry does, so a view of the output waits for it too;
+- an eager op with its `Work`: a callback on the work's future records the moment the
+  work completed (gloo completes it on its own thread).
+
+The observer moves the collective's end to that moment (`on_collective_complete`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+from hp_otel.record.observer import Observer
+from hp_otel.spans import schema as s
+
+WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+_MAX_PENDING = 4096  # outputs never waited (a step that raised) must not pile up
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class Completions:
+    """Pending async collectives of one observer, and what completes them."""
+
+    def __init__(self, observer: Observer) -> None:
+        self._observer = observer
+        self._by_storage: dict[int, Any] = {}  # storage of a functional output -> the observer's token
+        self._probes: dict[int, Any] = {}  # storage of a functional output -> the watchdog's probe (`.done`)
+
+    def launched(self, functional: bool, result: Any, token: Any) -> None:
+        """A collective op returned `result` without finishing; `token` is the observer's."""
+        if functional:
+            pending = self._by_storage
+            if len(pending) >= _MAX_PENDING:
+                pending.clear()
+            for tensor in _tensors(result):
+                pending[_storage_key(tensor)] = token
+            return
+        work = result[-1] if isinstance(result, (tuple, list)) and result else result
+        if isinstance(work, torch.ScriptObject):
+            work = dist.distributed_c10d.Work.unbox(work)
+        if not isinstance(work, dist.distributed_c10d.Work):
+            return
+        try:
+            future = work.get_future()
+        except RuntimeError:  # a backend without futures: only the launch is known
+            return
+        observer = self._observer
+
+        def completed(_future: Any) -> None:  # on the backend's thread: record the time, nothing more
+            try:
+                observer.on_collective_complete(token, time.time_ns(), s.COMPLETION_WORK)
+            except Exception as exc:
+                observer.on_fault("collective_complete", exc)
+
+        future.then(completed)
+
+    def probe(self, output: torch.Tensor, probe: Any) -> None:
+        """Set `probe.done` when the wait of `output` is seen (the hang watchdog asks it)."""
+        probes = self._probes
+        if len(probes) >= _MAX_PENDING:  # results never waited for: forget the oldest
+            probes.pop(next(iter(probes)))
+        probes[_storage_key(output)] = probe
+
+    def waited(self, tensor: Any) -> None:
+        """`wait_tensor(tensor)` returned: the collective that made its storage is done."""
+        if not (self._by_storage or self._probes) or not isinstance(tensor, torch.Tensor):
+            return
+        key = _storage_key(tensor)
+        probe = self._probes.pop(key, None)
+        if probe is not None:
+            probe.done = True
+        token = self._by_storage.pop(key, None)
+        if token is not None:
+            self._observer.on_collective_complete(token, time.time_ns(), s.COMPLETION_WAIT)
+
+    def waited_in(self, args: Any, kwargs: Any) -> None:
+        """An op that read AsyncCollectiveTensors returned: their waits are done."""
+        if not (self._by_storage or self._probes):
+            return
+        for value in (*args, *kwargs.values()):
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                # a view of one is not a wait: it stays pending until something reads it
+                if isinstance(item, AsyncCollectiveTensor) and item.completed:
+                    self.waited(item.elem)
+
+    def clear(self) -> None:
+        self._by_storage.clear()
+        self._probes.clear()

@@ -1,0 +1,289 @@
+"""PyTorch DTensor source: ops, collectives and redistributes of `torch.distributed.tensor`.
+
+- ops at the level the user wrote them (`linear`, `gelu`, `matmul`): a
+  TorchFunctionMode that reports calls with at least one DTensor argument;
+- collectives at dispatch level, forward and backward (torch 2.13's DTensor dispatch is
+  C++, so there is no Python dispatcher to wrap): Python kernels on the collective ops
+  (`kernels`, registered once per process; no other op pays), or as a fallback
+  (`collective_hook()` says which is active) a TorchDispatchMode that lets DTensor run
+  (`NotImplemented`) and sees the collective ops its local ops issue.  Both hand each
+  collective to the window's `CollectiveRecorder`;
+- redistributes: `redistribute_local_tensor` wrapped in every module that imported it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hp_otel.record.observer import Observer
+from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
+from hp_otel.sources.pytorch import kernels
+from hp_otel.sources.pytorch.collective_recorder import CollectiveRecorder
+from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
+from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
+from hp_otel.sources.pytorch.fsdp import fsdp_patches
+from hp_otel.sources.pytorch.tensors import placements_str, tensor_infos
+
+# Attribute access and hook registration: bookkeeping, not computation (torch's own
+# CommDebugMode registers grad hooks on DTensors while it runs).
+_SKIPPED_FUNCTIONS = frozenset(
+    {"__get__", "__set__", "__delete__", "register_hook", "register_post_accumulate_grad_hook"}
+)
+_is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+
+
+def _has_dtensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
+    """DTensor disables __torch_function__, so `types` is empty: look at the arguments."""
+    for value in args:
+        if isinstance(value, DTensor):
+            return True
+        if isinstance(value, (list, tuple)) and any(isinstance(v, DTensor) for v in value):
+            return True
+    return any(isinstance(v, DTensor) for v in kwargs.values()) if kwargs else False
+
+
+class _OpMode(TorchFunctionMode):
+    """Reports torch-level calls that take a DTensor as op enter/exit."""
+
+    def __init__(self, observer: Observer) -> None:
+        super().__init__()
+        self._observer = observer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        observer = self._observer
+        # Most calls take no DTensor (DTensor's own Python calls torch too): out first, allocating nothing.
+        try:
+            traced = observer.accepting and _has_dtensor(args, kwargs) and not _is_compiling()
+            if traced:  # dynamo traces modes: compiled graphs get the bare op (collectives still counted)
+                name = getattr(func, "__name__", None)
+                traced = name is not None and name not in _SKIPPED_FUNCTIONS
+        except Exception as exc:  # our check failed: run the user's call untraced
+            observer.on_fault("op_before", exc)
+            traced = False
+        if not traced:
+            return func(*args, **(kwargs or {}))
+        if kwargs is None:
+            kwargs = {}
+        try:
+            inputs = tensor_infos(*args, *kwargs.values())
+        except Exception as exc:
+            observer.on_fault("op_inputs", exc)
+            inputs = []
+        observer.on_op_enter(name, inputs)
+        try:
+            out = func(*args, **kwargs)
+        except BaseException as error:
+            observer.on_op_exit(name, (), error)
+            raise
+        try:
+            outputs = tensor_infos(out)
+        except Exception as exc:
+            observer.on_fault("op_outputs", exc)
+            outputs = []
+        observer.on_op_exit(name, outputs)
+        return out
+
+
+class _CollectiveMode(TorchDispatchMode):
+    """The fallback hook (`HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch`, or no kernels): a dispatch mode that
+    lets DTensor run (`NotImplemented`) and hands every collective op to the recorder."""
+
+    def __init__(self, recorder: Any, specs: dict[Any, CollectiveSpec]) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._specs = specs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor in types:
+            return NotImplemented  # let DTensor unwrap; its local ops come back here
+        if kwargs is None:
+            kwargs = {}
+        recorder = self._recorder
+        try:
+            spec = self._specs.get(func)
+            traced = spec is not None and recorder.accepting
+        except Exception as exc:  # our lookup failed: run the user's op untraced
+            recorder.on_fault("collective_before", exc)
+            traced = False
+        if not traced:  # nearly every op: pass straight through
+            if func is WAIT_TENSOR:
+                result = func(*args, **kwargs)
+                recorder.waited(args[0] if args else kwargs.get("tensor"))
+                return result
+            if AsyncCollectiveTensor in types:
+                result = func(*args, **kwargs)
+                recorder.waited_in(args, kwargs)
+                return result
+            return func(*args, **kwargs)
+        return recorder.collective(spec, func, args, kwargs)
+
+
+# --- redistribute_local_tensor, patched once for all active modes -------------------
+
+_REDISTRIBUTE_MODULES = (
+    "torch.distributed.tensor._redistribute",
+    "torch.distributed.tensor._dispatch",
+    "torch.distributed.tensor._api",
+)
+_REDISTRIBUTE_ATTR = "redistribute_local_tensor"
+# Where redistribute events go: this context's mode, else the latest one (autograd threads).
+_redistribute_slot = ObserverSlot("hp_otel_redistribute_observer")
+_wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
+
+
+def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def redistribute_local_tensor(local_tensor, current_spec, target_spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if _is_compiling():  # dynamo inlines this: keep our bookkeeping out of compiled graphs
+            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        observer = _redistribute_slot.current()
+        if observer is None or not observer.accepting:
+            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        try:
+            src = placements_str(current_spec.placements)
+            dst = placements_str(target_spec.placements)
+            shape = tuple(current_spec.shape)
+        except Exception as exc:
+            observer.on_fault("redistribute_describe", exc)
+            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        observer.on_redistribute_enter(src, dst, shape)
+        try:
+            out = original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        except BaseException as error:
+            observer.on_redistribute_exit(error)
+            raise
+        observer.on_redistribute_exit()
+        return out
+
+    redistribute_local_tensor.__hp_otel_original__ = original  # type: ignore[attr-defined]
+    return redistribute_local_tensor
+
+
+def _plan_redistribute_patches() -> list[AttributePatch]:
+    """One wrapper, installed in every module that imported the original by name."""
+    modules = [sys.modules.get(name) or importlib.import_module(name) for name in _REDISTRIBUTE_MODULES]
+    original = vars(modules[0])[_REDISTRIBUTE_ATTR]
+    wrapper = _wrappers.get(original)
+    if wrapper is None:
+        wrapper = _wrappers[original] = _wrap_redistribute(original)
+    owners = [module for module in modules if vars(module).get(_REDISTRIBUTE_ATTR) is original]
+    return patch_owned_all(owners, _REDISTRIBUTE_ATTR, wrapper)
+
+
+_redistribute_patches = SharedPatches(_plan_redistribute_patches)
+
+
+class _Idle:
+    """An observer that accepts nothing: the modes pass every call straight through."""
+
+    accepting = False
+
+
+@contextlib.contextmanager
+def idle_modes() -> Iterator[None]:
+    """This source's function and dispatch modes, recording nothing: the hooking floor the
+    benchmark measures (what any mode-based tracer of ops and collectives pays)."""
+    idle: Any = _Idle()
+    with _CollectiveMode(CollectiveRecorder(idle), collective_specs()), _OpMode(idle):
+        yield
+
+
+HOOK_ENV = "HP_OTEL_TORCH_COLLECTIVE_HOOK"
+KERNELS = "kernels"
+DISPATCH_MODE = "dispatch_mode"
+_HOOK_CHOICES = {"": KERNELS, "kernels": KERNELS, "dispatch": DISPATCH_MODE, "dispatch_mode": DISPATCH_MODE}
+
+
+def _requested_hook() -> str:
+    value = os.environ.get(HOOK_ENV, "").strip().lower()
+    hook = _HOOK_CHOICES.get(value)
+    if hook is None:
+        raise ValueError(f"{HOOK_ENV}={value!r}: allowed values are 'kernels' (default) and 'dispatch'")
+    return hook
+
+
+def collective_hook() -> str:
+    """How windows see collectives in this process: "kernels" (the default: Python
+    kernels on the collective ops' `BackendSelect` key, `kernels`) or
+    "dispatch_mode" (`HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch`, and the fallback for a
+    torch whose dispatcher lacks what the kernels need or where registering failed)."""
+    if _requested_hook() == DISPATCH_MODE or not kernels.available():
+        return DISPATCH_MODE
+    if kernels.registration_error() is not None:
+        return DISPATCH_MODE
+    return KERNELS
+
+
+class TorchDTensorSource:
+    """Installs the op mode, the collective hook and the redistribute wrapper.
+
+    Only what the window records: a counts-only window (`record_spans=False`, an
+    unsampled step) gets the collective hook alone; `ops=False` leaves out the op mode.
+    """
+
+    def __init__(self) -> None:
+        self._specs = collective_specs()
+        self._op_mode: _OpMode | None = None
+        self._collective_mode: _CollectiveMode | None = None
+        self._observer: Observer | None = None
+        self._token: contextvars.Token[Observer | None] | None = None
+        self._recorder: CollectiveRecorder | None = None
+        self._recorder_token: Any = None
+
+    def install(self, observer: Observer) -> None:
+        self._observer = observer
+        spans = bool(getattr(observer, "spans_enabled", True))
+        if spans:  # redistribute spans and FSDP's parameter module are span attributes only
+            self._token = _redistribute_slot.push(observer)
+            _redistribute_patches.acquire()
+            fsdp_patches.acquire()
+        recorder = CollectiveRecorder(observer)
+        if collective_hook() == KERNELS and kernels.ensure_registered(self._specs):
+            self._recorder_token = kernels.recorder_slot.push(recorder)  # type: ignore[arg-type]
+            self._recorder = recorder
+        else:
+            collective_mode = _CollectiveMode(recorder, self._specs)
+            collective_mode.__enter__()
+            self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
+        if spans and getattr(observer, "ops_enabled", True):
+            op_mode = _OpMode(observer)
+            op_mode.__enter__()
+            self._op_mode = op_mode
+
+    def uninstall(self) -> None:
+        """Undo install in reverse order; every step runs even if an earlier one fails."""
+        run_every((self._exit_op_mode, self._exit_collective_mode, self._unpatch))
+
+    def _exit_op_mode(self) -> None:
+        mode, self._op_mode = self._op_mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    def _exit_collective_mode(self) -> None:
+        mode, self._collective_mode = self._collective_mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:  # the kernels stay registered and pass straight through
+            kernels.recorder_slot.pop(recorder, self._recorder_token)  # type: ignore[arg-type]
+            self._recorder_token = None
+
+    def _unpatch(self) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            try:
+                run_every((fsdp_patches.release, _redistribute_patches.release))
+            finally:
+                _redistribute_slot.pop(self._observer, token)

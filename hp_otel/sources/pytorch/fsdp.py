@@ -1,0 +1,65 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): which module's parameters a collective moves.
+
+FSDP issues its all_gathers (unshard, also when prefetching another module's parameters
+while the current one runs) and its reduce_scatters / HSDP all_reduces (post-backward,
+also from the root's final callback) inside two methods of the module's parameter
+group.  Both are wrapped while a window is active: they name the group's module for the
+duration of the call, and the collective source attaches that name to every collective
+issued meanwhile (`hp.collective.param_module`).  The name is FSDP's own module fqn,
+relative to the module `fully_shard` was last applied to (the root, "(root)").
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from hp_otel.sources.patching import AttributePatch, SharedPatches, patch_owned
+from hp_otel.spans import schema as s
+
+_PARAM_GROUP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_METHODS = ("unshard", "post_backward")  # where FSDP2 issues every collective of a parameter group
+_param_module: contextvars.ContextVar[str] = contextvars.ContextVar("hp_otel_fsdp_param_module", default="")
+_wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
+
+
+def param_module() -> str:
+    """The module whose FSDP parameters the collectives issued now move ("" outside FSDP)."""
+    return _param_module.get()
+
+
+def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    wrapper = _wrappers.get(original)
+    if wrapper is None:
+        wrapper = _wrappers[original] = _make_wrapper(original)
+    return wrapper
+
+
+def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            token = _param_module.set(getattr(self, "_module_fqn", "") or s.ROOT_MODULE_FQN)
+        except Exception:  # never stand between FSDP and its work
+            return original(self, *args, **kwargs)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _param_module.reset(token)
+
+    wrapper.__hp_otel_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _plan() -> list[AttributePatch]:
+    module = sys.modules.get(_PARAM_GROUP_MODULE)  # not imported: nobody uses FSDP2 here
+    group = getattr(module, "FSDPParamGroup", None)
+    if group is None:
+        return []
+    return patch_owned(group, _METHODS, lambda _name: _wrap)
+
+
+fsdp_patches = SharedPatches(_plan)

@@ -1,0 +1,445 @@
+"""Module tracking for torch `nn.Module`, forward and backward.
+
+Forward: a pre-hook registered first (it sees the inputs before parallel-style input
+hooks convert them) and a post-hook registered last with `always_call=True` (it sees
+the module's final output, and runs when forward raises).  Each call is a
+`ModuleCall`.
+
+Backward, by autograd node: every autograd node gets a sequence number from a
+per-thread counter when it is created, so the nodes one forward call creates are the
+numbers between its pre- and post-hook (`NodeOwners`).  When backward issues a
+collective, the node running it (`torch._C._current_autograd_node()`) names the call
+whose forward created it — that call and the calls enclosing it own the collective.
+Backward spans follow the same rule: a call's span opens when the gradient of its
+output arrives (its first node runs) and closes when backward work of a call outside
+it starts, when a collective from outside it is issued, or when the pass ends — so
+sibling modules that share an input (attention's wq/wk/wv) follow each other instead
+of nesting.  Names are `named_modules()` names, the root is "(root)".
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import sys
+import threading
+import weakref
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils.hooks import RemovableHandle
+
+from hp_otel.record import installation
+from hp_otel.record.observer import Observer
+from hp_otel.sources.pytorch.tensors import dtype_name, placements_str
+from hp_otel.spans import schema as s
+from hp_otel.spans.infos import ModuleCall, ModuleInfo, ParameterInfo
+
+_next_sequence_nr = torch._C._autograd._get_sequence_nr  # this thread's next autograd node number
+_current_node = torch._C._current_autograd_node
+_graph_task_id = torch._C._current_graph_task_id  # -1 outside backward
+_NO_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes: made on demand, not by a forward
+# Non-reentrant checkpointing stops a recomputed forward once it has what backward needs.
+_STOP_RECOMPUTATION: tuple[type[BaseException], ...] = tuple(
+    c for c in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if isinstance(c, type)
+)
+
+
+def _grad_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in `value` (nested lists, tuples, dicts) that will receive gradients."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.requires_grad else []
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _grad_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _grad_tensors(v)]
+    return []
+
+
+_param_cache: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], tuple[ParameterInfo, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
+    """The module's own parameters (not its children's); cached while its parameter objects stay the same."""
+    identity = tuple(map(id, module._parameters.values()))
+    cached = _param_cache.get(module)
+    if cached is not None and cached[0] == identity:
+        return cached[1]
+    from torch.distributed.tensor import DTensor
+
+    infos = []
+    for name, param in module.named_parameters(recurse=False):
+        # torch's DTensor, or another framework's (hyper-parallel) with the same `placements` property
+        placements = param.placements if isinstance(param, DTensor) else getattr(param, "placements", None)
+        infos.append(
+            ParameterInfo(
+                name=name,
+                shape=tuple(param.shape),
+                dtype=dtype_name(param.dtype),
+                placements=placements_str(tuple(placements)) if placements is not None else "",
+            )
+        )
+    described = tuple(infos)
+    _param_cache[module] = (identity, described)
+    return described
+
+
+class NodeOwners:
+    """Which module call created each autograd node made on one thread.
+
+    A boundary list over the thread's node sequence numbers: nodes numbered from
+    `bounds[i]` on were created while `owners[i]` was the innermost call (None: no
+    tracked module).  The counter only grows, so marking is an append and lookup a bisect.
+    """
+
+    __slots__ = ("bounds", "owners")
+
+    def __init__(self) -> None:
+        self.bounds: list[int] = []
+        self.owners: list[ModuleCall | None] = []
+
+    def mark(self, call: ModuleCall | None) -> int:
+        seq = _next_sequence_nr()
+        self.bounds.append(seq)
+        self.owners.append(call)
+        return seq
+
+    def owner(self, sequence_nr: int) -> ModuleCall | None:
+        i = bisect.bisect_right(self.bounds, sequence_nr) - 1
+        return self.owners[i] if i >= 0 else None
+
+
+class _ThreadState:
+    """The forward calls open on one thread and the owners of the nodes it made."""
+
+    __slots__ = ("owners", "stack")
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[ModuleCall, str, int]] = []  # (call, phase, first node number)
+        self.owners = NodeOwners()
+
+
+class _TrackedModule:
+    """Hooks for one module; they report to the hook set's tracker while a window uses it."""
+
+    __slots__ = ("fqn", "hooks", "info")
+
+    def __init__(self, hooks: _ModuleHooks, fqn: str, module: nn.Module) -> None:
+        self.hooks = hooks
+        self.fqn = fqn or s.ROOT_MODULE_FQN
+        self.info = ModuleInfo(
+            self.fqn, fqn or type(module).__name__, type(module).__qualname__, parameter_infos(module)
+        )
+
+    def refresh(self, module: nn.Module) -> bool:
+        """New parameter objects since the hooks were made (e.g. sharded later): describe them anew (True)."""
+        parameters = parameter_infos(module)
+        if parameters is self.info.parameters:
+            return False
+        self.info = ModuleInfo(self.info.fqn, self.info.span_name, self.info.module_type, parameters)
+        return True
+
+    def forward_pre(self, module: nn.Module, args: Any) -> None:
+        tracker = self.hooks.tracker
+        if tracker is None:  # hooks kept between windows: nothing records
+            return
+        observer = tracker.observer
+        if observer is None or not observer.accepting:
+            return
+        # A forward inside backward is activation checkpointing's recomputation.
+        phase = s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD
+        try:
+            tracker.enter_call(self.info, phase)
+        except Exception as exc:
+            observer.on_fault("module_forward_pre", exc)
+        observer.on_module_enter(self.info, phase)
+
+    def forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        tracker = self.hooks.tracker
+        if tracker is None:
+            return
+        observer = tracker.observer
+        if observer is None or not observer.accepting:
+            return
+        error = sys.exc_info()[1]  # set when forward raised (always_call hooks run in its except block)
+        if isinstance(error, _STOP_RECOMPUTATION):  # checkpointing ends a recompute early on purpose
+            error = None
+        try:
+            entry = tracker.exit_call(self.info)
+        except Exception as exc:
+            observer.on_fault("module_forward_post", exc)
+            entry = None
+        if entry is None:  # the pre-hook could not note the call: close its span all the same
+            observer.on_module_exit(self.fqn, s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD, error)
+            return
+        call, phase, first_node = entry
+        observer.on_module_exit(self.fqn, phase, error)
+        if error is not None:
+            return
+        try:
+            if tracker.backward_spans and torch.is_grad_enabled():
+                # Outputs made by this call's own nodes: their gradient starts its backward
+                # (a module that returns its input unchanged has no backward work of its own).
+                outputs = [
+                    t
+                    for t in _grad_tensors(output)
+                    if t.grad_fn is not None and first_node <= t.grad_fn._sequence_nr() != _NO_SEQUENCE_NR
+                ]
+                if outputs:
+                    tracker.add_grad_hook(outputs, functools.partial(tracker.backward_start, call))
+        except Exception as exc:
+            observer.on_fault("module_forward_post", exc)
+
+
+class _ModuleHooks:
+    """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
+
+    One set per root is kept (`_hook_sets`): with hooks kept between windows
+    (`hp_otel.install()`) the next window takes it over instead of hooking every module
+    again; a window nested on the same tree gets a set of its own.
+    """
+
+    def __init__(self) -> None:
+        self.tracker: TorchModuleTracker | None = None
+        self.param_owner: dict[int, ModuleInfo] = {}  # id(parameter) -> the module that owns it
+        self._tracked: list[_TrackedModule] = []
+        self._structure: list[tuple[str, int]] = []
+        self._handles: list[RemovableHandle] = []
+
+    def attach(self, root: nn.Module) -> None:
+        """Hook every module of the tree, unless the hooks in place still match it."""
+        modules = list(root.named_modules())
+        structure = [(fqn, id(module)) for fqn, module in modules]
+        if self._handles and structure == self._structure:
+            changed = False
+            for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
+                changed |= tracked.refresh(module)
+            if not changed:  # the common case: same modules, same parameters
+                return
+        else:
+            self._detach()
+            self._structure = structure
+            for fqn, module in modules:
+                tracked = _TrackedModule(self, fqn, module)
+                self._tracked.append(tracked)
+                self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
+                self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+        self.param_owner = {}
+        for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
+            for param in module._parameters.values():
+                if param is not None:
+                    self.param_owner.setdefault(id(param), tracked.info)
+
+    def remove(self) -> None:
+        """Take every hook out (a window still using them removes them when it closes)."""
+        if self.tracker is None:
+            self._detach()
+
+    def _detach(self) -> None:
+        handles, self._handles = self._handles, []
+        self._tracked, self._structure = [], []
+        for handle in handles:
+            handle.remove()
+
+
+# The hook set kept for each root module (weakly: a model that goes away takes its entry along).
+_hook_sets: weakref.WeakKeyDictionary[nn.Module, _ModuleHooks] = weakref.WeakKeyDictionary()
+
+
+class TorchModuleTracker:
+    """Source of module enter/exit events for one `nn.Module` tree, and of the module
+    calls owning backward work (`running_chain`)."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        self.observer: Observer | None = None
+        self.backward_spans = True  # grad hooks open backward spans; counting needs none
+        self._hooks: _ModuleHooks | None = None
+        # Grad hooks live on tensors: those on tensors that outlive a step (leaves such as
+        # the batch or the parameters) are removed when the backward pass ends and on
+        # uninstall, so they never pile up; the others go away with the autograd graph.
+        self._grad_handles: list[RemovableHandle] = []
+        # id(tensor) -> (weak ref, callbacks): tensors compare elementwise, so no WeakKeyDictionary
+        self._tensor_callbacks: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
+        self._backward_end_queued = False
+        self._local = threading.local()
+        self._owners_by_thread: dict[int, NodeOwners] = {}
+        self._latest_owners: NodeOwners | None = None
+        self._param_owner: dict[int, ModuleInfo] = {}
+        self._latest_call: dict[ModuleInfo, ModuleCall] = {}
+
+    def install(self, observer: Observer) -> None:
+        self.observer = observer
+        self.backward_spans = bool(getattr(observer, "spans_enabled", True))
+        self._backward_end_queued = False
+        self._local = threading.local()
+        self._owners_by_thread = {}
+        self._latest_owners = None
+        self._latest_call = {}
+        hooks = _hook_sets.get(self.root)
+        if hooks is None or hooks.tracker is not None:  # none yet, or a window outside this one uses them
+            hooks = _ModuleHooks()
+            _hook_sets.setdefault(self.root, hooks)
+        installation.claim(hooks)
+        hooks.tracker = self
+        self._hooks = hooks
+        try:
+            hooks.attach(self.root)
+        finally:
+            self._param_owner = hooks.param_owner
+        set_attribution = getattr(observer, "set_node_attribution", None)
+        if set_attribution is not None:
+            set_attribution(self.running_chain)
+
+    def uninstall(self) -> None:
+        observer, self.observer = self.observer, None
+        set_attribution = getattr(observer, "set_node_attribution", None)
+        if set_attribution is not None:
+            set_attribution(None)
+        hooks, self._hooks = self._hooks, None
+        if hooks is not None:
+            hooks.tracker = None
+            if installation.keeping() and _hook_sets.get(self.root) is hooks:
+                installation.linger(hooks, hooks.remove)  # the next window on this model takes them over
+            else:
+                hooks.remove()
+        self._remove_grad_hooks()
+        self._owners_by_thread = {}
+        self._latest_owners = None
+        self._latest_call = {}
+
+    # --- forward calls and the nodes they create --------------------------------
+    def _thread_state(self) -> _ThreadState:
+        state: _ThreadState | None = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = _ThreadState()
+            self._owners_by_thread[threading.get_ident()] = state.owners
+        return state
+
+    def enter_call(self, info: ModuleInfo, phase: str) -> None:
+        state = self._thread_state()
+        stack = state.stack
+        if stack:
+            parent: ModuleCall | None = stack[-1][0]
+        elif phase == s.PHASE_RECOMPUTE:  # recomputed inside backward: under the call whose node asked for it
+            chain = self.running_chain()
+            parent = chain[-1] if chain else None
+        else:
+            parent = None
+        call = ModuleCall(info, parent)
+        first_node = state.owners.mark(call)
+        stack.append((call, phase, first_node))
+        self._latest_owners = state.owners
+        self._latest_call[info] = call
+
+    def exit_call(self, info: ModuleInfo) -> tuple[ModuleCall, str, int] | None:
+        state = self._thread_state()
+        stack = state.stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0].module is info:
+                entry = stack.pop(i)
+                del stack[i:]  # calls that never exited (their forward raised past them)
+                state.owners.mark(stack[-1][0] if stack else None)
+                return entry
+        return None
+
+    def running_chain(self) -> tuple[ModuleCall, ...] | None:
+        """The module calls (outermost first) whose forward created the autograd node running now.
+
+        () in backward outside any tracked module's nodes (the loss, a final callback);
+        None outside backward.  A parameter's AccumulateGrad node (and the hooks run in it)
+        belongs to the latest call of the module owning the parameter.
+        """
+        node = _current_node()
+        if node is None:
+            return () if _graph_task_id() != -1 else None
+        sequence_nr = node._sequence_nr()
+        if sequence_nr == _NO_SEQUENCE_NR:
+            info = self._param_owner.get(id(getattr(node, "variable", None)))
+            call = self._latest_call.get(info) if info is not None else None
+            return call.chain if call is not None else ()
+        owners = self._owners_by_thread.get(threading.get_ident()) or self._latest_owners
+        call = owners.owner(sequence_nr) if owners is not None else None
+        return call.chain if call is not None else ()
+
+    def backward_start(self, call: ModuleCall) -> None:
+        """The gradient of the call's output arrived: its backward work starts."""
+        observer = self.observer
+        if observer is None or not observer.accepting:
+            return
+        observer.on_backward_modules(call.chain)
+        try:
+            self.close_at_backward_end()
+        except Exception as exc:
+            observer.on_fault("module_backward_start", exc)
+
+    def add_grad_hook(self, tensors: list[torch.Tensor], callback: Any) -> None:
+        """Run `callback()` once, when the first gradient of `tensors` arrives.
+
+        Nested modules often share an output (the root's output is fc2's output).  One
+        hook per tensor runs the callbacks in reverse order of registration — outer call
+        first, innermost last — so the innermost call is the one whose backward runs on,
+        whatever order autograd keeps for same-tensor hooks.
+        """
+        if len(tensors) != 1:
+            with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
+                self._grad_handles.append(
+                    register_multi_grad_hook(tensors, lambda grads: self._run_safely(callback), mode="any")
+                )
+            return
+        tensor = tensors[0]
+        entry = self._tensor_callbacks.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            entry[1].append(callback)
+            return
+        if len(self._tensor_callbacks) > 1024:  # forward-only steps leave entries behind
+            self._tensor_callbacks = {k: v for k, v in self._tensor_callbacks.items() if v[0]() is not None}
+        callbacks = [callback]
+        self._tensor_callbacks[id(tensor)] = (weakref.ref(tensor), callbacks)
+
+        def hook(grad: Any) -> None:
+            for pending in reversed(callbacks):
+                self._run_safely(pending)
+
+        with torch._C.DisableTorchFunction():
+            handle = tensor.register_hook(hook)
+        if tensor.grad_fn is None:  # a leaf outlives the step: remove its hook after backward
+            self._grad_handles.append(handle)
+
+    def _run_safely(self, callback: Any) -> None:
+        """Run one of our grad-hook callbacks; a fault is counted, never raised into autograd."""
+        try:
+            callback()
+        except Exception as exc:
+            observer = self.observer
+            if observer is not None:
+                observer.on_fault("module_grad_hook", exc)
+
+    def _remove_grad_hooks(self) -> None:
+        self._tensor_callbacks = {}
+        handles, self._grad_handles = self._grad_handles, []
+        for handle in handles:
+            handle.remove()
+
+    def close_at_backward_end(self) -> None:
+        """Ask autograd to tell us when this backward pass ends (once per pass)."""
+        if self._backward_end_queued:
+            return
+        self._backward_end_queued = True
+
+        def backward_end() -> None:
+            self._backward_end_queued = False
+            observer = self.observer
+            if observer is not None:
+                observer.on_backward_end()
+                try:
+                    self._remove_grad_hooks()
+                except Exception as exc:
+                    observer.on_fault("module_grad_hook_cleanup", exc)
+
+        torch.autograd.Variable._execution_engine.queue_callback(backward_end)

@@ -1,0 +1,270 @@
+"""The one place that turns typed infos into span attributes and span attributes back.
+
+Span attribute values must be primitives or homogeneous arrays of them, so tensors
+and parameters travel as parallel arrays (index i = tensor i) of strings like `"4,16"`.
+Everything that writes or reads those arrays goes through this module; the keys come
+from `hp_otel.spans.schema`.  Renderers decode spans saved to a file or pulled from a backend
+the same way, so they cache what repeats every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hp_otel.spans import schema as s
+from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
+
+# Attribute keys of op inputs / outputs, in the order of TensorInfo's fields.
+_TENSOR_KEYS: dict[str, tuple[str, str, str, str, str]] = {
+    "input": (
+        s.OP_INPUT_SHAPES,
+        s.OP_INPUT_DTYPES,
+        s.OP_INPUT_IS_DTENSOR,
+        s.OP_INPUT_PLACEMENTS,
+        s.OP_INPUT_MESH_SHAPES,
+    ),
+    "output": (
+        s.OP_OUTPUT_SHAPES,
+        s.OP_OUTPUT_DTYPES,
+        s.OP_OUTPUT_IS_DTENSOR,
+        s.OP_OUTPUT_PLACEMENTS,
+        s.OP_OUTPUT_MESH_SHAPES,
+    ),
+}
+PLACEMENT_SEPARATOR = ";"  # between mesh dims in one placements string
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """`(4, 16)` as `"4,16"` (a scalar is `""`)."""
+    return ",".join(map(str, shape))
+
+
+def shape_from_text(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",")) if text else ()
+
+
+def placements_text(placements: Sequence[Any]) -> str:
+    """Placements of all mesh dims as one string: `Shard(dim=0);Replicate()`."""
+    return PLACEMENT_SEPARATOR.join(p if isinstance(p, str) else repr(p) for p in placements)
+
+
+# --- encode: infos -> span attributes -----------------------------------------
+
+
+def encode_tensor_infos(infos: Sequence[TensorInfo], direction: str) -> dict[str, Any]:
+    """Parallel attribute arrays for op inputs or outputs (`direction` is "input" or "output")."""
+    keys = _TENSOR_KEYS[direction]
+    return {
+        keys[0]: tuple(shape_text(i.shape) for i in infos),
+        keys[1]: tuple(i.dtype for i in infos),
+        keys[2]: tuple(i.is_dtensor for i in infos),
+        keys[3]: tuple(PLACEMENT_SEPARATOR.join(i.placements or ()) for i in infos),
+        keys[4]: tuple(shape_text(i.mesh_shape or ()) for i in infos),
+    }
+
+
+def encode_op(name: str, inputs: Sequence[TensorInfo], phase: str) -> dict[str, Any]:
+    attrs = encode_tensor_infos(inputs, "input")
+    attrs[s.CALL_KIND] = s.KIND_OP
+    attrs[s.OP_NAME] = name
+    attrs[s.PHASE] = phase
+    return attrs
+
+
+def encode_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
+    """A module span's attributes; its own parameters go on the forward span only."""
+    attrs: dict[str, Any] = {
+        s.CALL_KIND: s.KIND_MODULE,
+        s.MODULE_FQN: module.fqn,
+        s.MODULE_TYPE: module.module_type,
+        s.PHASE: phase,
+    }
+    params = module.parameters
+    if params and phase == s.PHASE_FORWARD:
+        attrs[s.MODULE_PARAM_NAMES] = tuple(p.name for p in params)
+        attrs[s.MODULE_PARAM_SHAPES] = tuple(shape_text(p.shape) for p in params)
+        attrs[s.MODULE_PARAM_DTYPES] = tuple(p.dtype for p in params)
+        attrs[s.MODULE_PARAM_PLACEMENTS] = tuple(p.placements for p in params)
+    return attrs
+
+
+def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
+    """A collective span's attributes, without the phase (the recorder knows it, not the source)."""
+    attrs = {
+        s.CALL_KIND: s.KIND_COLLECTIVE,
+        s.COLLECTIVE_NAME: info.name,
+        s.COLLECTIVE_OP: info.op,
+        s.COLLECTIVE_GROUP_SIZE: info.group_size,
+        s.COLLECTIVE_GROUP: info.group,
+        s.COLLECTIVE_GROUP_RANKS: info.group_ranks,
+        s.COLLECTIVE_INPUT_SHAPE: info.input_shape,
+        s.COLLECTIVE_OUTPUT_SHAPE: info.output_shape,
+        s.COLLECTIVE_DTYPE: info.dtype,
+        s.COLLECTIVE_BYTES: info.bytes,
+        s.COLLECTIVE_REDUCE_OP: info.reduce_op,
+        s.COLLECTIVE_ASYNC: info.is_async,
+    }
+    if info.param_module:
+        attrs[s.COLLECTIVE_PARAM_MODULE] = info.param_module
+    if info.peers:
+        attrs[s.COLLECTIVE_PEERS] = info.peers
+        attrs[s.COLLECTIVE_TAGS] = info.tags
+    return attrs
+
+
+def encode_collective_place(attrs: Mapping[str, Any], phase: str, fqn: str) -> dict[str, Any]:
+    """A collective's encoded attributes plus where it was issued (phase, innermost module)."""
+    return {**attrs, s.PHASE: phase, s.COLLECTIVE_MODULE: fqn}
+
+
+def encode_collective_match(seq: int, window: str, match_id: str) -> dict[str, Any]:
+    """What identifies one collective across ranks: its sequence number in the window, and the shared id."""
+    return {s.COLLECTIVE_SEQ: seq, s.COLLECTIVE_WINDOW: window, s.COLLECTIVE_MATCH_ID: match_id}
+
+
+def encode_redistribute(src_placements: str, dst_placements: str, shape: tuple[int, ...], phase: str) -> dict[str, Any]:
+    return {
+        s.CALL_KIND: s.KIND_REDISTRIBUTE,
+        s.REDISTRIBUTE_SRC_PLACEMENTS: src_placements,
+        s.REDISTRIBUTE_DST_PLACEMENTS: dst_placements,
+        s.TENSOR_SHAPE: shape,
+        s.PHASE: phase,
+    }
+
+
+# --- decode: span attributes -> infos -----------------------------------------
+
+# Decoded infos by their attribute arrays: a step repeats the same few shapes, so a long
+# window decodes each once (rendering 100 000 spans is dominated by this otherwise).
+_decoded: dict[tuple[Any, ...], tuple[TensorInfo, ...]] = {}
+_DECODED_LIMIT = 4096
+
+
+def tensor_info_key(attrs: Mapping[str, Any], direction: str) -> tuple[Any, ...]:
+    """The attribute arrays that describe an op's inputs or outputs (hashable: a cache key)."""
+    get = attrs.get
+    k = _TENSOR_KEYS[direction]
+    return (get(k[0], ()), get(k[1], ()), get(k[2], ()), get(k[3], ()), get(k[4], ()))
+
+
+def decode_tensor_infos(attrs: Mapping[str, Any], direction: str) -> list[TensorInfo]:
+    key = tensor_info_key(attrs, direction)
+    try:
+        infos = _decoded.get(key)
+    except TypeError:  # list-valued attributes (spans made elsewhere): nothing to cache by
+        return _decode_tensor_infos(*key)
+    if infos is None:
+        if len(_decoded) >= _DECODED_LIMIT:
+            _decoded.clear()
+        infos = _decoded[key] = tuple(_decode_tensor_infos(*key))
+    return list(infos)
+
+
+def _decode_tensor_infos(
+    shapes: Sequence[str],
+    dtypes: Sequence[str],
+    is_dt: Sequence[bool],
+    placements: Sequence[str],
+    meshes: Sequence[str],
+) -> list[TensorInfo]:
+    out = []
+    for i, shape in enumerate(shapes):
+        dtensor = bool(is_dt[i]) if i < len(is_dt) else False
+        out.append(
+            TensorInfo(
+                shape=shape_from_text(shape),
+                dtype=dtypes[i] if i < len(dtypes) else "",
+                is_dtensor=dtensor,
+                placements=tuple(placements[i].split(PLACEMENT_SEPARATOR))
+                if dtensor and i < len(placements) and placements[i]
+                else None,
+                mesh_shape=shape_from_text(meshes[i]) if dtensor and i < len(meshes) else None,
+            )
+        )
+    return out
+
+
+def decode_parameters(attrs: Mapping[str, Any]) -> list[ParameterInfo]:
+    """A module span's own parameters (empty when it has none, or on a backward span)."""
+    names = attrs.get(s.MODULE_PARAM_NAMES, ())
+    shapes = attrs.get(s.MODULE_PARAM_SHAPES, ())
+    dtypes = attrs.get(s.MODULE_PARAM_DTYPES, ())
+    placements = attrs.get(s.MODULE_PARAM_PLACEMENTS, ())
+    return [
+        ParameterInfo(
+            name=name,
+            shape=shape_from_text(shapes[i]) if i < len(shapes) else (),
+            dtype=dtypes[i] if i < len(dtypes) else "",
+            placements=placements[i] if i < len(placements) else "",
+        )
+        for i, name in enumerate(names)
+    ]
+
+
+def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> CollectiveInfo:
+    """A collective span's attributes as the source reported them (missing ones as defaults)."""
+    get = attrs.get
+    return CollectiveInfo(
+        name=str(get(s.COLLECTIVE_NAME, span_name)),
+        op=str(get(s.COLLECTIVE_OP, "")),
+        group_size=int(get(s.COLLECTIVE_GROUP_SIZE, 0)),
+        group=str(get(s.COLLECTIVE_GROUP, "")),
+        group_ranks=tuple(get(s.COLLECTIVE_GROUP_RANKS, ())),
+        input_shape=tuple(get(s.COLLECTIVE_INPUT_SHAPE, ())),
+        output_shape=tuple(get(s.COLLECTIVE_OUTPUT_SHAPE, ())),
+        dtype=str(get(s.COLLECTIVE_DTYPE, "")),
+        bytes=int(get(s.COLLECTIVE_BYTES, 0)),
+        reduce_op=str(get(s.COLLECTIVE_REDUCE_OP, "")),
+        is_async=bool(get(s.COLLECTIVE_ASYNC, False)),
+        param_module=str(get(s.COLLECTIVE_PARAM_MODULE, "")),
+        peers=tuple(get(s.COLLECTIVE_PEERS, ())),
+        tags=tuple(get(s.COLLECTIVE_TAGS, ())),
+    )
+
+
+@dataclass(frozen=True)
+class CollectiveMatch:
+    """A collective span's cross-rank identity, decoded (seq -1: recorded without one)."""
+
+    seq: int
+    window: str
+    module: str
+    match_id: str
+    in_flight: bool
+
+
+def decode_collective_match(attrs: Mapping[str, Any]) -> CollectiveMatch:
+    get = attrs.get
+    return CollectiveMatch(
+        seq=int(get(s.COLLECTIVE_SEQ, -1)),
+        window=str(get(s.COLLECTIVE_WINDOW, "")),
+        module=str(get(s.COLLECTIVE_MODULE, "")),
+        match_id=str(get(s.COLLECTIVE_MATCH_ID, "")),
+        in_flight=bool(get(s.COLLECTIVE_IN_FLIGHT, False)),
+    )
+
+
+def decode_redistribute(attrs: Mapping[str, Any]) -> tuple[str, str, tuple[int, ...]]:
+    """(source placements, destination placements, global shape) of a redistribute span."""
+    return (
+        str(attrs.get(s.REDISTRIBUTE_SRC_PLACEMENTS, "")),
+        str(attrs.get(s.REDISTRIBUTE_DST_PLACEMENTS, "")),
+        tuple(attrs.get(s.TENSOR_SHAPE, ())),
+    )
+
+
+def metric_attributes(key: tuple[Any, ...]) -> dict[str, Any]:
+    """Metric attributes from a recorder key: `schema.METRIC_ATTRIBUTE_KEYS` in order, then `error.type` if failed."""
+    count = len(s.METRIC_ATTRIBUTE_KEYS)
+    attrs = dict(zip(s.METRIC_ATTRIBUTE_KEYS, key[:count], strict=True))
+    if len(key) > count and key[count]:
+        attrs[s.ERROR_TYPE] = key[count]
+    return attrs
+
+
+def error_type(error: BaseException) -> str:
+    """`error.type` as OTel's conventions define it: the exception's fully qualified class name."""
+    cls = type(error)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,95 @@
+"""What sources report: typed descriptions of tensors, collectives and modules.
+
+Sources build these from framework objects and hand them to the observer; they know
+nothing about OpenTelemetry.  `hp_otel.spans.codec` turns them into span attributes and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A snapshot of one tensor's metadata (the design's TensorInfo)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    is_dtensor: bool = False
+    placements: tuple[str, ...] | None = None  # DTensor only, one per mesh dim
+    mesh_shape: tuple[int, ...] | None = None  # DTensor only
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "is_dtensor": self.is_dtensor}
+        if self.is_dtensor:
+            out["placements"] = list(self.placements or ())
+            out["mesh_shape"] = list(self.mesh_shape or ())
+        return out
+
+    def label(self) -> str:
+        """`DTensor[4, 16]` or `Tensor[4, 16]`, as the table shows it."""
+        kind = "DTensor" if self.is_dtensor else "Tensor"
+        return f"{kind}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class CollectiveInfo:
+    """One collective call as a source saw it."""
+
+    name: str  # the framework's own name, e.g. "_c10d_functional.all_reduce"
+    op: str  # normalised, one of schema.NORMALISED_OPS
+    group_size: int
+    group: str = ""
+    group_ranks: tuple[int, ...] = ()
+    input_shape: tuple[int, ...] = ()
+    output_shape: tuple[int, ...] = ()
+    dtype: str = ""
+    bytes: int = 0
+    reduce_op: str = ""
+    is_async: bool = False
+    param_module: str = ""  # FSDP: the module whose parameters it gathers or reduces
+    peers: tuple[int, ...] = ()  # point-to-point: the peer's global rank (one per op of a batch)
+    tags: tuple[int, ...] = ()  # point-to-point: the tag (one per op of a batch)
+
+
+@dataclass(frozen=True)
+class ParameterInfo:
+    """One parameter a module owns itself (not its children's)."""
+
+    name: str  # "weight"
+    shape: tuple[int, ...]
+    dtype: str
+    placements: str = ""  # "Shard(dim=0)" for a DTensor parameter (mesh dims joined by ";"), "" otherwise
+
+
+@dataclass(frozen=True, eq=False)
+class ModuleInfo:
+    """A tracked module (torch `nn.Module`, MindSpore `Cell`), made once when tracking starts.
+
+    Compared by identity: a source makes one per module, so span attribute encodings
+    can be cached per object.
+    """
+
+    fqn: str  # "fc1"; the root is schema.ROOT_MODULE_FQN
+    span_name: str  # the fqn, or the root's class name
+    module_type: str  # the class's qualified name
+    parameters: tuple[ParameterInfo, ...] = ()
+
+
+class ModuleCall:
+    """One forward call of a module (a module run twice in a window has two calls).
+
+    Backward work is attributed to the call whose forward created the autograd node
+    that runs it; `chain` is the calls enclosing this one when it ran, outermost
+    first, itself last — the modules a backward collective counts for.
+    """
+
+    __slots__ = ("chain", "module")
+
+    def __init__(self, module: ModuleInfo, parent: ModuleCall | None = None) -> None:
+        self.module = module
+        self.chain: tuple[ModuleCall, ...] = (*parent.chain, self) if parent is not None else (self,)
+
+    def __repr__(self) -> str:
+        return f"ModuleCall({'/'.join(c.module.fqn for c in self.chain)})"

@@ -1,0 +1,225 @@
+"""Spans to and from OTLP/JSON files (the OTLP protobuf JSON mapping, ids in hex).
+
+Writing uses the OTLP exporter's own protobuf encoder, so a file holds exactly what an
+OTLP exporter would send; reading rebuilds SDK ReadableSpans, so the table and counts
+can be rendered again later (`hp-otel render FILE`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict, ParseDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from hp_otel.common.files import write_text_atomically
+
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+MAX_BYTES_VARIABLE = "HP_OTEL_RENDER_MAX_BYTES"
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+MEMORY_PER_FILE_BYTE = 10  # peak memory / file size when reading (measured: 9.8x for a 42 MB file of 40,000 spans)
+
+
+class SpanFileError(ValueError):
+    """A spans file that is missing, not JSON, or not OTLP/JSON traces."""
+
+
+def _ids(obj: Any, convert: Any) -> Any:
+    """Apply `convert` to every trace/span id field, in place (iterative: files can nest deeply)."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if key in _ID_FIELDS and isinstance(value, str):
+                    item[key] = convert(value)
+                elif isinstance(value, (dict, list)):
+                    stack.append(value)
+        elif isinstance(item, list):
+            stack.extend(value for value in item if isinstance(value, (dict, list)))
+    return obj
+
+
+def _b64_to_hex(value: str) -> str:
+    import base64
+
+    return base64.b64decode(value).hex()
+
+
+def _hex_to_b64(value: str) -> str:
+    import base64
+
+    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+
+
+def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """The OTLP/JSON mapping: ids in hex, enums (span kind, status code) as integers, as the OTLP spec says."""
+    message = encode_spans(spans)
+    return _ids(MessageToDict(message, use_integers_for_enums=True), _b64_to_hex)
+
+
+def write_spans(
+    path: str | os.PathLike[str],
+    spans: Sequence[ReadableSpan],
+    argument: str = "path",
+    resource_defaults: Mapping[str, int | str] | None = None,
+) -> None:
+    """Write finished spans to `path` as OTLP/JSON (the format `read_spans` and `hp-otel render` read).
+
+    `resource_defaults` are resource attributes set where the spans' resource lacks them
+    (the rank, so a per-rank file names its rank even without launcher variables); with
+    them, a file without spans still holds the resource.
+    """
+    spans = tuple(spans) if not isinstance(spans, (str, bytes)) and hasattr(spans, "__iter__") else spans
+    if not isinstance(spans, tuple) or not all(isinstance(span, ReadableSpan) for span in spans):
+        raise TypeError(f"spans must be a sequence of finished spans (ReadableSpan), got {type(spans).__name__}")
+    payload = spans_to_otlp_json(spans)
+    if resource_defaults:
+        _add_resource_defaults(payload, resource_defaults)
+    write_text_atomically(path, lambda handle: json.dump(payload, handle), argument=argument)
+
+
+def _add_resource_defaults(payload: dict[str, Any], defaults: Mapping[str, int | str]) -> None:
+    resource_spans = payload.setdefault("resourceSpans", [])
+    if not resource_spans:
+        resource_spans.append({"resource": {"attributes": []}, "scopeSpans": []})
+    for entry in resource_spans:
+        attributes = entry.setdefault("resource", {}).setdefault("attributes", [])
+        present = {kv.get("key") for kv in attributes}
+        for key, value in defaults.items():
+            if key not in present:
+                encoded = {"intValue": str(value)} if isinstance(value, int) else {"stringValue": str(value)}
+                attributes.append({"key": key, "value": encoded})
+
+
+def _any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(_any_value(v) for v in value.array_value.values)
+    if kind is None:
+        return None
+    return getattr(value, kind)
+
+
+def max_bytes_limit(max_bytes: int | None = None, environ: Mapping[str, str] = os.environ) -> int:
+    """The size limit for reading a spans file: the argument, else HP_OTEL_RENDER_MAX_BYTES, else 256 MiB."""
+    if max_bytes is not None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        return max_bytes
+    text = environ.get(MAX_BYTES_VARIABLE, "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise SpanFileError(f"{MAX_BYTES_VARIABLE} must be a positive number of bytes, got {text!r}")
+        return int(text)
+    return DEFAULT_MAX_BYTES
+
+
+def read_spans(path: str | os.PathLike[str], max_bytes: int | None = None) -> list[ReadableSpan]:
+    """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong (see read_trace_file)."""
+    return read_trace_file(path, max_bytes)[0]
+
+
+def read_trace_file(
+    path: str | os.PathLike[str], max_bytes: int | None = None
+) -> tuple[list[ReadableSpan], list[dict[str, Any]]]:
+    """The spans of an OTLP/JSON traces file, and the attributes of every resource in it (also one without spans).
+
+    The whole file is parsed in memory (about 10x its size at the peak), so files
+    over `max_bytes` (default: `HP_OTEL_RENDER_MAX_BYTES`, else 256 MiB) are refused
+    with their size and the limit, and running out of memory is reported as such.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):  # an int would be read as a descriptor
+        raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
+    name = os.fspath(path)
+    limit = max_bytes_limit(max_bytes)
+    try:
+        size = os.stat(name).st_size
+    except FileNotFoundError as exc:
+        raise SpanFileError(f"spans file {name!r} does not exist") from exc
+    except OSError as exc:
+        raise SpanFileError(f"spans file {name!r} cannot be read: {exc}") from exc
+    if size > limit:
+        raise SpanFileError(
+            f"spans file {name!r} is {size:,} bytes, over the limit of {limit:,} bytes (reading needs about "
+            f"{MEMORY_PER_FILE_BYTE}x the file size in memory); raise it with --max-bytes or {MAX_BYTES_VARIABLE}"
+        )
+    try:
+        message = _parse(name)
+        resources = [{kv.key: _any_value(kv.value) for kv in rs.resource.attributes} for rs in message.resource_spans]
+        return _spans_of(message), resources
+    except MemoryError:
+        raise SpanFileError(
+            f"spans file {name!r} ({size:,} bytes) needs more memory than is available to read "
+            f"(about {MEMORY_PER_FILE_BYTE}x the file size); split the file or read it on a larger machine"
+        ) from None
+    except RecursionError:
+        raise SpanFileError(
+            f"spans file {name!r} nests values deeper than can be read ({sys.getrecursionlimit()} levels); "
+            "an OTLP/JSON traces file nests about 10"
+        ) from None
+
+
+def _parse(name: str) -> ExportTraceServiceRequest:
+    try:
+        with open(name, encoding="utf-8") as handle:
+            payload = json.load(handle)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpanFileError(f"spans file {name!r} cannot be read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise SpanFileError(f"spans file {name!r} is not JSON: {exc}") from exc
+    if not isinstance(payload, dict) or "resourceSpans" not in payload:
+        raise SpanFileError(f"spans file {name!r} is not OTLP/JSON traces (no 'resourceSpans' key)")
+    try:
+        _ids(payload, _hex_to_b64)
+    except ValueError as exc:
+        raise SpanFileError(f"spans file {name!r} has a trace or span id that is not hex: {exc}") from exc
+    try:
+        return ParseDict(payload, ExportTraceServiceRequest())
+    except (RecursionError, MemoryError):
+        raise
+    except Exception as exc:
+        raise SpanFileError(f"spans file {name!r} is not valid OTLP/JSON traces: {exc}") from exc
+
+
+def _spans_of(message: ExportTraceServiceRequest) -> list[ReadableSpan]:
+    spans: list[ReadableSpan] = []
+    for resource_spans in message.resource_spans:
+        resource = Resource({kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes})
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                trace_id = int.from_bytes(span.trace_id, "big")
+                context = SpanContext(trace_id, int.from_bytes(span.span_id, "big"), True, TraceFlags(1))
+                parent = (
+                    SpanContext(trace_id, int.from_bytes(span.parent_span_id, "big"), True, TraceFlags(1))
+                    if span.parent_span_id
+                    else None
+                )
+                status = (
+                    Status(StatusCode.ERROR, span.status.message or None)
+                    if span.status.code == 2
+                    else Status(StatusCode.UNSET)
+                )
+                spans.append(
+                    ReadableSpan(
+                        name=span.name,
+                        context=context,
+                        parent=parent,
+                        resource=resource,
+                        attributes={kv.key: _any_value(kv.value) for kv in span.attributes},
+                        kind=SpanKind.INTERNAL,
+                        status=status,
+                        start_time=span.start_time_unix_nano,
+                        end_time=span.end_time_unix_nano,
+                    )
+                )
+    return spans

@@ -1,0 +1,152 @@
+"""One trace per step across ranks, and the always-on BaseInstrumentor (OTel TestBase)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+from events import design_mlp_forward
+from opentelemetry import trace
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.test.test_base import TestBase
+
+import hp_otel
+from hp_otel import CommDebugMode
+from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
+from hp_otel.always_on.steps import step_ids
+from hp_otel.spans import schema
+
+
+def _rank_provider(sampler=None) -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler, shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _run_rank(rank: int, provider: TracerProvider, steps=(0,)) -> None:
+    for n in steps:
+        with hp_otel.step(n, run_id="run-a", rank=rank, tracer_provider=provider):
+            with CommDebugMode(tracer_provider=provider, live_spans=False) as mode:
+                design_mlp_forward(mode.observer)
+
+
+def test_two_ranks_share_the_trace_of_a_step_under_one_root_from_rank_0() -> None:
+    (p0, e0), (p1, e1) = _rank_provider(), _rank_provider()
+    _run_rank(0, p0)
+    _run_rank(1, p1)
+    trace_id, root_id = step_ids("run-a", 0)
+    spans0, spans1 = e0.get_finished_spans(), e1.get_finished_spans()
+    assert {s.context.trace_id for s in (*spans0, *spans1)} == {trace_id}
+    roots = [s for s in (*spans0, *spans1) if s.parent is None]
+    assert [(r.name, r.context.span_id, r.attributes[schema.STEP]) for r in roots] == [("step", root_id, 0)]
+    for rank, spans in ((0, spans0), (1, spans1)):
+        by_id = {s.context.span_id: s for s in spans}
+        (rank_step,) = [s for s in spans if s.name == "rank_step"]
+        assert rank_step.parent.span_id == root_id and rank_step.attributes[schema.RESOURCE_RANK] == rank
+        assert rank_step.parent.is_remote == (rank != 0)
+        module_root = next(s for s in spans if s.attributes.get(schema.MODULE_FQN) == "(root)")
+        assert by_id[module_root.parent.span_id] is rank_step  # hp_otel's spans nest under the rank's span
+
+
+def test_steps_and_runs_get_different_traces() -> None:
+    ids = {step_ids("run-a", n)[0] for n in range(100)} | {step_ids("run-b", 0)[0]}
+    assert len(ids) == 101
+    assert step_ids("run-a", "window-3") != step_ids("run-a", 3)
+
+
+def test_ranks_take_the_same_sampling_decision_for_each_step() -> None:
+    sampler = ParentBased(TraceIdRatioBased(0.5))
+    (p0, e0), (p1, e1) = _rank_provider(sampler), _rank_provider(sampler)
+    _run_rank(0, p0, range(40))
+    _run_rank(1, p1, range(40))
+    steps0 = {s.attributes[schema.STEP] for s in e0.get_finished_spans() if s.name == "rank_step"}
+    steps1 = {s.attributes[schema.STEP] for s in e1.get_finished_spans() if s.name == "rank_step"}
+    assert steps0 == steps1 and 5 < len(steps0) < 35  # the same half-ish of the steps on both ranks
+
+
+def test_bad_step_arguments_are_rejected() -> None:
+    with pytest.raises(TypeError, match="step must be an int or a non-empty str"):
+        with hp_otel.step(1.5):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(ValueError, match="rank must be a non-negative int"):
+        with hp_otel.step(1, rank=-1):
+            pass
+
+
+def test_the_instrumentor_is_registered_as_an_entry_point() -> None:
+    (entry,) = [e for e in importlib.metadata.entry_points(group="opentelemetry_instrumentor") if e.name == "hp_otel"]
+    assert entry.load() is HpOtelInstrumentor
+
+
+class TestAlwaysOn(TestBase):
+    def setUp(self) -> None:
+        super().setUp()
+        HpOtelInstrumentor().instrument(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)
+
+    def tearDown(self) -> None:
+        HpOtelInstrumentor().uninstrument()
+        super().tearDown()
+
+    def _calls(self) -> int:
+        metrics = {m.name: m for m in self.get_sorted_metrics()}
+        return sum(p.value for p in metrics[schema.METRIC_CALLS].data.data_points)
+
+    def test_each_marked_step_is_recorded_with_the_callers_providers(self) -> None:
+        from hp_otel import mode as mode_module
+
+        for n in range(2):
+            with hp_otel.step(n, run_id="r", rank=0) as spans:
+                design_mlp_forward(mode_module._current_mode.get().observer)
+                assert trace.get_current_span() is spans.rank_span
+        finished = self.memory_exporter.get_finished_spans()
+        assert sorted(s.name for s in finished if s.name in ("step", "rank_step")) == ["rank_step"] * 2 + ["step"] * 2
+        collectives = [s for s in finished if s.name == "all_reduce"]
+        assert {s.context.trace_id for s in collectives} == {step_ids("r", 0)[0], step_ids("r", 1)[0]}
+        assert self._calls() == 2
+
+    def test_unsampled_steps_count_but_build_no_spans(self) -> None:
+        from hp_otel import mode as mode_module
+
+        provider = TracerProvider(sampler=TraceIdRatioBased(0.0), shutdown_on_exit=False)
+        provider.add_span_processor(SimpleSpanProcessor(self.memory_exporter))
+        HpOtelInstrumentor().uninstrument()
+        HpOtelInstrumentor().instrument(tracer_provider=provider, meter_provider=self.meter_provider)
+        with hp_otel.step(0, run_id="r", rank=0) as spans:
+            design_mlp_forward(mode_module._current_mode.get().observer)
+        assert not spans.sampled
+        assert self.memory_exporter.get_finished_spans() == ()
+        assert self._calls() == 1
+
+    def test_a_suppressed_step_is_not_recorded(self) -> None:
+        from hp_otel import mode as mode_module
+
+        with suppress_instrumentation(), hp_otel.step(0, run_id="r", rank=0):
+            assert mode_module._current_mode.get() is None
+        assert self.memory_exporter.get_finished_spans() == ()
+
+    def test_without_marked_steps_optimizer_steps_delimit_them(self) -> None:
+        import torch
+
+        from hp_otel import mode as mode_module
+
+        session = active_session()
+        assert session is not None
+        param = torch.nn.Parameter(torch.ones(2))
+        optimizer = torch.optim.SGD([param], lr=0.1)
+        for _ in range(3):
+            current = mode_module._current_mode.get()
+            if current is not None:
+                design_mlp_forward(current.observer)
+            param.grad = torch.ones(2)
+            optimizer.step()
+        HpOtelInstrumentor().uninstrument()  # closes the open step
+        assert mode_module._current_mode.get() is None
+        rank_steps = [s for s in self.memory_exporter.get_finished_spans() if s.name == "rank_step"]
+        assert sorted(s.attributes[schema.STEP] for s in rank_steps) == [0, 1, 2]
+        assert self._calls() == 2  # the window before the first optimizer.step() is not recorded
+        HpOtelInstrumentor().instrument(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)

