@@ -1,0 +1,49 @@
+"""The wheel users install holds the whole package: every subpackage, `py.typed`, and entry
+points that name modules inside it (a re-layout that forgets a folder fails here, not at a
+user's `import`)."""
+
+from __future__ import annotations
+
+import configparser
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _build_wheel(out: Path) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("hp_otel-*.whl")
+    return wheel
+
+
+def test_wheel_holds_every_package_py_typed_and_its_entry_points(tmp_path: Path) -> None:
+    wheel = _build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        (entry_points_file,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_points = configparser.ConfigParser()
+        entry_points.read_string(archive.read(entry_points_file).decode())
+
+    package = ROOT / "hp_otel"
+    source_modules = {p.relative_to(ROOT).as_posix() for p in package.rglob("*.py") if "__pycache__" not in p.parts}
+    assert source_modules - names == set(), "modules missing from the wheel"
+    assert "hp_otel/py.typed" in names
+
+    groups = {group: dict(entry_points[group]) for group in entry_points.sections()}
+    plugin_groups = ("opentelemetry_instrumentor", "opentelemetry_resource_detector", "pytest11")
+    assert set(groups) >= {"console_scripts", *plugin_groups}
+    for group in plugin_groups:
+        assert set(groups[group]) == {"hp_otel"}, group  # the names users and tools look up stay
+    for group, entries in groups.items():
+        for name, target in entries.items():
+            module = target.split(":")[0].strip()
+            assert module.replace(".", "/") + ".py" in names or module.replace(".", "/") + "/__init__.py" in names, (
+                f"{group}:{name} names {module}, which is not in the wheel"
+            )
