@@ -1,6 +1,6 @@
 """CommDebugMode: the user-facing context manager.
 
-It wires sources (framework hooks) to a SpanRecorder for the duration of a `with`
+It wires sources (framework hooks) to a WindowRecorder for the duration of a `with`
 block, then answers queries — counts from exact in-process counters, everything else
 rendered from the finished spans in its local store.
 """
@@ -33,7 +33,7 @@ from hp_otel.export.providers import (
 from hp_otel.record import signal_guard
 from hp_otel.record.instruments import get_instruments
 from hp_otel.record.observer import Observer, Source
-from hp_otel.record.recorder import SpanRecorder
+from hp_otel.record.recorder import WindowRecorder
 from hp_otel.record.signal_guard import GUARD
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.render import json_dump, module_info, table
@@ -192,7 +192,7 @@ class CommDebugMode:
         # Deferred spans meant for real processors (an exporter) are built when the window ends.
         self._build_on_exit = not live and not is_internal_tracer_provider(tracer_provider)
         self._store = LocalSpanStore(max_spans)
-        self._recorder = SpanRecorder(
+        self._recorder = WindowRecorder(
             get_tracer(tracer_provider), get_instruments(meter_provider), self._store, live, _MAX_PENDING_EVENTS
         )
         self._recorder.spans_enabled = record_spans

@@ -4,9 +4,9 @@ A source translates one framework's hooks into these calls and knows nothing abo
 OpenTelemetry; the recorder implements them and knows nothing about frameworks.
 Every method must be safe to call at any time: the recorder never raises from them.
 
-Sources may also read two flags of the observer at install (absent means True):
-`spans_enabled` (False: a counts-only window, install only what counting needs) and
-`ops_enabled` (False: no op tracing).
+Besides the calls, sources read four flags: `accepting` on every hook call, the others
+when they attach (what the window records, so a source installs only what is needed)
+or when a collective returns (`wants_completion`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,24 @@ NodeAttribution = Callable[[], "tuple[ModuleCall, ...] | None"]
 class Observer(Protocol):
     @property
     def accepting(self) -> bool:
-        """False while the observer is suspended (a nested mode is active) or closed."""
+        """False while the observer is suspended (a nested mode is active) or closed: a hook
+        then passes the call straight through (read on every hook call, so it is a plain attribute)."""
+
+    @property
+    def spans_enabled(self) -> bool:
+        """False in a counts-only window (`record_spans=False`, an unsampled step): sources
+        install only what counting needs (the collective hook, module forward hooks) and
+        describe a collective without shapes."""
+
+    @property
+    def ops_enabled(self) -> bool:
+        """False when the window leaves out op spans (`ops=False`): sources install no op hook."""
+
+    @property
+    def wants_completion(self) -> bool:
+        """True while a hang watchdog watches the window: a source that can tell when a returned
+        collective's work is done passes that probe as `on_collective(..., done=)`, so the
+        collective stays in flight (what the watchdog writes) until it is."""
 
     def on_module_enter(self, module: ModuleInfo, phase: str) -> None:
         """A module's forward (or its backward) starts; `module` is made once per module by the source."""
@@ -62,10 +79,13 @@ class Observer(Protocol):
         phase: str | None = None,
         ticket: Any = None,
         awaits_completion: bool = False,
+        done: Callable[[], bool] | None = None,
     ) -> object | None:
         """A collective call returned at `end_ns` (`ticket`: what `on_collective_issue` returned).
         With `awaits_completion` it was only launched: the returned token goes to
-        `on_collective_complete` when it finishes."""
+        `on_collective_complete` when it finishes.  `done` (only asked for while
+        `wants_completion`): says, from any thread, whether its work is done; until then the
+        issued collective stays in flight."""
 
     def on_collective_complete(self, token: object, end_ns: int, completion: str) -> None:
         """The collective of `token` finished (schema.COMPLETION_WAIT / COMPLETION_WORK); any thread."""

@@ -101,7 +101,7 @@ TORCH_DISTRIBUTED_COLLECTIVES: dict[str, str] = {
 # `CellBackwardHook`, the op a Cell backward hook (ours, when tracking modules) wraps a DTensor input in.
 _SKIPPED_OPS = frozenset({"__get__", "__set__", "__delete__", "CellBackwardHook"})
 
-_slot = ObserverSlot("hp_otel_hyper_parallel_observer")
+_slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_hyper_parallel_observer")
 _handles = AsyncHandles()
 
 

@@ -44,7 +44,7 @@ COLLECTIVES: dict[str, str] = {
     "irecv": "recv",
 }
 
-_slot = ObserverSlot("hp_otel_mindspore_observer")
+_slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_mindspore_observer")
 _handles = AsyncHandles()
 
 

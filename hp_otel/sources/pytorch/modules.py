@@ -275,7 +275,7 @@ class TorchModuleTracker:
 
     def install(self, observer: Observer) -> None:
         self.observer = observer
-        self.backward_spans = bool(getattr(observer, "spans_enabled", True))
+        self.backward_spans = observer.spans_enabled
         self._backward_end_queued = False
         self._local = threading.local()
         self._owners_by_thread = {}
@@ -292,15 +292,12 @@ class TorchModuleTracker:
             hooks.attach(self.root)
         finally:
             self._param_owner = hooks.param_owner
-        set_attribution = getattr(observer, "set_node_attribution", None)
-        if set_attribution is not None:
-            set_attribution(self.running_chain)
+        observer.set_node_attribution(self.running_chain)
 
     def uninstall(self) -> None:
         observer, self.observer = self.observer, None
-        set_attribution = getattr(observer, "set_node_attribution", None)
-        if set_attribution is not None:
-            set_attribution(None)
+        if observer is not None:
+            observer.set_node_attribution(None)
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.tracker = None
