@@ -265,10 +265,12 @@ class CommDebugMode:
                     self._installed.pop()
                     self._uninstall_one(source)
         if self._watchdog is not None:
+            self._recorder.wants_completion = True  # sources attach a done-probe to returned collectives
             try:
-                self._watchdog.start(self)
+                self._watchdog.start(self._recorder, self.write_spans)
                 self._watchdog_started = True
             except Exception as exc:  # a watchdog that cannot start must not stop training
+                self._recorder.wants_completion = False
                 self._recorder.on_fault("watchdog_start", exc)
 
     def _claim_thread_and_module(self) -> None:
@@ -326,6 +328,8 @@ class CommDebugMode:
                 self._watchdog.stop()  # type: ignore[union-attr]
             except Exception as error:
                 self._recorder.on_fault("watchdog_stop", error)
+            finally:
+                self._recorder.wants_completion = False
         with _install_lock:
             while self._installed:
                 source = self._installed.pop()
