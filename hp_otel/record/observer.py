@@ -99,8 +99,13 @@ class Observer(Protocol):
 
 
 class Source(Protocol):
-    """Installs framework hooks that feed an observer; uninstall restores everything exactly."""
+    """Framework hooks that feed an observer for one window (what `CommDebugMode(extra_sources=)` takes).
 
-    def install(self, observer: Observer) -> None: ...
+    Not to be confused with `hp_otel.install()`, which keeps hooks between windows.
+    """
 
-    def uninstall(self) -> None: ...
+    def attach(self, observer: Observer) -> None:
+        """The window opens: put the hooks in, reporting to `observer`."""
+
+    def detach(self) -> None:
+        """The window closes: take out what `attach` put in, exactly (also after a partial attach)."""

@@ -242,7 +242,7 @@ class TorchDTensorSource:
         self._timer: CollectiveTimer | None = None
         self._timer_token: contextvars.Token[CollectiveTimer | None] | None = None
 
-    def install(self, observer: Observer) -> None:
+    def attach(self, observer: Observer) -> None:
         self._observer = observer
         spans = observer.spans_enabled
         if spans:  # redistribute spans and FSDP's parameter module are span attributes only
@@ -256,14 +256,14 @@ class TorchDTensorSource:
         else:
             collective_mode = _CollectiveMode(timer, self._specs)
             collective_mode.__enter__()
-            self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
+            self._collective_mode = collective_mode  # only modes that entered are exited by detach
         if spans and observer.ops_enabled:
             op_mode = _OpMode(observer)
             op_mode.__enter__()
             self._op_mode = op_mode
 
-    def uninstall(self) -> None:
-        """Undo install in reverse order; every step runs even if an earlier one fails."""
+    def detach(self) -> None:
+        """Undo attach in reverse order; every step runs even if an earlier one fails."""
         run_every((self._exit_op_mode, self._exit_collective_mode, self._unpatch))
 
     def _exit_op_mode(self) -> None:
