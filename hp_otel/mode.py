@@ -558,7 +558,7 @@ _warned_former_names: weakref.WeakSet[type] = weakref.WeakSet()
 def _attachable(source: Any) -> Source:
     """The source, or for one with only the former method names its adapter (warned once per class)."""
     if _has_methods(source, "attach", "detach"):
-        return source  # type: ignore[no-any-return]
+        return source
     cls = type(source)
     if cls not in _warned_former_names:
         _warned_former_names.add(cls)

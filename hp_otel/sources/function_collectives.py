@@ -218,9 +218,9 @@ class AsyncHandles:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[Any, Callable[[int], None], Any]] = {}
+        self._pending: dict[int, tuple[Any, Callable[[int], object], Any]] = {}
 
-    def track(self, handle: Any, report: Callable[[int], None], owner: Any) -> bool:
+    def track(self, handle: Any, report: Callable[[int], object], owner: Any) -> bool:
         original_wait = getattr(handle, "wait", None)
         if not callable(original_wait):
             return False

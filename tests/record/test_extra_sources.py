@@ -59,7 +59,7 @@ def _former_names_source() -> Any:
 
 def test_a_source_with_the_former_names_still_works_and_is_warned_about_once_per_class() -> None:
     cls = _former_names_source()
-    source = cls()
+    source: Any = cls()
     with pytest.warns(DeprecationWarning, match=r"FormerNamesSource: .*now attach\(observer\) / detach\(\)") as seen:
         mode = CommDebugMode(extra_sources=[source])
     assert [w.filename for w in seen] == [__file__]  # points at the line that made the mode

@@ -281,8 +281,10 @@ class TorchDTensorSource:
 
     def _unpatch(self) -> None:
         token, self._token = self._token, None
+        observer = self._observer
         if token is not None:
             try:
                 run_every((fsdp_patches.release, _redistribute_patches.release))
             finally:
-                _redistribute_slot.pop(self._observer, token)
+                if observer is not None:
+                    _redistribute_slot.pop(observer, token)
