@@ -46,7 +46,8 @@ class Observer(Protocol):
     def on_module_enter(self, module: ModuleInfo, phase: str) -> None:
         """A module's forward (or its backward) starts; `module` is made once per module by the source."""
 
-    def on_module_exit(self, fqn: str, phase: str, error: BaseException | None = None) -> None: ...
+    def on_module_exit(self, fqn: str, phase: str, error: BaseException | None = None) -> None:
+        """That module's forward (or backward) ended, with `error` if it raised."""
 
     def on_backward_end(self) -> None:
         """The autograd pass finished: close backward module spans still open."""
@@ -59,9 +60,11 @@ class Observer(Protocol):
         """A module source says which module calls own the running backward work; a backward
         collective then counts for exactly those (see README "Semantics")."""
 
-    def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None: ...
+    def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None:
+        """An op at the level the user wrote it (`linear`, `matmul`) starts; only while `ops_enabled`."""
 
-    def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None: ...
+    def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None:
+        """That op returned `outputs` (or raised `error`)."""
 
     def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
         """A collective is about to run: returns a ticket for `on_collective` (None when not recording).
@@ -90,9 +93,12 @@ class Observer(Protocol):
     def on_collective_complete(self, token: object, end_ns: int, completion: str) -> None:
         """The collective of `token` finished (schema.COMPLETION_WAIT / COMPLETION_WORK); any thread."""
 
-    def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None: ...
+    def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None:
+        """A DTensor redistribute of a tensor of `shape` starts (placements as text: `Shard(dim=0)`,
+        `Replicate()`); the collectives it issues nest under it."""
 
-    def on_redistribute_exit(self, error: BaseException | None = None) -> None: ...
+    def on_redistribute_exit(self, error: BaseException | None = None) -> None:
+        """The innermost open redistribute ended."""
 
     def on_fault(self, where: str, exc: BaseException) -> None:
         """A source's own hook failed; the traced code went on."""
