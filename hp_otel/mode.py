@@ -1,6 +1,6 @@
 """CommDebugMode: the user-facing context manager.
 
-It wires sources (framework hooks) to a SpanRecorder for the duration of a `with`
+It wires sources (framework hooks) to a WindowRecorder for the duration of a `with`
 block, then answers queries — counts from exact in-process counters, everything else
 rendered from the finished spans in its local store.
 """
@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from asyncio import events as asyncio_events
 from collections.abc import Iterable
 from typing import Any
@@ -33,7 +34,7 @@ from hp_otel.export.providers import (
 from hp_otel.record import signal_guard
 from hp_otel.record.instruments import get_instruments
 from hp_otel.record.observer import Observer, Source
-from hp_otel.record.recorder import SpanRecorder
+from hp_otel.record.recorder import WindowRecorder
 from hp_otel.record.signal_guard import GUARD
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.render import json_dump, module_info, table
@@ -136,9 +137,11 @@ class CommDebugMode:
         ops: False leaves out op spans (`linear`, `matmul`; noise level 1 of the table)
             and the function mode that sees them, for users who want collectives and
             modules only; it saves most of the per-op cost.
-        extra_sources: your own sources (objects with `install(observer)` and
-            `uninstall()`, see `hp_otel.record.observer.Source`), installed after the engine's:
-            the way to trace a framework hp_otel does not know.
+        extra_sources: your own sources (objects with `attach(observer)` and
+            `detach()`, see `hp_otel.record.observer.Source`), attached after the engine's:
+            the way to trace a framework hp_otel does not know. Sources written with the
+            former names `install(observer)` / `uninstall()` still work (a
+            DeprecationWarning once per class).
         watchdog: a `hp_otel.HangWatchdog`: while the window is open, a collective that does
             not complete within its timeout makes this rank write its spans so far (the
             in-flight collective included) for `hp-otel ranks`. Off by default.
@@ -192,13 +195,15 @@ class CommDebugMode:
         # Deferred spans meant for real processors (an exporter) are built when the window ends.
         self._build_on_exit = not live and not is_internal_tracer_provider(tracer_provider)
         self._store = LocalSpanStore(max_spans)
-        self._recorder = SpanRecorder(
+        self._recorder = WindowRecorder(
             get_tracer(tracer_provider), get_instruments(meter_provider), self._store, live, _MAX_PENDING_EVENTS
         )
         self._recorder.spans_enabled = record_spans
         self._recorder.ops_enabled = ops
         self._sources: tuple[Source, ...] = (*default_sources(module, self.engine), *extra)
-        self._installed: list[Source] = []
+        # (the source's class name, what attach/detach is called on): the source itself, or its adapter
+        self._attachable = tuple((type(source).__name__, _attachable(source)) for source in self._sources)
+        self._attached: list[tuple[str, Source]] = []
         self._token: contextvars.Token[CommDebugMode | None] | None = None
         self._outer: CommDebugMode | None = None
         self._guarded = False  # this window holds the signal guard (entered on the main thread)
@@ -256,19 +261,21 @@ class CommDebugMode:
             self._outer = outer
         self._recorder.start()
         with _install_lock:
-            for source in self._sources:
-                self._installed.append(source)  # listed first: a half-installed source is uninstalled too
+            for name, source in self._attachable:
+                self._attached.append((name, source))  # listed first: a half-attached source is detached too
                 try:
-                    source.install(self._recorder)
-                except Exception as exc:  # a source that cannot install must not stop training
-                    self._recorder.on_fault(f"install:{type(source).__name__}", exc)
-                    self._installed.pop()
-                    self._uninstall_one(source)
+                    source.attach(self._recorder)
+                except Exception as exc:  # a source that cannot attach must not stop training
+                    self._recorder.on_fault(f"install:{name}", exc)
+                    self._attached.pop()
+                    self._detach_one(name, source)
         if self._watchdog is not None:
+            self._recorder.wants_completion = True  # sources attach a done-probe to returned collectives
             try:
-                self._watchdog.start(self)
+                self._watchdog.start(self._recorder, self.write_spans)
                 self._watchdog_started = True
             except Exception as exc:  # a watchdog that cannot start must not stop training
+                self._recorder.wants_completion = False
                 self._recorder.on_fault("watchdog_start", exc)
 
     def _claim_thread_and_module(self) -> None:
@@ -326,11 +333,13 @@ class CommDebugMode:
                 self._watchdog.stop()  # type: ignore[union-attr]
             except Exception as error:
                 self._recorder.on_fault("watchdog_stop", error)
+            finally:
+                self._recorder.wants_completion = False
         with _install_lock:
-            while self._installed:
-                source = self._installed.pop()
+            while self._attached:
+                name, source = self._attached.pop()
                 try:
-                    self._uninstall_one(source)
+                    self._detach_one(name, source)
                 except BaseException as error:  # not an Exception: finish the others, then raise it
                     interrupted.append(error)
         if self._recorder.active:
@@ -353,11 +362,11 @@ class CommDebugMode:
         if interrupted:
             raise interrupted[0]
 
-    def _uninstall_one(self, source: Source) -> None:
+    def _detach_one(self, name: str, source: Source) -> None:
         try:
-            source.uninstall()
+            source.detach()
         except Exception as exc:
-            self._recorder.on_fault(f"uninstall:{type(source).__name__}", exc)
+            self._recorder.on_fault(f"uninstall:{name}", exc)
 
     @property
     def active(self) -> bool:
@@ -366,7 +375,7 @@ class CommDebugMode:
 
     @property
     def sources(self) -> tuple[Source, ...]:
-        """The sources this mode installs while active: the engine's, module tracking, then `extra_sources`."""
+        """The sources this mode attaches while active: the engine's, module tracking, then `extra_sources`."""
         return self._sources
 
     @property
@@ -517,8 +526,46 @@ def _check_sources(sources: Any) -> tuple[Source, ...]:
         raise TypeError(f"extra_sources must be a sequence of sources, got {type(sources).__name__}")
     out = tuple(sources)
     for source in out:
-        if not (callable(getattr(source, "install", None)) and callable(getattr(source, "uninstall", None))):
+        if not (_has_methods(source, "attach", "detach") or _has_methods(source, "install", "uninstall")):
             raise TypeError(
-                f"extra_sources: {type(source).__name__} is not a source (needs install(observer) and uninstall())"
+                f"extra_sources: {type(source).__name__} is not a source (needs attach(observer) and detach())"
             )
     return out
+
+
+def _has_methods(source: Any, *names: str) -> bool:
+    return all(callable(getattr(source, name, None)) for name in names)
+
+
+class _InstallUninstall:
+    """Adapts a source written with the former names, `install(observer)` / `uninstall()`."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def attach(self, observer: Observer) -> None:
+        self.source.install(observer)
+
+    def detach(self) -> None:
+        self.source.uninstall()
+
+
+_warned_former_names: weakref.WeakSet[type] = weakref.WeakSet()
+
+
+def _attachable(source: Any) -> Source:
+    """The source, or for one with only the former method names its adapter (warned once per class)."""
+    if _has_methods(source, "attach", "detach"):
+        return source
+    cls = type(source)
+    if cls not in _warned_former_names:
+        _warned_former_names.add(cls)
+        warnings.warn(
+            f"{cls.__qualname__}: a source's install(observer) / uninstall() are now attach(observer) / detach(); "
+            "rename them (the former names still work for now)",
+            DeprecationWarning,
+            stacklevel=4,  # warn -> _attachable -> CommDebugMode.__init__'s generator -> __init__ -> the caller
+        )
+    return _InstallUninstall(source)

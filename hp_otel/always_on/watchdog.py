@@ -16,6 +16,10 @@ use both.
 
 The watchdog never kills, raises into or slows training: it only reads what the recorder
 already keeps and writes a file; a failure of its own is logged once and it goes on.
+
+It knows the window through two things the mode hands it when the window opens
+(`start`): the window's in-flight collectives (`InFlightCollectives`, the recorder) and a
+writer of its spans so far (`CommDebugMode.write_spans`) — not the mode itself.
 """
 
 from __future__ import annotations
@@ -25,17 +29,27 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from hp_otel.record.events import CollectiveIssue
-
-if TYPE_CHECKING:
-    from hp_otel.mode import CommDebugMode
 
 logger = logging.getLogger("hp_otel")
 
 DEFAULT_PATH = "hp_otel_hang_rank{rank}.json"
+
+# Writes the window's spans so far, the in-flight collectives included, to a path (any thread).
+SpansWriter = Callable[[str], None]
+
+
+class InFlightCollectives(Protocol):
+    """The collectives a window issued that have not completed (`WindowRecorder` keeps them)."""
+
+    def forget_completed(self) -> None:
+        """Drop the returned ones whose work is done (asked from the watchdog's thread)."""
+
+    def in_flight(self) -> list[CollectiveIssue]:
+        """The rest, oldest first; the watchdog marks the ones it wrote (`dumped_to`, `waited_s`)."""
 
 
 class HangWatchdog:
@@ -73,7 +87,8 @@ class HangWatchdog:
         self.on_signals = signals
         self.poll_s = float(poll_s) if poll_s is not None else min(self.timeout_s / 4, 1.0)
         self.written: list[str] = []  # every file this watchdog wrote, in order
-        self._mode: CommDebugMode | None = None
+        self._collectives: InFlightCollectives | None = None
+        self._write_spans: SpansWriter | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._previous: dict[int, Any] = {}
@@ -86,11 +101,16 @@ class HangWatchdog:
         return os.path.abspath(self.path_template.replace("{rank}", str(current_rank())))
 
     # --- lifecycle (CommDebugMode's enter and exit) --------------------------------
-    def start(self, mode: CommDebugMode) -> None:
+    def start(self, collectives: InFlightCollectives, write_spans: SpansWriter) -> None:
+        """Watch a window: `collectives` are its in-flight ones, `write_spans(path)` writes its spans so far.
+
+        The window makes its sources say when a returned collective's work is done
+        (`Observer.wants_completion`) while this watches it.
+        """
         if self._thread is not None:
             raise RuntimeError("this HangWatchdog already watches a window; give each CommDebugMode its own")
-        self._mode = mode
-        mode._recorder.wants_completion = True  # sources attach a done-probe to returned collectives
+        self._collectives = collectives
+        self._write_spans = write_spans
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="hp_otel-watchdog", daemon=True)
         self._thread.start()
@@ -107,9 +127,7 @@ class HangWatchdog:
             if signal.getsignal(sig) == self._on_signal:  # someone else's handler since: leave theirs
                 signal.signal(sig, previous)
         self._previous.clear()
-        if self._mode is not None:
-            self._mode._recorder.wants_completion = False
-            self._mode = None
+        self._collectives = self._write_spans = None
 
     # --- the thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -123,20 +141,19 @@ class HangWatchdog:
 
     def check(self, now_ns: int) -> list[CollectiveIssue]:
         """Write the file if a collective has waited `timeout_s`; returns the ones that newly did."""
-        mode = self._mode
-        if mode is None:
+        collectives, write_spans = self._collectives, self._write_spans
+        if collectives is None or write_spans is None:
             return []
-        recorder = mode._recorder
-        recorder.forget_completed()
+        collectives.forget_completed()
         limit_ns = int(self.timeout_s * 1e9)
-        stuck = [i for i in recorder.in_flight() if not i.dumped_to and now_ns - i.start_ns >= limit_ns]
+        stuck = [i for i in collectives.in_flight() if not i.dumped_to and now_ns - i.start_ns >= limit_ns]
         if not stuck:
             return []
         path = self.path
         for issue in stuck:
             issue.waited_s = round((now_ns - issue.start_ns) / 1e9, 3)
             issue.dumped_to = path
-        mode.write_spans(path)
+        write_spans(path)
         self.written.append(path)
         for issue in stuck:
             info = issue.info
@@ -157,10 +174,10 @@ class HangWatchdog:
     def _on_signal(self, signum: int, frame: Any) -> None:
         previous = self._previous.get(signum, signal.SIG_DFL)
         try:
-            mode = self._mode
-            if mode is not None:
+            write_spans = self._write_spans
+            if write_spans is not None:
                 path = self.path
-                mode.write_spans(path)
+                write_spans(path)
                 self.written.append(path)
                 logger.warning(
                     "hp_otel watchdog: got %s; wrote this rank's spans so far to %s",

@@ -4,9 +4,9 @@ A source translates one framework's hooks into these calls and knows nothing abo
 OpenTelemetry; the recorder implements them and knows nothing about frameworks.
 Every method must be safe to call at any time: the recorder never raises from them.
 
-Sources may also read two flags of the observer at install (absent means True):
-`spans_enabled` (False: a counts-only window, install only what counting needs) and
-`ops_enabled` (False: no op tracing).
+Besides the calls, sources read four flags: `accepting` on every hook call, the others
+when they attach (what the window records, so a source installs only what is needed)
+or when a collective returns (`wants_completion`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,30 @@ NodeAttribution = Callable[[], "tuple[ModuleCall, ...] | None"]
 class Observer(Protocol):
     @property
     def accepting(self) -> bool:
-        """False while the observer is suspended (a nested mode is active) or closed."""
+        """False while the observer is suspended (a nested mode is active) or closed: a hook
+        then passes the call straight through (read on every hook call, so it is a plain attribute)."""
+
+    @property
+    def spans_enabled(self) -> bool:
+        """False in a counts-only window (`record_spans=False`, an unsampled step): sources
+        install only what counting needs (the collective hook, module forward hooks) and
+        describe a collective without shapes."""
+
+    @property
+    def ops_enabled(self) -> bool:
+        """False when the window leaves out op spans (`ops=False`): sources install no op hook."""
+
+    @property
+    def wants_completion(self) -> bool:
+        """True while a hang watchdog watches the window: a source that can tell when a returned
+        collective's work is done passes that probe as `on_collective(..., done=)`, so the
+        collective stays in flight (what the watchdog writes) until it is."""
 
     def on_module_enter(self, module: ModuleInfo, phase: str) -> None:
         """A module's forward (or its backward) starts; `module` is made once per module by the source."""
 
-    def on_module_exit(self, fqn: str, phase: str, error: BaseException | None = None) -> None: ...
+    def on_module_exit(self, fqn: str, phase: str, error: BaseException | None = None) -> None:
+        """That module's forward (or backward) ended, with `error` if it raised."""
 
     def on_backward_end(self) -> None:
         """The autograd pass finished: close backward module spans still open."""
@@ -42,9 +60,11 @@ class Observer(Protocol):
         """A module source says which module calls own the running backward work; a backward
         collective then counts for exactly those (see README "Semantics")."""
 
-    def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None: ...
+    def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None:
+        """An op at the level the user wrote it (`linear`, `matmul`) starts; only while `ops_enabled`."""
 
-    def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None: ...
+    def on_op_exit(self, op_name: str, outputs: Sequence[TensorInfo], error: BaseException | None = None) -> None:
+        """That op returned `outputs` (or raised `error`)."""
 
     def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
         """A collective is about to run: returns a ticket for `on_collective` (None when not recording).
@@ -62,25 +82,36 @@ class Observer(Protocol):
         phase: str | None = None,
         ticket: Any = None,
         awaits_completion: bool = False,
+        done: Callable[[], bool] | None = None,
     ) -> object | None:
         """A collective call returned at `end_ns` (`ticket`: what `on_collective_issue` returned).
         With `awaits_completion` it was only launched: the returned token goes to
-        `on_collective_complete` when it finishes."""
+        `on_collective_complete` when it finishes.  `done` (only asked for while
+        `wants_completion`): says, from any thread, whether its work is done; until then the
+        issued collective stays in flight."""
 
     def on_collective_complete(self, token: object, end_ns: int, completion: str) -> None:
         """The collective of `token` finished (schema.COMPLETION_WAIT / COMPLETION_WORK); any thread."""
 
-    def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None: ...
+    def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None:
+        """A DTensor redistribute of a tensor of `shape` starts (placements as text: `Shard(dim=0)`,
+        `Replicate()`); the collectives it issues nest under it."""
 
-    def on_redistribute_exit(self, error: BaseException | None = None) -> None: ...
+    def on_redistribute_exit(self, error: BaseException | None = None) -> None:
+        """The innermost open redistribute ended."""
 
     def on_fault(self, where: str, exc: BaseException) -> None:
         """A source's own hook failed; the traced code went on."""
 
 
 class Source(Protocol):
-    """Installs framework hooks that feed an observer; uninstall restores everything exactly."""
+    """Framework hooks that feed an observer for one window (what `CommDebugMode(extra_sources=)` takes).
 
-    def install(self, observer: Observer) -> None: ...
+    Not to be confused with `hp_otel.install()`, which keeps hooks between windows.
+    """
 
-    def uninstall(self) -> None: ...
+    def attach(self, observer: Observer) -> None:
+        """The window opens: put the hooks in, reporting to `observer`."""
+
+    def detach(self) -> None:
+        """The window closes: take out what `attach` put in, exactly (also after a partial attach)."""

@@ -1,4 +1,4 @@
-"""The recorder: observer events in, exact counts, metrics and spans out.
+"""The window recorder: observer events in, exact counts, metrics and spans out.
 
 The hot path (one call per module, op, redistribute or collective event) does the
 least it can: count collectives exactly, note which modules are open, and append a
@@ -40,8 +40,8 @@ _now = time.time_ns
 _MAX_IN_FLIGHT = 4096
 
 
-class SpanRecorder:
-    """Implements `hp_otel.record.observer.Observer`."""
+class WindowRecorder:
+    """Records one window (a `CommDebugMode` block): implements `hp_otel.record.observer.Observer`."""
 
     def __init__(
         self,
@@ -313,13 +313,16 @@ class SpanRecorder:
         phase: str | None = None,
         ticket: Any = None,
         awaits_completion: bool = False,
+        done: Callable[[], bool] | None = None,
     ) -> ev.Collective | None:
         """Count and record one collective; with `awaits_completion` (launched, not finished)
         returns the token to pass to `on_collective_complete` when it finishes."""
         issue = ticket if type(ticket) is ev.CollectiveIssue else None
         if issue is not None:
             issue.returned = True
-            if issue.pending is None or error is not None:  # else in flight until its work is done
+            if done is not None and error is None:  # in flight until its work is done
+                issue.pending = done
+            else:
                 self._in_flight.pop(issue, None)
         if not self.accepting:
             return None

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import ObserverSlot
 from hp_otel.spans.infos import CollectiveInfo
 
@@ -217,9 +218,9 @@ class AsyncHandles:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[Any, Callable[[int], None], Any]] = {}
+        self._pending: dict[int, tuple[Any, Callable[[int], object], Any]] = {}
 
-    def track(self, handle: Any, report: Callable[[int], None], owner: Any) -> bool:
+    def track(self, handle: Any, report: Callable[[int], object], owner: Any) -> bool:
         original_wait = getattr(handle, "wait", None)
         if not callable(original_wait):
             return False
@@ -263,7 +264,7 @@ class AsyncHandles:
 def wrap_collective(
     function: Callable[..., Any],
     reader: CallReader,
-    slot: ObserverSlot,
+    slot: ObserverSlot[Observer],
     handles: AsyncHandles,
     phase_of: Callable[[], str | None] = lambda: None,
 ) -> Callable[..., Any]:
@@ -276,15 +277,15 @@ def wrap_collective(
             return function(*args, **kwargs)
         _inside.active = True
         start = time.time_ns()
-        ticket = _issue(observer, reader, args, kwargs, start, phase_of)
+        issued = _issue(observer, reader, args, kwargs, start, phase_of)
         try:
             result = function(*args, **kwargs)
         except BaseException as error:
             _inside.active = False
-            _report(observer, reader, args, kwargs, None, start, time.time_ns(), error, phase_of, handles, ticket)
+            _report(observer, reader, args, kwargs, None, start, time.time_ns(), error, phase_of, handles, issued)
             raise
         _inside.active = False
-        _report(observer, reader, args, kwargs, result, start, time.time_ns(), None, phase_of, handles, ticket)
+        _report(observer, reader, args, kwargs, result, start, time.time_ns(), None, phase_of, handles, issued)
         return result
 
     traced_collective.__hp_otel_original__ = function  # type: ignore[attr-defined]
@@ -292,24 +293,25 @@ def wrap_collective(
 
 
 def _issue(
-    observer: Any,
+    observer: Observer,
     reader: CallReader,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     start: int,
     phase_of: Callable[[], str | None],
-) -> Any:
-    """Report the call before it runs: its sequence number, and a record a hang watchdog can see."""
+) -> tuple[CollectiveInfo, Any] | None:
+    """Report the call before it runs: its sequence number, and a record a hang watchdog can see.
+    Returns what it was described as and the observer's ticket (None if describing failed)."""
     try:
         info = reader.describe(reader.bind(args, kwargs), None)
-        return observer.on_collective_issue(info, start, phase_of())
+        return info, observer.on_collective_issue(info, start, phase_of())
     except Exception as exc:
         observer.on_fault(f"collective_issue:{reader.name}", exc)
         return None
 
 
 def _report(
-    observer: Any,
+    observer: Observer,
     reader: CallReader,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -319,16 +321,17 @@ def _report(
     error: BaseException | None,
     phase_of: Callable[[], str | None],
     handles: AsyncHandles,
-    ticket: Any = None,
+    issued: tuple[CollectiveInfo, Any] | None = None,
 ) -> None:
+    ticket = issued[1] if issued is not None else None
     try:
         arguments = reader.bind(args, kwargs)
         info = reader.describe(arguments, result)
         phase = phase_of()
     except Exception as exc:
         observer.on_fault(f"collective_describe:{reader.name}", exc)
-        if ticket is not None:  # described when issued: report it as it was issued
-            observer.on_collective(ticket.info, start, end, error, None, ticket)
+        if issued is not None and ticket is not None:  # described when issued: report it as it was issued
+            observer.on_collective(issued[0], start, end, error, None, ticket)
         return
     if error is None and info.is_async:
         handle = result[-1] if isinstance(result, tuple) and result else result

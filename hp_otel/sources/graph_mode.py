@@ -12,7 +12,7 @@
   window records nothing from compiled cells.  Read from `mindspore.get_context("mode")`
   when MindSpore is already imported.
 
-A Source like the others (install = window start, uninstall = window end), so CommDebugMode
+A Source like the others (attach = window start, detach = window end), so CommDebugMode
 needs no change; the warning is given once per mode.
 """
 
@@ -46,7 +46,7 @@ class GraphModeWatch:
         self._saved: Any = None
         self._mark = 0
 
-    def install(self, observer: Observer) -> None:
+    def attach(self, observer: Observer) -> None:
         self.notes = []
         self._tls = None
         eval_frame = sys.modules.get("torch._dynamo.eval_frame")
@@ -60,7 +60,7 @@ class GraphModeWatch:
                 self._mark = len(self._saved)
         self._check_mindspore()
 
-    def uninstall(self) -> None:
+    def detach(self) -> None:
         tls, self._tls = self._tls, None
         if tls is not None:
             reasons = list(tls.skip_reasons or ())[self._mark :]
@@ -77,7 +77,7 @@ class GraphModeWatch:
                 )
         if self.notes and not self.warned:
             self.warned = True
-            # stacklevel: warn -> uninstall -> CommDebugMode._uninstall_one -> __exit__ -> the user's `with`
+            # stacklevel: warn -> detach -> CommDebugMode._detach_one -> __exit__ -> the user's `with`
             warnings.warn("hp_otel: " + " ".join(self.notes), UserWarning, stacklevel=4)
 
     def _check_mindspore(self) -> None:

@@ -101,7 +101,7 @@ TORCH_DISTRIBUTED_COLLECTIVES: dict[str, str] = {
 # `CellBackwardHook`, the op a Cell backward hook (ours, when tracking modules) wraps a DTensor input in.
 _SKIPPED_OPS = frozenset({"__get__", "__set__", "__delete__", "CellBackwardHook"})
 
-_slot = ObserverSlot("hp_otel_hyper_parallel_observer")
+_slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_hyper_parallel_observer")
 _handles = AsyncHandles()
 
 
@@ -334,7 +334,7 @@ class HyperParallelSource:
         """True when ops come from the release's `_debug_mode_observer` (False: dispatch is wrapped)."""
         return self._observer_var is not None
 
-    def install(self, observer: Observer) -> None:
+    def attach(self, observer: Observer) -> None:
         self._observer = observer
         self._slot_token = _slot.push(observer)
         _collective_patches.acquire()
@@ -351,8 +351,8 @@ class HyperParallelSource:
         except Exception as exc:  # ops cannot be traced in this release; collectives still are
             observer.on_fault("install:hyper_parallel_op_dispatch", exc)
 
-    def uninstall(self) -> None:
-        """Undo install in reverse order; every step runs even if an earlier one fails."""
+    def detach(self) -> None:
+        """Undo attach in reverse order; every step runs even if an earlier one fails."""
         run_every((self._reset_observer_slot, self._unpatch_dispatch, self._unpatch_collectives))
 
     def _reset_observer_slot(self) -> None:

@@ -19,10 +19,11 @@ import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from hp_otel.record import installation
-from hp_otel.record.observer import Observer
+
+T = TypeVar("T")
 
 
 def run_every(steps: Iterable[Callable[[], Any]]) -> None:
@@ -41,28 +42,29 @@ def run_every(steps: Iterable[Callable[[], Any]]) -> None:
         raise errors[0]
 
 
-class ObserverSlot:
-    """The observer that wrapped framework functions report to.
+class ObserverSlot(Generic[T]):
+    """What wrapped framework functions report to: an `Observer` for most sources, the
+    window's collective timer for torch's kernels (`ObserverSlot[CollectiveTimer]`).
 
-    The context's own observer when it has one (a mode entered on this thread);
-    otherwise the most recently installed one, so calls from threads the framework
-    starts itself (backward, communication threads) are still attributed.
+    The context's own one when it has one (a mode entered on this thread); otherwise the
+    most recently pushed one, so calls from threads the framework starts itself
+    (backward, communication threads) are still attributed.
     """
 
     def __init__(self, name: str) -> None:
-        self._var: contextvars.ContextVar[Observer | None] = contextvars.ContextVar(name, default=None)
-        self._installed: list[Observer] = []
+        self._var: contextvars.ContextVar[T | None] = contextvars.ContextVar(name, default=None)
+        self._installed: list[T] = []
         self._lock = threading.Lock()
 
-    def push(self, observer: Observer) -> contextvars.Token[Observer | None]:
+    def push(self, reporter: T) -> contextvars.Token[T | None]:
         with self._lock:
-            self._installed.append(observer)
-        return self._var.set(observer)
+            self._installed.append(reporter)
+        return self._var.set(reporter)
 
-    def pop(self, observer: Observer, token: contextvars.Token[Observer | None]) -> None:
+    def pop(self, reporter: T, token: contextvars.Token[T | None]) -> None:
         with self._lock:
             for i in range(len(self._installed) - 1, -1, -1):
-                if self._installed[i] is observer:
+                if self._installed[i] is reporter:
                     del self._installed[i]
                     break
         try:
@@ -71,18 +73,18 @@ class ObserverSlot:
             pass
 
     def installed(self) -> bool:
-        """True while some window has an observer here (on any thread)."""
+        """True while some window has pushed one here (on any thread)."""
         return bool(self._installed)
 
-    def in_context(self) -> Observer | None:
-        """This context's own observer only (no fallback to another thread's)."""
+    def in_context(self) -> T | None:
+        """This context's own one only (no fallback to another thread's)."""
         return self._var.get()
 
-    def current(self) -> Observer | None:
-        observer = self._var.get()
-        if observer is None and self._installed:
-            observer = self._installed[-1]
-        return observer
+    def current(self) -> T | None:
+        reporter = self._var.get()
+        if reporter is None and self._installed:
+            reporter = self._installed[-1]
+        return reporter
 
 
 class AttributePatch:

@@ -53,6 +53,12 @@ class TorchRecordMode(TorchDispatchMode):
         self.advanced_module_tracker = CompatModuleTracker()
         self._observer: Observer = _NO_OBSERVER
 
+    def report_to(self, observer: Observer | None) -> None:
+        """The hp_otel window's observer while it is open (None when it closes): faults of this
+        mode's bookkeeping count there, and its module tracker reports module spans to it."""
+        self._observer = observer if observer is not None else _NO_OBSERVER
+        self.advanced_module_tracker.observer = observer
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if kwargs is None:
             kwargs = {}
@@ -145,16 +151,15 @@ class TorchCompatSource:
         self._pushed = False
         self._tracker_entered = False
 
-    def install(self, observer: Observer) -> None:
+    def attach(self, observer: Observer) -> None:
         mode = self._mode
-        mode._observer = observer
-        mode.advanced_module_tracker.observer = observer
+        mode.report_to(observer)
         mode.advanced_module_tracker.__enter__()
         self._tracker_entered = True
         TorchDispatchMode.__enter__(mode)  # the mode's own __enter__ is the drop-in's window
         self._pushed = True
 
-    def uninstall(self) -> None:
+    def detach(self) -> None:
         run_every((self._pop_mode, self._exit_tracker))
 
     def _pop_mode(self) -> None:
@@ -169,5 +174,4 @@ class TorchCompatSource:
             try:
                 tracker.__exit__()
             finally:
-                tracker.observer = None
-                self._mode._observer = _NO_OBSERVER
+                self._mode.report_to(None)

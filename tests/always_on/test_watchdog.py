@@ -14,6 +14,7 @@ import pytest
 from events import ALL_REDUCE, collective
 
 from hp_otel import CommDebugMode, HangWatchdog
+from hp_otel.record.events import CollectiveIssue
 from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleInfo
 from hp_otel.spans.otlp_json import read_spans
@@ -100,6 +101,53 @@ def test_a_functional_collective_is_in_flight_until_it_is_waited_for(tmp_path, f
         (s.attributes[schema.COLLECTIVE_SEQ], s.attributes.get(schema.COLLECTIVE_IN_FLIGHT, False)) for s in spans
     )
     assert flags == [(0, False), (1, True)]  # written once, as in flight, not also as returned
+
+
+class _StandInWindow:
+    """A window as the watchdog sees it: in-flight collectives and a writer of its spans so far."""
+
+    def __init__(self, issues: list[CollectiveIssue]) -> None:
+        self.issues = issues
+        self.forgotten = 0
+        self.paths: list[str] = []
+
+    def forget_completed(self) -> None:
+        self.forgotten += 1
+
+    def in_flight(self) -> list[CollectiveIssue]:
+        return list(self.issues)
+
+    def write_spans(self, path: str) -> None:
+        self.paths.append(path)
+
+
+def test_the_watchdog_needs_only_the_in_flight_collectives_and_a_writer(tmp_path) -> None:
+    """No CommDebugMode: what the mode hands the watchdog when a window opens is all it uses."""
+    issued_at = time.time_ns()
+    stuck = CollectiveIssue(issued_at, ALL_REDUCE, 3, "forward", "layers.0")
+    fresh = CollectiveIssue(issued_at + 10**9, ALL_REDUCE, 4, "forward", "")
+    window = _StandInWindow([stuck, fresh])
+    watchdog = HangWatchdog(0.5, str(tmp_path / "r{rank}.json"), poll_s=60)
+    watchdog.start(window, window.write_spans)
+    try:
+        assert watchdog.check(issued_at + 10**9) == [stuck]  # the other has waited 0 s
+        assert watchdog.check(issued_at + 10**9) == []  # written once per stuck collective
+    finally:
+        watchdog.stop()
+    assert window.paths == [str(tmp_path / "r0.json")] == watchdog.written
+    assert window.forgotten == 2
+    assert (stuck.dumped_to, stuck.waited_s, fresh.dumped_to) == (str(tmp_path / "r0.json"), 1.0, "")
+    assert watchdog.check(issued_at + 10**10) == []  # stopped: it holds nothing of the window
+
+
+def test_the_mode_asks_for_completion_only_while_its_watchdog_watches(tmp_path) -> None:
+    mode = CommDebugMode(watchdog=HangWatchdog(60, str(tmp_path / "r{rank}.json")))
+    assert mode.observer.wants_completion is False
+    with mode:
+        assert mode.observer.wants_completion is True
+    assert mode.observer.wants_completion is False
+    with CommDebugMode() as plain:
+        assert plain.observer.wants_completion is False
 
 
 def test_without_a_watchdog_nothing_is_kept_in_flight(fake_world) -> None:

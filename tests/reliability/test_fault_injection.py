@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-import hp_otel.sources.pytorch.collective_recorder as collective_recorder
+import hp_otel.sources.pytorch.collective_timer as collective_timer
 import hp_otel.sources.pytorch.collectives as collectives
 import hp_otel.sources.pytorch.completion as completion_source
 import hp_otel.sources.pytorch.dtensor as dtensor_source
@@ -30,7 +30,7 @@ from hp_otel import CommDebugMode
 from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 from hp_otel.record import events as ev
 from hp_otel.record.instruments import CollectiveTotals, DeferredDurations
-from hp_otel.record.recorder import SpanRecorder
+from hp_otel.record.recorder import WindowRecorder
 from hp_otel.spans import codec, schema
 from hp_otel.testing import assert_collective_counts, assert_no_callback_errors, metric_points
 
@@ -51,26 +51,26 @@ def _raise(*args, **kwargs):
 
 
 def _fail_collective_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whether to record a collective cannot be decided (both hook paths ask the recorder)."""
+    """Whether to record a collective cannot be decided (both hook paths ask the window's collective timer)."""
 
     def accepting(self):
         raise InjectedFault("injected check")
 
-    monkeypatch.setattr(dtensor_source.CollectiveRecorder, "accepting", property(accepting))
+    monkeypatch.setattr(dtensor_source.CollectiveTimer, "accepting", property(accepting))
 
 
 def _fail_event(tag: str) -> Callable[[pytest.MonkeyPatch], None]:
     """The recorder's handling of one observer event kind fails (after the exact counts)."""
 
     def inject(monkeypatch: pytest.MonkeyPatch) -> None:
-        original = SpanRecorder._emit
+        original = WindowRecorder._emit
 
         def emit(self, event):
             if type(event) is tag:
                 raise InjectedFault(f"injected in event {tag.__name__}")
             return original(self, event)
 
-        monkeypatch.setattr(SpanRecorder, "_emit", emit)
+        monkeypatch.setattr(WindowRecorder, "_emit", emit)
 
     return inject
 
@@ -134,7 +134,7 @@ FAULTS = [
     ),
     Fault(
         "collective wrapper after the call",
-        _fail(collective_recorder, "_in_backward"),
+        _fail(collective_timer, "_in_backward"),
         ("collective_issue", "collective_after"),  # the phase is read when issued, and again after
         sees_collectives=False,
     ),

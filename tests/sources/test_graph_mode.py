@@ -119,8 +119,8 @@ def test_mindspore_graph_mode_is_reported(monkeypatch, mode_value: int, warns: b
     watch = GraphModeWatch()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        watch.install(None)  # type: ignore[arg-type]
-        watch.uninstall()
+        watch.attach(None)  # type: ignore[arg-type]
+        watch.detach()
     assert bool(_graph_warnings(caught)) is warns
     if warns:
         assert "GRAPH_MODE" in watch.notes[0]

@@ -79,7 +79,7 @@ class MindSporeCellTracker:
         self.observer: Observer | None = None
         self._handles: list[Any] = []
 
-    def install(self, observer: Observer) -> None:
+    def attach(self, observer: Observer) -> None:
         self.observer = observer
         for fqn, cell in self.root.cells_and_names():
             tracked = _TrackedCell(self, fqn, cell)
@@ -88,7 +88,7 @@ class MindSporeCellTracker:
             self._handles.append(cell.register_backward_pre_hook(tracked.backward_pre))
             self._handles.append(cell.register_backward_hook(tracked.backward_post))
 
-    def uninstall(self) -> None:
+    def detach(self) -> None:
         self.observer = None
         handles, self._handles = self._handles, []
         run_every(handle.remove for handle in handles)

@@ -44,7 +44,7 @@ COLLECTIVES: dict[str, str] = {
     "irecv": "recv",
 }
 
-_slot = ObserverSlot("hp_otel_mindspore_observer")
+_slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_mindspore_observer")
 _handles = AsyncHandles()
 
 
@@ -81,13 +81,13 @@ class MindSporeCollectiveSource:
         self._token: contextvars.Token[Observer | None] | None = None
         self._acquired = False
 
-    def install(self, observer: Observer) -> None:
+    def attach(self, observer: Observer) -> None:
         self._observer = observer
         self._token = _slot.push(observer)
         _patches.acquire()
         self._acquired = True
 
-    def uninstall(self) -> None:
+    def detach(self) -> None:
         observer, token = self._observer, self._token
         self._observer = self._token = None
         try:

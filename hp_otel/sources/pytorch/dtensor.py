@@ -7,7 +7,7 @@
   (`kernels`, registered once per process; no other op pays), or as a fallback
   (`collective_hook()` says which is active) a TorchDispatchMode that lets DTensor run
   (`NotImplemented`) and sees the collective ops its local ops issue.  Both hand each
-  collective to the window's `CollectiveRecorder`;
+  collective to the window's `CollectiveTimer`;
 - redistributes: `redistribute_local_tensor` wrapped in every module that imported it.
 """
 
@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
 from hp_otel.sources.pytorch import kernels
-from hp_otel.sources.pytorch.collective_recorder import CollectiveRecorder
+from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
 from hp_otel.sources.pytorch.fsdp import fsdp_patches
@@ -98,11 +98,11 @@ class _OpMode(TorchFunctionMode):
 
 class _CollectiveMode(TorchDispatchMode):
     """The fallback hook (`HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch`, or no kernels): a dispatch mode that
-    lets DTensor run (`NotImplemented`) and hands every collective op to the recorder."""
+    lets DTensor run (`NotImplemented`) and hands every collective op to the window's timer."""
 
-    def __init__(self, recorder: Any, specs: dict[Any, CollectiveSpec]) -> None:
+    def __init__(self, timer: CollectiveTimer, specs: dict[Any, CollectiveSpec]) -> None:
         super().__init__()
-        self._recorder = recorder
+        self._timer = timer
         self._specs = specs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -110,24 +110,24 @@ class _CollectiveMode(TorchDispatchMode):
             return NotImplemented  # let DTensor unwrap; its local ops come back here
         if kwargs is None:
             kwargs = {}
-        recorder = self._recorder
+        timer = self._timer
         try:
             spec = self._specs.get(func)
-            traced = spec is not None and recorder.accepting
+            traced = spec is not None and timer.accepting
         except Exception as exc:  # our lookup failed: run the user's op untraced
-            recorder.on_fault("collective_before", exc)
+            timer.on_fault("collective_before", exc)
             traced = False
         if not traced:  # nearly every op: pass straight through
             if func is WAIT_TENSOR:
                 result = func(*args, **kwargs)
-                recorder.waited(args[0] if args else kwargs.get("tensor"))
+                timer.waited(args[0] if args else kwargs.get("tensor"))
                 return result
             if AsyncCollectiveTensor in types:
                 result = func(*args, **kwargs)
-                recorder.waited_in(args, kwargs)
+                timer.waited_in(args, kwargs)
                 return result
             return func(*args, **kwargs)
-        return recorder.collective(spec, func, args, kwargs)
+        return timer.collective(spec, func, args, kwargs)
 
 
 # --- redistribute_local_tensor, patched once for all active modes -------------------
@@ -139,7 +139,7 @@ _REDISTRIBUTE_MODULES = (
 )
 _REDISTRIBUTE_ATTR = "redistribute_local_tensor"
 # Where redistribute events go: this context's mode, else the latest one (autograd threads).
-_redistribute_slot = ObserverSlot("hp_otel_redistribute_observer")
+_redistribute_slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_redistribute_observer")
 _wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
 
 
@@ -196,7 +196,7 @@ def idle_modes() -> Iterator[None]:
     """This source's function and dispatch modes, recording nothing: the hooking floor the
     benchmark measures (what any mode-based tracer of ops and collectives pays)."""
     idle: Any = _Idle()
-    with _CollectiveMode(CollectiveRecorder(idle), collective_specs()), _OpMode(idle):
+    with _CollectiveMode(CollectiveTimer(idle), collective_specs()), _OpMode(idle):
         yield
 
 
@@ -239,31 +239,31 @@ class TorchDTensorSource:
         self._collective_mode: _CollectiveMode | None = None
         self._observer: Observer | None = None
         self._token: contextvars.Token[Observer | None] | None = None
-        self._recorder: CollectiveRecorder | None = None
-        self._recorder_token: Any = None
+        self._timer: CollectiveTimer | None = None
+        self._timer_token: contextvars.Token[CollectiveTimer | None] | None = None
 
-    def install(self, observer: Observer) -> None:
+    def attach(self, observer: Observer) -> None:
         self._observer = observer
-        spans = bool(getattr(observer, "spans_enabled", True))
+        spans = observer.spans_enabled
         if spans:  # redistribute spans and FSDP's parameter module are span attributes only
             self._token = _redistribute_slot.push(observer)
             _redistribute_patches.acquire()
             fsdp_patches.acquire()
-        recorder = CollectiveRecorder(observer)
+        timer = CollectiveTimer(observer)
         if collective_hook() == KERNELS and kernels.ensure_registered(self._specs):
-            self._recorder_token = kernels.recorder_slot.push(recorder)  # type: ignore[arg-type]
-            self._recorder = recorder
+            self._timer_token = kernels.timer_slot.push(timer)
+            self._timer = timer
         else:
-            collective_mode = _CollectiveMode(recorder, self._specs)
+            collective_mode = _CollectiveMode(timer, self._specs)
             collective_mode.__enter__()
-            self._collective_mode = collective_mode  # only modes that entered are exited by uninstall
-        if spans and getattr(observer, "ops_enabled", True):
+            self._collective_mode = collective_mode  # only modes that entered are exited by detach
+        if spans and observer.ops_enabled:
             op_mode = _OpMode(observer)
             op_mode.__enter__()
             self._op_mode = op_mode
 
-    def uninstall(self) -> None:
-        """Undo install in reverse order; every step runs even if an earlier one fails."""
+    def detach(self) -> None:
+        """Undo attach in reverse order; every step runs even if an earlier one fails."""
         run_every((self._exit_op_mode, self._exit_collective_mode, self._unpatch))
 
     def _exit_op_mode(self) -> None:
@@ -275,15 +275,16 @@ class TorchDTensorSource:
         mode, self._collective_mode = self._collective_mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
-        recorder, self._recorder = self._recorder, None
-        if recorder is not None:  # the kernels stay registered and pass straight through
-            kernels.recorder_slot.pop(recorder, self._recorder_token)  # type: ignore[arg-type]
-            self._recorder_token = None
+        timer, token, self._timer, self._timer_token = self._timer, self._timer_token, None, None
+        if timer is not None and token is not None:  # the kernels stay registered and pass straight through
+            kernels.timer_slot.pop(timer, token)
 
     def _unpatch(self) -> None:
         token, self._token = self._token, None
+        observer = self._observer
         if token is not None:
             try:
                 run_every((fsdp_patches.release, _redistribute_patches.release))
             finally:
-                _redistribute_slot.pop(self._observer, token)
+                if observer is not None:
+                    _redistribute_slot.pop(observer, token)

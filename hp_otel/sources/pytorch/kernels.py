@@ -36,12 +36,13 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from hp_otel.record import installation
 from hp_otel.sources.patching import ObserverSlot
+from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec
 
 _KEY = "BackendSelect"
@@ -49,22 +50,9 @@ _BACKEND_SELECT = torch._C.DispatchKey.BackendSelect
 _META = torch._C.DispatchKey.Meta
 
 
-class KernelRecorder(Protocol):
-    """What a window puts in the slot (`collective_recorder.CollectiveRecorder`)."""
-
-    @property
-    def accepting(self) -> bool: ...
-
-    def collective(self, spec: CollectiveSpec, call: Any, args: Any, kwargs: Any) -> Any: ...
-
-    def waited(self, tensor: Any) -> None: ...
-
-    def on_fault(self, where: str, exc: BaseException) -> None: ...
-
-
-# The recorder of this context's window, else the latest window's (autograd and
+# The collective timer of this context's window, else the latest window's (autograd and
 # communication threads): read once per collective call.
-recorder_slot = ObserverSlot("hp_otel_collective_recorder")
+timer_slot: ObserverSlot[CollectiveTimer] = ObserverSlot("hp_otel_collective_timer")
 _depth = threading.local()  # .active: a collective of this thread is being recorded
 _lock = threading.Lock()
 _libraries: dict[str, torch.library.Library] = {}  # namespace -> library, while registered
@@ -108,11 +96,11 @@ def _hide_from_dynamo(fn: Any) -> Any:
         return fn
 
 
-def _fault(recorder: Any, where: str, exc: BaseException) -> None:
+def _fault(timer: CollectiveTimer | None, where: str, exc: BaseException) -> None:
     """Count a fault of ours on the window's observer; never let it reach the user's op."""
     try:
-        if recorder is not None:
-            recorder.on_fault(where, exc)
+        if timer is not None:
+            timer.on_fault(where, exc)
     except Exception:
         pass
 
@@ -122,20 +110,20 @@ def _collective_kernel(spec: CollectiveSpec, op: Any) -> Any:
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         below = keyset.remove(_BACKEND_SELECT)
-        recorder = None
+        timer = None
         try:
-            recorder = recorder_slot.current()
-            traced = recorder is not None and not getattr(_depth, "active", False) and recorder.accepting
+            timer = timer_slot.current()
+            traced = timer is not None and not getattr(_depth, "active", False) and timer.accepting
             # meta tensors: shape propagation (fake tensors while torch.compile traces), no communication
             traced = traced and not below.has(_META)
         except Exception as exc:  # our check failed: run the user's op untraced
-            _fault(recorder, "collective_before", exc)
+            _fault(timer, "collective_before", exc)
             traced = False
-        if not traced:
+        if not traced or timer is None:
             return redispatch(below, *args, **kwargs)
         _depth.active = True
         try:
-            return recorder.collective(spec, functools.partial(redispatch, below), args, kwargs)
+            return timer.collective(spec, functools.partial(redispatch, below), args, kwargs)
         finally:
             _depth.active = False
 
@@ -148,13 +136,13 @@ def _wait_kernel(op: Any) -> Any:
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         result = redispatch(keyset.remove(_BACKEND_SELECT), *args, **kwargs)
-        recorder = None
+        timer = None
         try:
-            recorder = recorder_slot.current()
-            if recorder is not None:
-                recorder.waited(args[0] if args else kwargs.get("tensor"))
+            timer = timer_slot.current()
+            if timer is not None:
+                timer.waited(args[0] if args else kwargs.get("tensor"))
         except Exception as exc:
-            _fault(recorder, "collective_complete", exc)
+            _fault(timer, "collective_complete", exc)
         return result
 
     return _hide_from_dynamo(kernel)
@@ -211,7 +199,7 @@ def unregister_unused() -> None:
     with _lock:
         if not _state["registered"]:
             return
-        if recorder_slot.installed():
+        if timer_slot.installed():
             installation.linger(_state, unregister_unused)  # in use: the next uninstall() tries again
             return
         for library in _libraries.values():

@@ -262,7 +262,7 @@ class TorchModuleTracker:
         self._hooks: _ModuleHooks | None = None
         # Grad hooks live on tensors: those on tensors that outlive a step (leaves such as
         # the batch or the parameters) are removed when the backward pass ends and on
-        # uninstall, so they never pile up; the others go away with the autograd graph.
+        # detach, so they never pile up; the others go away with the autograd graph.
         self._grad_handles: list[RemovableHandle] = []
         # id(tensor) -> (weak ref, callbacks): tensors compare elementwise, so no WeakKeyDictionary
         self._tensor_callbacks: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
@@ -273,9 +273,9 @@ class TorchModuleTracker:
         self._param_owner: dict[int, ModuleInfo] = {}
         self._latest_call: dict[ModuleInfo, ModuleCall] = {}
 
-    def install(self, observer: Observer) -> None:
+    def attach(self, observer: Observer) -> None:
         self.observer = observer
-        self.backward_spans = bool(getattr(observer, "spans_enabled", True))
+        self.backward_spans = observer.spans_enabled
         self._backward_end_queued = False
         self._local = threading.local()
         self._owners_by_thread = {}
@@ -292,15 +292,12 @@ class TorchModuleTracker:
             hooks.attach(self.root)
         finally:
             self._param_owner = hooks.param_owner
-        set_attribution = getattr(observer, "set_node_attribution", None)
-        if set_attribution is not None:
-            set_attribution(self.running_chain)
+        observer.set_node_attribution(self.running_chain)
 
-    def uninstall(self) -> None:
+    def detach(self) -> None:
         observer, self.observer = self.observer, None
-        set_attribution = getattr(observer, "set_node_attribution", None)
-        if set_attribution is not None:
-            set_attribution(None)
+        if observer is not None:
+            observer.set_node_attribution(None)
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.tracker = None

@@ -1,4 +1,4 @@
-"""The window's collective recorder: times each collective the hooks hand it and reports it
+"""The window's collective timer: times each collective the hooks hand it and reports it
 to the observer twice (when issued and when its op returns), with a completion probe when
 the observer asks for one.  Both collective hooks (the kernels and the dispatch mode) call it."""
 
@@ -49,7 +49,7 @@ class _WorkDone:
 _FAKE_WORK: Any = getattr(torch._C._distributed_c10d, "FakeWork", ())
 
 
-class CollectiveRecorder:
+class CollectiveTimer:
     """Times and reports the collectives of one window; both hook paths call it.
 
     Each collective is reported twice: when issued (its sequence number, and what a hang
@@ -100,7 +100,7 @@ class CollectiveRecorder:
         observer = self._observer
         try:
             phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
-            if not getattr(observer, "spans_enabled", True) and not getattr(observer, "wants_completion", False):
+            if not observer.spans_enabled and not observer.wants_completion:
                 return spec.describe_counts(args, kwargs), phase, None  # a counts-only window
             info = spec.describe(args, kwargs, None, param_module())
             return info, phase, observer.on_collective_issue(info, start, phase)
@@ -114,13 +114,14 @@ class CollectiveRecorder:
     ) -> None:  # fmt: skip
         end = time.time_ns()
         observer = self._observer
+        done = None
         try:
             if info is None:
                 info = spec.describe(args, kwargs, result, param_module())
             elif info.output_shape or ticket is not None:  # a counts-only info has no shapes to complete
                 info = spec.complete(info, result)
-            if ticket is not None and error is None and getattr(observer, "wants_completion", False):
-                ticket.pending = self._probe(spec, args, kwargs, result)
+            if ticket is not None and error is None and observer.wants_completion:
+                done = self._probe(spec, args, kwargs, result)
         except Exception as exc:
             observer.on_fault("collective_describe", exc)
             if ticket is not None:
@@ -129,13 +130,15 @@ class CollectiveRecorder:
         try:
             if not phase:
                 phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
-            token = observer.on_collective(info, start, end, error, phase, ticket, awaits_completion=result is not None)
+            token = observer.on_collective(
+                info, start, end, error, phase, ticket, awaits_completion=result is not None, done=done
+            )
             if token is not None:  # launched, not finished: its wait or Work says when it is
                 self._completions.launched(spec.functional, result, token)
         except Exception as exc:
             observer.on_fault("collective_after", exc)
 
-    def _probe(self, spec: CollectiveSpec, args: Any, kwargs: Any, result: Any) -> Any:
+    def _probe(self, spec: CollectiveSpec, args: Any, kwargs: Any, result: Any) -> Callable[[], bool] | None:
         """What says when the returned collective's work is done, or None (done when the op returned)."""
         if spec.functional:
             output = result if isinstance(result, torch.Tensor) else spec.first_input(args, kwargs)
