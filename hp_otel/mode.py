@@ -266,7 +266,7 @@ class CommDebugMode:
                 try:
                     source.attach(self._recorder)
                 except Exception as exc:  # a source that cannot attach must not stop training
-                    self._recorder.on_fault(f"install:{name}", exc)
+                    self._recorder.on_fault(f"attach:{name}", exc)
                     self._attached.pop()
                     self._detach_one(name, source)
         if self._watchdog is not None:
@@ -366,7 +366,7 @@ class CommDebugMode:
         try:
             source.detach()
         except Exception as exc:
-            self._recorder.on_fault(f"uninstall:{name}", exc)
+            self._recorder.on_fault(f"detach:{name}", exc)
 
     @property
     def active(self) -> bool:

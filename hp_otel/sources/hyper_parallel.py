@@ -349,7 +349,7 @@ class HyperParallelSource:
                 _dispatch_patches.acquire()
                 self._dispatch_patched = True
         except Exception as exc:  # ops cannot be traced in this release; collectives still are
-            observer.on_fault("install:hyper_parallel_op_dispatch", exc)
+            observer.on_fault("attach:hyper_parallel_op_dispatch", exc)
 
     def detach(self) -> None:
         """Undo attach in reverse order; every step runs even if an earlier one fails."""

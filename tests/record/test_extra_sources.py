@@ -95,7 +95,7 @@ def test_a_source_that_cannot_attach_is_counted_under_its_own_name_and_detached(
     with mode:  # training goes on
         pass
     assert source.calls == ["attach", "detach"]
-    assert mode.get_callback_error_counts() == {"install:Broken": 1}
+    assert mode.get_callback_error_counts() == {"attach:Broken": 1}
 
 
 @pytest.mark.parametrize("not_a_source", [object(), _Calls()])

@@ -159,7 +159,7 @@ FAULTS = [
         "module backward grad hook", _fail(module_source.TorchModuleTracker, "backward_start"), ("module_grad_hook",)
     ),
     Fault("backward end callback", _fail_event(ev.BackwardEnd), ("backward_end",)),
-    Fault("module tracker install", _fail(module_source, "parameter_infos"), ("install:TorchModuleTracker",)),
+    Fault("module tracker install", _fail(module_source, "parameter_infos"), ("attach:TorchModuleTracker",)),
     # span building, span processors and exporters
     Fault("span building", _fail(codec, "encode_tensor_infos"), ("span_build",)),
     Fault("span processor on_start (live)", None, ("span_processor",), processor="start", live=True),
