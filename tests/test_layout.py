@@ -1,4 +1,5 @@
-"""The package's layout: hp_otel's modules import each other without cycles.
+"""The package's layout: hp_otel's modules import each other without cycles, each layer only
+the layers below it (ARCHITECTURE.md's picture), frameworks only where they belong.
 
 `import_graph` reads the source with `ast` (nothing is imported), so a rule about which
 module may import which can be checked here without torch or MindSpore installed.
@@ -171,3 +172,87 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
     assert import_cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
     (package / "c.py").write_text("value = 2\n")
     assert import_cycles(import_graph(package, "pkg")) == []
+
+
+# --- layers ---------------------------------------------------------------------------
+
+# What each layer may import of hp_otel (besides itself): the arrows of ARCHITECTURE.md's
+# picture.  A layer is the first name under `hp_otel` (`hp_otel.record.recorder` is in
+# `record`; `hp_otel.mode` is its own layer; `hp_otel` is the package's face).
+BASE = {"common", "version"}
+ALLOWED: dict[str, set[str]] = {
+    "version": set(),
+    "common": {"version"},
+    "spans": BASE,
+    "record": BASE | {"spans"},
+    "render": BASE | {"spans"},
+    "analysis": BASE | {"spans"},
+    "export": BASE | {"spans"},
+    "sources": BASE | {"spans", "record"},
+    "mode": BASE | {"spans", "record", "sources", "render", "export", "always_on"},
+    "always_on": BASE | {"spans", "record", "sources", "export", "mode"},
+    "testing": BASE | {"spans", "record", "mode", "hp_otel"},
+    "torch": BASE | {"spans", "record", "sources", "render", "mode"},
+    "cli": {"*"},
+    "hp_otel": {"spans", "record", "export", "always_on", "mode", "version"},
+}
+# Frameworks stay in sources/ (and the drop-in, the CLI's demos and workloads, the always-on
+# model finder); OpenTelemetry stays out of sources/: sources know frameworks, not telemetry.
+FRAMEWORKS = ("torch", "mindspore", "hyper_parallel")
+NO_FRAMEWORK = ("spans", "record", "render", "analysis", "export", "common", "mode", "testing")
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        allowed = ALLOWED.get(layer_of(module))
+        if allowed is None:
+            found.append(f"{module}: in no layer of ALLOWED (add its folder there)")
+            continue
+        for target in sorted(targets):
+            if layer_of(target) != layer_of(module) and "*" not in allowed and layer_of(target) not in allowed:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def external_imports(package_dir: Path = PACKAGE_DIR, package: str = PACKAGE) -> dict[str, set[str]]:
+    """`{module: the top-level names of other packages it imports}` (any import statement)."""
+    imports: dict[str, set[str]] = {}
+    for module, path in module_files(package_dir, package).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        names = {name.split(".")[0] for name, _ in _imported_names(tree, module, path.name == "__init__.py")}
+        imports[module] = names - {package, ""}
+    return imports
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    violations = layer_violations(import_graph())
+    assert violations == [], "imports across layers that ARCHITECTURE.md does not draw:\n" + "\n".join(violations)
+
+
+def test_frameworks_only_in_sources_and_telemetry_never_in_sources() -> None:
+    wrong = []
+    for module, names in sorted(external_imports().items()):
+        if layer_of(module) in NO_FRAMEWORK and names & set(FRAMEWORKS):
+            wrong.append(f"{module} imports {sorted(names & set(FRAMEWORKS))}")
+        if layer_of(module) == "sources" and "opentelemetry" in names:
+            wrong.append(f"{module} imports opentelemetry")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_layer_rules_catch_a_wrong_arrow(tmp_path: Path) -> None:
+    """A recorder module importing a source, and a source importing OpenTelemetry, are both reported."""
+    package = tmp_path / "hp_otel"
+    for folder in ("record", "sources"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "record" / "recorder.py").write_text("from hp_otel.sources import dtensor\n")
+    (package / "sources" / "dtensor.py").write_text("def f():\n    import opentelemetry.trace\n")
+    assert layer_violations(import_graph(package, "hp_otel")) == ["hp_otel.record.recorder -> hp_otel.sources.dtensor"]
+    assert external_imports(package, "hp_otel")["hp_otel.sources.dtensor"] == {"opentelemetry"}
