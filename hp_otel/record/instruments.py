@@ -16,17 +16,13 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, MeterProvider, Observation
 
+from hp_otel.common.per_provider import PerProvider
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import MetricKey
 from hp_otel.version import __version__
 
-_lock = threading.Lock()
-_instruments: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
-
-
-class _Global:
-    """Weak-referenceable stand-in key for the global provider."""
+_instruments: PerProvider[Instruments] = PerProvider()
 
 
 class CollectiveTotals:
@@ -167,10 +163,7 @@ class Instruments:
 
 def get_instruments(meter_provider: MeterProvider | None) -> Instruments:
     """Instruments for a provider, made once per provider (creating them is not free)."""
-    key = _Global if meter_provider is None else meter_provider
-    with _lock:
-        instruments = _instruments.get(key)
-        if instruments is None:
-            meter = metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider)
-            instruments = _instruments[key] = Instruments.create(meter)
-        return instruments
+    return _instruments.get(
+        meter_provider,
+        lambda: Instruments.create(metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider)),
+    )
