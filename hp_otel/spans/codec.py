@@ -45,8 +45,27 @@ def shape_from_text(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",")) if text else ()
 
 
+_placements_texts: dict[Any, str] = {}
+_PLACEMENTS_CACHE_LIMIT = 1024
+
+
 def placements_text(placements: Sequence[Any]) -> str:
-    """Placements of all mesh dims as one string: `Shard(dim=0);Replicate()`."""
+    """Placements of all mesh dims as one string: `Shard(dim=0);Replicate()` (every engine's).
+
+    Cached by the placements: they repeat every step (a redistribute, a parameter).
+    """
+    try:
+        text = _placements_texts.get(placements)
+    except TypeError:  # unhashable placements (a list, another framework's objects): format without the cache
+        return _join_placements(placements)
+    if text is None:
+        if len(_placements_texts) >= _PLACEMENTS_CACHE_LIMIT:
+            _placements_texts.clear()
+        text = _placements_texts[placements] = _join_placements(placements)
+    return text
+
+
+def _join_placements(placements: Sequence[Any]) -> str:
     return PLACEMENT_SEPARATOR.join(p if isinstance(p, str) else repr(p) for p in placements)
 
 

@@ -34,8 +34,9 @@ from torch.utils.hooks import RemovableHandle
 
 from hp_otel.record import installation
 from hp_otel.record.observer import Observer
-from hp_otel.sources.pytorch.tensors import dtype_name, placements_str
+from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema as s
+from hp_otel.spans.codec import placements_text
 from hp_otel.spans.infos import ModuleCall, ModuleInfo, ParameterInfo
 
 _next_sequence_nr = torch._C._autograd._get_sequence_nr  # this thread's next autograd node number
@@ -81,7 +82,7 @@ def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
                 name=name,
                 shape=tuple(param.shape),
                 dtype=dtype_name(param.dtype),
-                placements=placements_str(tuple(placements)) if placements is not None else "",
+                placements=placements_text(tuple(placements)) if placements is not None else "",
             )
         )
     described = tuple(infos)
