@@ -34,6 +34,18 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class GroupDetails:
+    """A collective's process group as a source resolved it (size, name, global ranks)."""
+
+    size: int
+    name: str
+    ranks: tuple[int, ...]
+
+
+NO_GROUP = GroupDetails(0, "", ())  # a call without a group argument the source could read
+
+
+@dataclass(frozen=True)
 class CollectiveInfo:
     """One collective call as a source saw it."""
 
