@@ -31,6 +31,7 @@ from hp_otel.record import matching
 from hp_otel.record.instruments import Instruments
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
+from hp_otel.record.user_hooks import NO_HOOKS
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import MetricKey
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
@@ -75,6 +76,7 @@ class SpanRecorder:
         self.accepting = False  # active and not suspended: the one flag the hot path reads
         self.spans_enabled = True  # False: counts and metrics only (an unsampled step)
         self.ops_enabled = True  # False: sources leave out op tracing (counts, modules and collectives only)
+        self.hooks = NO_HOOKS  # the user's span hooks, run by the span builder as each span ends
         self.comm_counts: dict[str, int] = {}
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
@@ -113,7 +115,9 @@ class SpanRecorder:
         self.window = matching.window_for(parent_ctx)
         self._seqs.clear()
         self._in_flight.clear()
-        self._builder = SpanBuilder(self._tracer, self._store, parent_ctx, self.live, self.on_fault, self.window)
+        self._builder = SpanBuilder(
+            self._tracer, self._store, parent_ctx, self.live, self.on_fault, self.window, self.hooks
+        )
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
         self._backward_calls = ()
