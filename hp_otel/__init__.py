@@ -5,13 +5,15 @@ from hp_otel.always_on.watchdog import HangWatchdog
 from hp_otel.export.telemetry import Telemetry, configure, shutdown
 from hp_otel.mode import CommDebugMode
 from hp_otel.record.installation import install, uninstall
-from hp_otel.spans.infos import CollectiveInfo, TensorInfo
+from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo, TensorInfo
 from hp_otel.version import __version__
 
 __all__ = [
     "CollectiveInfo",
     "CommDebugMode",
     "HangWatchdog",
+    "ModuleInfo",
+    "OpInfo",
     "Telemetry",
     "TensorInfo",
     "__version__",

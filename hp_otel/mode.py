@@ -37,6 +37,7 @@ from hp_otel.record.observer import Observer, Source
 from hp_otel.record.recorder import WindowRecorder
 from hp_otel.record.signal_guard import GUARD
 from hp_otel.record.span_store import LocalSpanStore
+from hp_otel.record.user_hooks import CollectiveHook, ModuleHook, OpHook, UserHooks
 from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
@@ -145,6 +146,15 @@ class CommDebugMode:
         watchdog: a `hp_otel.HangWatchdog`: while the window is open, a collective that does
             not complete within its timeout makes this rank write its spans so far (the
             in-flight collective included) for `hp-otel ranks`. Off by default.
+        collective_hook, module_hook, op_hook: your `fn(span, info)`, called for each
+            collective / module / op span before it ends and is exported — `span` is the SDK
+            span, still writable (`span.set_attribute(...)`), `info` the `CollectiveInfo` /
+            `ModuleInfo` / `OpInfo` the source reported (OTel contrib's `request_hook` idea).
+            Deferred spans are built from the event log, so their hooks run then (window end,
+            or when the spans are first read), not while the step runs. Not called for spans
+            not recorded (`record_spans=False`, a sampler's drop) nor for the watchdog's
+            in-flight spans. A hook that raises is counted in `get_callback_error_counts()`
+            (`user_collective_hook`, ...), logged once, and the span is still exported.
     """
 
     def __init__(
@@ -160,6 +170,9 @@ class CommDebugMode:
         ops: bool = True,
         extra_sources: Iterable[Source] = (),
         watchdog: HangWatchdog | None = None,
+        collective_hook: CollectiveHook | None = None,
+        module_hook: ModuleHook | None = None,
+        op_hook: OpHook | None = None,
     ) -> None:
         from hp_otel.sources import check_engine, default_sources
 
@@ -189,6 +202,7 @@ class CommDebugMode:
         if not isinstance(ops, bool):
             raise TypeError(f"ops must be True or False, got {ops!r}")
         extra = _check_sources(extra_sources)
+        hooks = UserHooks.checked(collective_hook, module_hook, op_hook)
         if watchdog is not None and not isinstance(watchdog, HangWatchdog):
             raise TypeError(f"watchdog must be a hp_otel.HangWatchdog or None, got {type(watchdog).__name__}")
         self._watchdog = watchdog
@@ -200,6 +214,7 @@ class CommDebugMode:
         )
         self._recorder.spans_enabled = record_spans
         self._recorder.ops_enabled = ops
+        self._recorder.hooks = hooks
         self._sources: tuple[Source, ...] = (*default_sources(module, self.engine), *extra)
         # (the source's class name, what attach/detach is called on): the source itself, or its adapter
         self._attachable = tuple((type(source).__name__, _attachable(source)) for source in self._sources)

@@ -32,6 +32,7 @@ from hp_otel.always_on.model_tracker import ModelTracker
 from hp_otel.always_on.steps import StepSpans, begin_step, running, set_step_handler
 from hp_otel.common import launcher_env
 from hp_otel.record import installation
+from hp_otel.record.user_hooks import NO_HOOKS, UserHooks
 from hp_otel.spans import schema as s
 
 logger = logging.getLogger("hp_otel")
@@ -75,10 +76,13 @@ def _resolve_providers(tracer_provider: Any, meter_provider: Any) -> tuple[Any, 
 class StepSession:
     """Opens one CommDebugMode window per step, inside that step's spans."""
 
-    def __init__(self, tracer_provider: Any, meter_provider: Any, module: Any = None) -> None:
+    def __init__(
+        self, tracer_provider: Any, meter_provider: Any, module: Any = None, hooks: UserHooks = NO_HOOKS
+    ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.module = module
+        self.hooks = hooks  # the user's span hooks, given to every step's window
         # No module given (zero-code): find the model the optimizer trains, for module attribution.
         self.tracker = ModelTracker()
         self.implicit_steps = 0  # optimizer.step() calls seen
@@ -107,6 +111,9 @@ class StepSession:
             meter_provider=self.meter_provider,
             live_spans=False,  # the step pays an append per event; spans are built when it ends
             record_spans=spans.sampled,
+            collective_hook=self.hooks.collective,
+            module_hook=self.hooks.module,
+            op_hook=self.hooks.op,
         )
         token = otel_context.attach(spans.context)  # the window's spans nest under rank_step
         try:
@@ -195,6 +202,9 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     `HpOtelInstrumentor().instrument(tracer_provider=tp, meter_provider=mp, module=model)`;
     all arguments optional. `uninstrument()` closes the open step and removes the hook.
+    `collective_hook=`, `module_hook=`, `op_hook=`: your `fn(span, info)` for each span of a
+    sampled step, as in `CommDebugMode`; a step's spans are built when the step ends, so
+    the hooks run then.
     """
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -202,6 +212,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         global _session
+        hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
         if launcher_env.is_launcher_process():
             # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
             # and configuring export there would take rank 0's Prometheus port.
@@ -211,7 +222,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             kwargs.get("tracer_provider"), kwargs.get("meter_provider")
         )
         _warn_if_resource_lacks_rank(tracer_provider)
-        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"))
+        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks)
         installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
         session.start()
         _session = session

@@ -1,71 +1,40 @@
 """The `hp-otel` command: see the collectives of a distributed-tensor training step.
 
 demo: a real 2-process CPU run; render: a table from a saved spans file; ranks: compare the
-ranks' files (divergence, hang, stragglers); plot / export: pictures; bench: what tracing costs.
+ranks' files (divergence, hang, stragglers); plot / chrome-trace: pictures; bench: what tracing costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
+from hp_otel.cli import pictures, ranks
+from hp_otel.cli.arguments import NOISE_LEVEL_HELP, DefaultsFormatter, noise_level, port, positive
 from hp_otel.cli.progress import to_stderr
-from hp_otel.export.config import PROTOCOLS
 from hp_otel.version import __version__
 
-NOISE_LEVEL_HELP = (
-    "table detail, 0-3: 0 collectives only; 1 + DTensor ops; 2 + forward module boundaries; "
-    "3 + redistributes, backward modules, dtype/bytes/reduce op on collectives"
-)
+
+class Command(NamedTuple):
+    """One subcommand: a row of `COMMANDS` is all it takes to add one."""
+
+    name: str
+    help: str  # its line in `hp-otel --help`
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]  # the exit status
+    description: str | None = None  # its `--help` text above the arguments (None: none)
+    deprecated_aliases: tuple[str, ...] = ()  # old names: still work, with a note on stderr
 
 
-class _DEFAULTS(argparse.HelpFormatter):
-    """Help lines end with the default, where there is one to state."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "%(default)" in text or action.default in (None, "", False, argparse.SUPPRESS):
-            return text
-        return f"{text} (default: %(default)s)"
+# --- demo ---------------------------------------------------------------------------
 
 
-def _noise_level(text: str) -> int:
-    from hp_otel.render.levels import NOISE_LEVELS
+def _demo_arguments(demo: argparse.ArgumentParser) -> None:
+    from hp_otel.export.config import PROTOCOLS
 
-    if not text.isdigit() or int(text) not in NOISE_LEVELS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, NOISE_LEVELS))}")
-    return int(text)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError("must be a positive integer")
-    return int(text)
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError("must be a port number 0-65535")
-    return int(text)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hp-otel", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--version", action="version", version=f"hp-otel {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    demo = sub.add_parser(
-        "demo",
-        help="2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode (about 10 s)",
-        description="A real 2-process CPU (gloo) tensor-parallel forward+backward under CommDebugMode "
-        "(a TP MLP, or a 2-layer TP + sequence-parallel transformer): prints rank 0's counts and tables, "
-        "writes every rank's JSON dump and spans into --out.",
-        formatter_class=_DEFAULTS,
-    )
     demo.add_argument(
         "--model",
         choices=("mlp", "transformer"),
@@ -73,45 +42,60 @@ def build_parser() -> argparse.ArgumentParser:
         help="mlp: a 2-layer TP MLP; transformer: a 2-layer TP + sequence-parallel transformer",
     )
     demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
-    demo.add_argument("--noise-level", type=_noise_level, default=2, metavar="0-3", help=NOISE_LEVEL_HELP)
+    demo.add_argument("--noise-level", type=noise_level, default=2, metavar="0-3", help=NOISE_LEVEL_HELP)
     demo.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics over OTLP to this endpoint")
     demo.add_argument(
         "--otlp-protocol", choices=PROTOCOLS, help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)"
     )
     demo.add_argument(
-        "--prometheus-port", type=_port, metavar="N", help="serve /metrics on N + local rank (0: any free port)"
+        "--prometheus-port", type=port, metavar="N", help="serve /metrics on N + local rank (0: any free port)"
     )
     demo.add_argument(
-        "--steps", type=_positive, default=1, metavar="N", help="training steps, 1 or more, one trace each across ranks"
+        "--steps", type=positive, default=1, metavar="N", help="training steps, 1 or more, one trace each across ranks"
     )
     demo.add_argument(
         "--linger", type=float, default=0.0, metavar="S", help="keep /metrics up S seconds at the end (0: exit at once)"
     )
     demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (empty: a random one)")
 
+
+def _demo(args: argparse.Namespace) -> int:
+    from hp_otel.cli.demo import DemoConfig, run_demo
+
+    run_demo(
+        DemoConfig(
+            out_dir=args.out,
+            model=args.model,
+            noise_level=args.noise_level,
+            otlp_endpoint=args.otlp_endpoint,
+            otlp_protocol=args.otlp_protocol,
+            prometheus_port=args.prometheus_port,
+            steps=args.steps,
+            linger_s=args.linger,
+            run_id=args.run_id,
+        ),
+        progress=to_stderr("demo"),
+    )
+    return 0
+
+
+# --- bench --------------------------------------------------------------------------
+
+
+def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     from hp_otel.cli.bench_workloads import WORKLOADS
 
-    bench = sub.add_parser(
-        "bench",
-        help="what tracing costs a step, against untraced and torch's own tools (1-2 min a workload)",
-        description="Times a training step (forward + backward + zero_grad) in one process over torch's fake "
-        "process group, each variant interleaved round after round; prints per variant the median µs per "
-        "step, the ratio to untraced (median of per-round ratios, with their interquartile range) and, for "
-        "hp_otel's variants, the µs added per recorded event. "
-        "--export-down and --scale measure other things instead (see their help).",
-        formatter_class=_DEFAULTS,
-    )
     per_workload = ", ".join(f"{name} {spec.rounds}x{spec.steps}" for name, spec in WORKLOADS.items())
     bench.add_argument(
         "--rounds",
-        type=_positive,
+        type=positive,
         metavar="N",
         help=f"interleaved rounds, 1 or more (median over rounds); default per workload, rounds x steps: {per_workload}"
         " (realistic runs fewer: its step is about 10-100x longer); --export-down: 15",
     )
     bench.add_argument(
         "--steps",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="steps per variant per round, 1 or more (median); default per workload (see --rounds); --export-down: 20",
     )
@@ -133,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="instead: memory per retained span, and table / JSON dump time per noise level for one long window",
     )
-    bench.add_argument("--spans", type=_positive, default=100_000, metavar="N", help="spans in the --scale window")
+    bench.add_argument("--spans", type=positive, default=100_000, metavar="N", help="spans in the --scale window")
     bench.add_argument(
         "--pieces",
         action="store_true",
@@ -141,42 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(kept hooks idle, window + counting, module hooks, spans, op mode, install per window)",
     )
 
-    render = sub.add_parser(
-        "render",
-        help="re-render the table and counts from a spans file (OTLP/JSON)",
-        description="Rebuild the collective counts and the tracing table from a spans file "
-        "(the demo's spans_rank<r>.json, or any OTLP/JSON file of hp_otel spans).",
-        formatter_class=_DEFAULTS,
-    )
-    render.add_argument("file", type=Path, help="an OTLP/JSON spans file")
-    render.add_argument("--noise-level", type=_noise_level, default=1, metavar="0-3", help=NOISE_LEVEL_HELP)
-    render.add_argument(
-        "--max-bytes",
-        type=_positive,
-        default=None,
-        metavar="N",
-        help="refuse files larger than N bytes (default: HP_OTEL_RENDER_MAX_BYTES, else 256 MiB)",
-    )
-
-    ranks = sub.add_parser(
-        "ranks",
-        help="compare per-rank spans files: first divergence, hang suspects, stragglers "
-        "(exit 0 agree, 3 not, 2 bad input)",
-        formatter_class=_DEFAULTS,
-    )
-    ranks.add_argument(
-        "files", type=Path, nargs="+", metavar="FILE", help="one spans file (OTLP/JSON) or JSON dump per rank"
-    )
-    ranks.add_argument("--json", action="store_true", help="the report as JSON")
-    ranks.add_argument("--top", type=_positive, default=5, metavar="N", help="largest skews to list")
-
-    from hp_otel.cli import pictures
-
-    pictures.add_parsers(sub, _DEFAULTS)  # plot, export
-    return parser
-
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.export_down:
+        from hp_otel.cli.bench_export import main as bench_export
+
+        print("\n".join(bench_export(args.rounds or 15, args.steps or 20, to_stderr("bench --export-down"))))
+        return 0
+    if args.scale:
+        from hp_otel.cli.bench_scale import format_scale_results, run_scale_bench
+
+        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=to_stderr("bench --scale")))))
+        return 0
+    if args.pieces:
+        from hp_otel.cli.bench_pieces import main as bench_pieces
+
+        print(bench_pieces(args.model, args.rounds, args.steps, to_stderr("bench --pieces")))
+        return 0
     import json
 
     from hp_otel.cli.bench import format_results, results_json, run_bench
@@ -191,51 +156,22 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("plot", "export"):
-        from hp_otel.cli.pictures import run
+# --- render -------------------------------------------------------------------------
 
-        return run(args)
-    if args.command == "demo":
-        from hp_otel.cli.demo import DemoConfig, run_demo
 
-        run_demo(
-            DemoConfig(
-                out_dir=args.out,
-                model=args.model,
-                noise_level=args.noise_level,
-                otlp_endpoint=args.otlp_endpoint,
-                otlp_protocol=args.otlp_protocol,
-                prometheus_port=args.prometheus_port,
-                steps=args.steps,
-                linger_s=args.linger,
-                run_id=args.run_id,
-            ),
-            progress=to_stderr("demo"),
-        )
-        return 0
-    if args.command == "bench" and args.export_down:
-        from hp_otel.cli.bench_export import main as bench_export
+def _render_arguments(render: argparse.ArgumentParser) -> None:
+    render.add_argument("file", type=Path, help="an OTLP/JSON spans file")
+    render.add_argument("--noise-level", type=noise_level, default=1, metavar="0-3", help=NOISE_LEVEL_HELP)
+    render.add_argument(
+        "--max-bytes",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="refuse files larger than N bytes (default: HP_OTEL_RENDER_MAX_BYTES, else 256 MiB)",
+    )
 
-        print("\n".join(bench_export(args.rounds or 15, args.steps or 20, to_stderr("bench --export-down"))))
-        return 0
-    if args.command == "bench" and args.scale:
-        from hp_otel.cli.bench_scale import format_scale_results, run_scale_bench
 
-        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=to_stderr("bench --scale")))))
-        return 0
-    if args.command == "bench" and args.pieces:
-        from hp_otel.cli.bench_pieces import main as bench_pieces
-
-        print(bench_pieces(args.model, args.rounds, args.steps, to_stderr("bench --pieces")))
-        return 0
-    if args.command == "bench":
-        return _bench(args)
-    if args.command == "ranks":
-        from hp_otel.cli.ranks import run_ranks
-
-        return run_ranks(args.files, args.json, args.top)
+def _render(args: argparse.Namespace) -> int:
     from hp_otel.render.table import render_table
     from hp_otel.spans.call_tree import build_call_tree, check_attribute_types, count_collectives
     from hp_otel.spans.otlp_json import SpanFileError, read_spans
@@ -252,3 +188,88 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"collective counts: {count_collectives(spans)}")
     print(render_table(spans, args.noise_level))
     return 0
+
+
+# --- the registry -------------------------------------------------------------------
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "demo",
+        "2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode (about 10 s)",
+        _demo_arguments,
+        _demo,
+        description="A real 2-process CPU (gloo) tensor-parallel forward+backward under CommDebugMode "
+        "(a TP MLP, or a 2-layer TP + sequence-parallel transformer): prints rank 0's counts and tables, "
+        "writes every rank's JSON dump and spans into --out.",
+    ),
+    Command(
+        "bench",
+        "what tracing costs a step, against untraced and torch's own tools (1-2 min a workload)",
+        _bench_arguments,
+        _bench,
+        description="Times a training step (forward + backward + zero_grad) in one process over torch's fake "
+        "process group, each variant interleaved round after round; prints per variant the median µs per "
+        "step, the ratio to untraced (median of per-round ratios, with their interquartile range) and, for "
+        "hp_otel's variants, the µs added per recorded event. "
+        "--export-down and --scale measure other things instead (see their help).",
+    ),
+    Command(
+        "render",
+        "re-render the table and counts from a spans file (OTLP/JSON)",
+        _render_arguments,
+        _render,
+        description="Rebuild the collective counts and the tracing table from a spans file "
+        "(the demo's spans_rank<r>.json, or any OTLP/JSON file of hp_otel spans).",
+    ),
+    Command(
+        "ranks",
+        "compare per-rank spans files: first divergence, hang suspects, stragglers (exit 0 agree, 3 not, 2 bad input)",
+        ranks.add_arguments,
+        ranks.run,
+    ),
+    Command(
+        "plot",
+        "draw one step across ranks as a timeline (SVG, or HTML that opens without a server)",
+        pictures.add_plot_arguments,
+        pictures.run_plot,
+        description="A lane per rank on one time axis; modules, ops and redistributes as bars, collectives "
+        "coloured by op, the same collective joined across ranks so skew shows. Hover a bar for details.",
+    ),
+    Command(
+        "chrome-trace",
+        "write spans as Chrome/Perfetto trace-event JSON, optionally merged with a torch.profiler trace",
+        pictures.add_chrome_trace_arguments,
+        pictures.run_chrome_trace,
+        description="Open the result in ui.perfetto.dev or chrome://tracing. With --merge, hp_otel's tracks are "
+        "added to a torch.profiler chrome trace of the same run (same clock), next to its CPU ops and kernels.",
+        deprecated_aliases=("export",),
+    ),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hp-otel", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"hp-otel {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_arguments(
+            sub.add_parser(
+                command.name,
+                aliases=list(command.deprecated_aliases),
+                help=command.help
+                + "".join(f" ({alias}: its old name, deprecated)" for alias in command.deprecated_aliases),
+                description=command.description,
+                formatter_class=DefaultsFormatter,
+            )
+        )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = next(c for c in COMMANDS if args.command in (c.name, *c.deprecated_aliases))
+    if args.command != command.name:
+        print(f"hp-otel: `{args.command}` is deprecated, use `hp-otel {command.name}`", file=sys.stderr)
+    return command.run(args)

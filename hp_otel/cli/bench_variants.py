@@ -30,23 +30,6 @@ TORCH_DEBUG = "torch DebugMode"
 PROFILER = "torch.profiler, record_shapes"
 FLOOR = "floor: bare torch modes"
 
-# What each variant runs, for --help and the README.
-DESCRIPTIONS: dict[str, str] = {
-    UNTRACED: "the step alone, nothing of hp_otel installed (hp_otel.uninstall() before the block)",
-    HP_OTEL: "hp_otel.CommDebugMode(module=model)",
-    HP_OTEL_KEPT: "as hp_otel, after hp_otel.install(): a window takes the hooks over instead of installing them",
-    COUNTS_ONLY: "CommDebugMode(module=model, record_spans=False): counts and metrics, no spans",
-    COUNTS_ONLY_KEPT: "as counts only, after hp_otel.install()",
-    INSTRUMENTOR: "HpOtelInstrumentor active, each step marked with hp_otel.step(n), a sampler that samples nothing",
-    DISPATCH_HOOK: "as hp_otel, collectives seen by the dispatch mode (HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch)",
-    KERNEL_HOOK: "as hp_otel, collectives seen by Python kernels (HP_OTEL_TORCH_COLLECTIVE_HOOK=kernels)",
-    INACTIVE: "the step alone, after a hp_otel window was entered and exited (its collective kernels pass through)",
-    TORCH_COMM: "torch.distributed.tensor.debug.CommDebugMode() (needs numpy)",
-    TORCH_DEBUG: "torch.utils._debug_mode.DebugMode()",
-    PROFILER: "torch.profiler.profile(activities=[CPU], record_shapes=True), one per step",
-    FLOOR: "hp_otel's torch function + dispatch modes installed, recording nothing",
-}
-
 
 @dataclass
 class Variant:

@@ -1,4 +1,4 @@
-"""`hp-otel plot` and `hp-otel export`: one step across ranks as a picture, or as a Chrome/Perfetto trace."""
+"""`hp-otel plot` and `hp-otel chrome-trace`: one step across ranks as a picture, or as a Chrome/Perfetto trace."""
 
 from __future__ import annotations
 
@@ -11,63 +11,68 @@ from typing import Any
 PLOT_FORMATS = (".svg", ".html")
 
 
-def add_parsers(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
-    plot = sub.add_parser(
-        "plot",
-        help="draw one step across ranks as a timeline (SVG, or HTML that opens without a server)",
-        description="A lane per rank on one time axis; modules, ops and redistributes as bars, collectives "
-        "coloured by op, the same collective joined across ranks so skew shows. Hover a bar for details.",
-        formatter_class=formatter,
-    )
-    plot.add_argument("files", type=Path, nargs="+", metavar="FILE", help="spans files (OTLP/JSON), one per rank")
+def _rank_files(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", type=Path, nargs="+", metavar="FILE", help="spans files (OTLP/JSON), one per rank")
+
+
+def add_plot_arguments(plot: argparse.ArgumentParser) -> None:
+    _rank_files(plot)
     plot.add_argument("-o", "--out", type=Path, default=Path("hp_otel_out/timeline.html"), help="output: .svg or .html")
     plot.add_argument("--step", help="the hp_otel.step() to draw (default: the last one; files without steps: all)")
 
-    export = sub.add_parser(
-        "export",
-        help="write spans as Chrome/Perfetto trace-event JSON, optionally merged with a torch.profiler trace",
-        description="Open the result in ui.perfetto.dev or chrome://tracing. With --merge, hp_otel's tracks are "
-        "added to a torch.profiler chrome trace of the same run (same clock), next to its CPU ops and kernels.",
-        formatter_class=formatter,
-    )
-    export.add_argument("files", type=Path, nargs="+", metavar="FILE", help="spans files (OTLP/JSON), one per rank")
-    export.add_argument("--format", choices=("chrome",), default="chrome", help="output format")
-    export.add_argument("--merge", type=Path, metavar="TRACE", help="a torch.profiler export_chrome_trace() file")
-    export.add_argument("-o", "--out", type=Path, default=Path("hp_otel_out/trace.json"), help="output file")
-    export.add_argument("--step", help="the hp_otel.step() to export (default: every span in the files)")
+
+def add_chrome_trace_arguments(trace: argparse.ArgumentParser) -> None:
+    _rank_files(trace)
+    trace.add_argument("--format", choices=("chrome",), default="chrome", help="output format")
+    trace.add_argument("--merge", type=Path, metavar="TRACE", help="a torch.profiler export_chrome_trace() file")
+    trace.add_argument("-o", "--out", type=Path, default=Path("hp_otel_out/trace.json"), help="output file")
+    trace.add_argument("--step", help="the hp_otel.step() to export (default: every span in the files)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from hp_otel.common.files import write_text_atomically
+def _load(command: str, args: argparse.Namespace, every_step: bool) -> dict[int, Any] | None:
+    """The spans of every rank's file, or None after saying on stderr what is wrong."""
     from hp_otel.render.rank_spans import load_rank_spans
     from hp_otel.spans.otlp_json import SpanFileError
 
-    command = args.command
-    if command == "plot" and args.out.suffix.lower() not in PLOT_FORMATS:
-        print(f"hp-otel plot: --out must end in {' or '.join(PLOT_FORMATS)}, got {str(args.out)!r}", file=sys.stderr)
-        return 2
     try:
-        spans_by_rank = load_rank_spans(args.files, args.step, every_step=command == "export" and args.step is None)
+        spans_by_rank = load_rank_spans(args.files, args.step, every_step=every_step)
     except SpanFileError as exc:
         print(f"hp-otel {command}: {exc}", file=sys.stderr)
-        return 2
+        return None
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    if command == "plot":
-        from hp_otel.render.timeline import render_html, render_svg
+    return spans_by_rank
 
-        ranks = ", ".join(map(str, spans_by_rank))
-        title = f"hp_otel: {'step ' + args.step if args.step else 'one step'} on ranks {ranks}"
-        render = render_html if args.out.suffix.lower() == ".html" else render_svg
-        text = render(spans_by_rank, title)
-        write_text_atomically(args.out, lambda handle: handle.write(text), argument="--out")
-        print(f"wrote {args.out} ({len(spans_by_rank)} ranks)")
-        return 0
+
+def run_plot(args: argparse.Namespace) -> int:
+    from hp_otel.common.files import write_text_atomically
+    from hp_otel.render.timeline import render_html, render_svg
+
+    if args.out.suffix.lower() not in PLOT_FORMATS:
+        print(f"hp-otel plot: --out must end in {' or '.join(PLOT_FORMATS)}, got {str(args.out)!r}", file=sys.stderr)
+        return 2
+    spans_by_rank = _load("plot", args, every_step=False)
+    if spans_by_rank is None:
+        return 2
+    ranks = ", ".join(map(str, spans_by_rank))
+    title = f"hp_otel: {'step ' + args.step if args.step else 'one step'} on ranks {ranks}"
+    render = render_html if args.out.suffix.lower() == ".html" else render_svg
+    text = render(spans_by_rank, title)
+    write_text_atomically(args.out, lambda handle: handle.write(text), argument="--out")
+    print(f"wrote {args.out} ({len(spans_by_rank)} ranks)")
+    return 0
+
+
+def run_chrome_trace(args: argparse.Namespace) -> int:
+    from hp_otel.common.files import write_text_atomically
     from hp_otel.render.chrome_trace import ProfilerTraceError, chrome_trace, read_profiler_trace
 
+    spans_by_rank = _load("chrome-trace", args, every_step=args.step is None)
+    if spans_by_rank is None:
+        return 2
     try:
         profiler = read_profiler_trace(args.merge) if args.merge else None
     except ProfilerTraceError as exc:
-        print(f"hp-otel export: {exc}", file=sys.stderr)
+        print(f"hp-otel chrome-trace: {exc}", file=sys.stderr)
         return 2
     document = chrome_trace(spans_by_rank, profiler)
     write_text_atomically(args.out, lambda handle: json.dump(document, handle), argument="--out")

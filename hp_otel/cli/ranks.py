@@ -6,14 +6,29 @@ Exit status: 0 the ranks agree, 3 they diverge or one misses collectives, 2 bad 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hp_otel.cli.arguments import positive
+
 EXIT_AGREE = 0
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGE = 3
+
+
+def add_arguments(ranks: argparse.ArgumentParser) -> None:
+    ranks.add_argument(
+        "files", type=Path, nargs="+", metavar="FILE", help="one spans file (OTLP/JSON) or JSON dump per rank"
+    )
+    ranks.add_argument("--json", action="store_true", help="the report as JSON")
+    ranks.add_argument("--top", type=positive, default=5, metavar="N", help="largest skews to list")
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_ranks(args.files, args.json, args.top)
 
 
 def run_ranks(files: Sequence[Path], as_json: bool, top: int = 5) -> int:

@@ -1,2 +1,3 @@
-"""Small helpers every layer uses: atomic file writing (`files`) and the launchers'
-rank, world size and run id variables (`launcher_env`)."""
+"""Small helpers every layer uses: atomic file writing (`files`), the launchers'
+rank, world size and run id variables (`launcher_env`), and one object per OTel
+provider (`per_provider`: hp_otel's tracer, its metric instruments)."""

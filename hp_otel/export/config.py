@@ -149,14 +149,6 @@ class ExportConfig:
             shown.append(f"{name}={value!r}")
         return f"ExportConfig({', '.join(shown)})"
 
-    @property
-    def otlp_traces(self) -> bool:
-        return OTLP in self.traces_exporters
-
-    @property
-    def otlp_metrics(self) -> bool:
-        return OTLP in self.metrics_exporters
-
     @classmethod
     def resolve(
         cls,

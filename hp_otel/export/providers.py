@@ -9,7 +9,6 @@ importing hp_otel costs nothing.  A caller's providers replace them.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
 from opentelemetry import trace
@@ -20,6 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import Tracer, TracerProvider
 
+from hp_otel.common.per_provider import PerProvider
 from hp_otel.export.resource_detector import RankResourceDetector
 from hp_otel.spans import schema as s
 from hp_otel.version import __version__
@@ -85,22 +85,9 @@ def default_meter_provider() -> tuple[MeterProvider, InMemoryMetricReader | None
         return _default_meter_provider, _default_metric_reader
 
 
-_tracers: weakref.WeakKeyDictionary[Any, Tracer] = weakref.WeakKeyDictionary()
-
-
-def _cache_key(provider: Any) -> Any:
-    return _Global if provider is None else provider
-
-
-class _Global:
-    """Weak-referenceable stand-in key for the global provider."""
+_tracers: PerProvider[Tracer] = PerProvider()
 
 
 def get_tracer(tracer_provider: TracerProvider | None) -> Tracer:
     """hp_otel's tracer on a provider, made once per provider."""
-    key = _cache_key(tracer_provider)
-    with _lock:
-        tracer = _tracers.get(key)
-        if tracer is None:
-            tracer = _tracers[key] = trace.get_tracer(s.INSTRUMENTATION_NAME, __version__, tracer_provider)
-        return tracer
+    return _tracers.get(tracer_provider, lambda: trace.get_tracer(s.INSTRUMENTATION_NAME, __version__, tracer_provider))

@@ -20,8 +20,6 @@ from opentelemetry.sdk.resources import Resource, ResourceDetector
 from hp_otel.common import launcher_env
 from hp_otel.spans import schema as s
 
-DETECTOR_NAME = "hp_otel"  # the entry point name, for OTEL_EXPERIMENTAL_RESOURCE_DETECTORS
-
 
 def rank_attributes(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The resource attributes that say which process of which run this is (unknown ones left out)."""

@@ -16,16 +16,13 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, MeterProvider, Observation
 
+from hp_otel.common.per_provider import PerProvider
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
+from hp_otel.spans.codec import MetricKey
 from hp_otel.version import __version__
 
-_lock = threading.Lock()
-_instruments: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
-
-
-class _Global:
-    """Weak-referenceable stand-in key for the global provider."""
+_instruments: PerProvider[Instruments] = PerProvider()
 
 
 class CollectiveTotals:
@@ -36,14 +33,14 @@ class CollectiveTotals:
     """
 
     def __init__(self) -> None:
-        self.calls: dict[tuple[Any, ...], int] = {}
-        self.bytes: dict[tuple[Any, ...], int] = {}
-        self._attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.calls: dict[MetricKey, int] = {}
+        self.bytes: dict[MetricKey, int] = {}
+        self._attrs: dict[MetricKey, dict[str, Any]] = {}
         # Where a fault inside the callbacks is counted (the recorder of the latest window);
         # the SDK would otherwise swallow it with a log line and drop both counters.
         self._fault_sink: weakref.WeakMethod[Callable[[str, BaseException], None]] | None = None
 
-    def add(self, key: tuple[Any, ...], calls: int, nbytes: int) -> None:
+    def add(self, key: MetricKey, calls: int, nbytes: int) -> None:
         self.calls[key] = self.calls.get(key, 0) + calls
         self.bytes[key] = self.bytes.get(key, 0) + nbytes
 
@@ -51,7 +48,7 @@ class CollectiveTotals:
         """Count callback faults with this (bound) method; held weakly, so no mode is kept alive."""
         self._fault_sink = weakref.WeakMethod(on_fault)  # type: ignore[arg-type]
 
-    def attributes(self, key: tuple[Any, ...]) -> dict[str, Any]:
+    def attributes(self, key: MetricKey) -> dict[str, Any]:
         attrs = self._attrs.get(key)
         if attrs is None:
             attrs = self._attrs[key] = codec.metric_attributes(key)
@@ -63,7 +60,7 @@ class CollectiveTotals:
     def observe_bytes(self, options: CallbackOptions) -> Iterable[Observation]:
         return self._observe(self.bytes)
 
-    def _observe(self, totals: dict[tuple[Any, ...], int]) -> list[Observation]:
+    def _observe(self, totals: dict[MetricKey, int]) -> list[Observation]:
         """Observations of every key that can be described; a failing key is skipped and counted."""
         out = []
         for key, value in list(totals.items()):
@@ -166,10 +163,7 @@ class Instruments:
 
 def get_instruments(meter_provider: MeterProvider | None) -> Instruments:
     """Instruments for a provider, made once per provider (creating them is not free)."""
-    key = _Global if meter_provider is None else meter_provider
-    with _lock:
-        instruments = _instruments.get(key)
-        if instruments is None:
-            meter = metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider)
-            instruments = _instruments[key] = Instruments.create(meter)
-        return instruments
+    return _instruments.get(
+        meter_provider,
+        lambda: Instruments.create(metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider)),
+    )

@@ -31,8 +31,9 @@ from hp_otel.record import matching
 from hp_otel.record.instruments import Instruments
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
-from hp_otel.spans import codec
+from hp_otel.record.user_hooks import NO_HOOKS
 from hp_otel.spans import schema as s
+from hp_otel.spans.codec import MetricKey
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
 logger = logging.getLogger("hp_otel")
@@ -65,9 +66,9 @@ class WindowRecorder:
         self._backward_calls: tuple[ModuleCall, ...] = ()
         self._backward_moved_ns = 0  # when the open backward spans last changed
         self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
-        self._pending_durations: dict[tuple[Any, ...], list[int]] = {}
+        self._pending_durations: dict[MetricKey, list[int]] = {}
         # Async collectives awaiting completion: their duration is recorded when the window ends.
-        self._awaiting: list[tuple[ev.Collective, tuple[Any, ...]]] = []
+        self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
         self._thread = threading.get_ident()  # the window's thread: live spans end on it only
         self._window_context: Any = None
         self._active = False
@@ -75,6 +76,7 @@ class WindowRecorder:
         self.accepting = False  # active and not suspended: the one flag the hot path reads
         self.spans_enabled = True  # False: counts and metrics only (an unsampled step)
         self.ops_enabled = True  # False: sources leave out op tracing (counts, modules and collectives only)
+        self.hooks = NO_HOOKS  # the user's span hooks, run by the span builder as each span ends
         self.comm_counts: dict[str, int] = {}
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
@@ -113,7 +115,9 @@ class WindowRecorder:
         self.window = matching.window_for(parent_ctx)
         self._seqs.clear()
         self._in_flight.clear()
-        self._builder = SpanBuilder(self._tracer, self._store, parent_ctx, self.live, self.on_fault, self.window)
+        self._builder = SpanBuilder(
+            self._tracer, self._store, parent_ctx, self.live, self.on_fault, self.window, self.hooks
+        )
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
         self._backward_calls = ()
@@ -454,11 +458,9 @@ class WindowRecorder:
         fqn: str,
         duration_ns: int | None,
         error: BaseException | None = None,
-    ) -> tuple[Any, ...]:
+    ) -> MetricKey:
         """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
-        key: tuple[Any, ...] = (info.name, info.op, info.group_size, info.dtype, phase, fqn)
-        if error is not None:  # a failed call: its own series, with error.type (OTel's convention)
-            key += (codec.error_type(error),)
+        key = MetricKey.of(info, phase, fqn, error)  # a failed call: its own series, with error.type
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
         if duration_ns is None:
             return key
@@ -479,7 +481,7 @@ class WindowRecorder:
             except Exception as exc:
                 self.on_fault("metrics", exc)
 
-    def _record_durations(self, key: tuple[Any, ...], durations: Sequence[int], context: Any = None) -> None:
+    def _record_durations(self, key: MetricKey, durations: Sequence[int], context: Any = None) -> None:
         """Record durations; recorded in a sampled span's context, the SDK attaches exemplars of its trace."""
         attrs = self._instruments.totals.attributes(key)
         record = self._instruments.duration.record

@@ -23,9 +23,10 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 from hp_otel.record import events as ev
 from hp_otel.record.matching import Window
 from hp_otel.record.span_store import LocalSpanStore
+from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
-from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
+from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
 
 _LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
 
@@ -37,15 +38,16 @@ def _ignore_fault(where: str, exc: BaseException) -> None:
 class _Frame:
     """One open call."""
 
-    __slots__ = ("ctx", "key", "kind", "phase", "saved_ctx", "span")
+    __slots__ = ("ctx", "info", "key", "kind", "phase", "saved_ctx", "span")
 
-    def __init__(self, kind: str, key: Any, span: Span, ctx: Any, saved_ctx: Any, phase: str) -> None:
+    def __init__(self, kind: str, key: Any, span: Span, ctx: Any, saved_ctx: Any, phase: str, info: Any) -> None:
         self.kind = kind
         self.key = key
         self.span = span
         self.ctx = ctx
         self.saved_ctx = saved_ctx
         self.phase = phase
+        self.info = info  # what a user hook is given: the ModuleInfo, or an op's inputs
 
 
 def mark_error(span: Span, error: BaseException | str) -> None:
@@ -68,8 +70,12 @@ class SpanBuilder:
         live: bool,
         on_fault: Callable[[str, BaseException], None] | None = None,
         window: Window | None = None,
+        hooks: UserHooks = NO_HOOKS,
     ) -> None:
         self._tracer = tracer
+        self._collective_hook = hooks.collective  # the user's span hooks (user_hooks.py); None: not set
+        self._module_hook = hooks.module
+        self._op_hook = hooks.op
         self._window = window  # what collective sequence numbers count within (matching.py)
         self._issued: dict[ev.CollectiveIssue, Any] = {}  # in flight -> the parent context it was issued under
         # A user's span processor raising inside start/end: counted here, and the span
@@ -101,7 +107,9 @@ class SpanBuilder:
         self._handlers[type(event)](event)
 
     # --- stack ----------------------------------------------------------------
-    def _push(self, kind: str, key: Any, name: str, attrs: dict[str, Any], phase: str, time_ns: int) -> None:
+    def _push(
+        self, kind: str, key: Any, name: str, attrs: dict[str, Any], phase: str, time_ns: int, info: Any = None
+    ) -> None:
         parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
         span = self._start_span(name, parent_ctx, attrs, time_ns)
         # A span that failed to start is invisible: its children attach to its parent.
@@ -110,7 +118,7 @@ class SpanBuilder:
         if self._live:
             saved = otel_context.get_current()
             otel_context.attach(ctx)
-        self._stack.append(_Frame(kind, key, span, ctx, saved, phase))
+        self._stack.append(_Frame(kind, key, span, ctx, saved, phase, info))
 
     def _pop(self, kind: str, key: Any) -> _Frame | None:
         """Remove the innermost open frame matching (kind, key), wherever it is.
@@ -128,10 +136,25 @@ class SpanBuilder:
                 return frame
         return None
 
-    def _end(self, frame: _Frame, time_ns: int, error: Any = None) -> None:
+    def _end(self, frame: _Frame, time_ns: int, error: Any = None, outputs: Any = ()) -> None:
         if error is not None:
             mark_error(frame.span, error)
+        if frame.kind == s.KIND_MODULE:
+            if self._module_hook is not None:
+                self._run_hook(self._module_hook, frame.span, frame.info, MODULE_HOOK_FAULT)
+        elif frame.kind == s.KIND_OP and self._op_hook is not None:
+            info = OpInfo(frame.key, tuple(frame.info or ()), tuple(outputs))
+            self._run_hook(self._op_hook, frame.span, info, OP_HOOK_FAULT)
         self._end_span(frame.span, time_ns)
+
+    def _run_hook(self, hook: Callable[[Span, Any], Any], span: Span, info: Any, fault: str) -> None:
+        """The user's hook on a span about to end; what it raises is counted, never propagated."""
+        if not span.is_recording():  # sampled out, or failed to start: nothing to write on
+            return
+        try:
+            hook(span, info)
+        except Exception as exc:
+            self._on_fault(fault, exc)
 
     def _end_span(self, span: Span, time_ns: int) -> None:
         try:
@@ -164,7 +187,7 @@ class SpanBuilder:
         attrs = self._module_attrs.get(key)
         if attrs is None:
             attrs = self._module_attrs[key] = codec.encode_module(module, e.phase)
-        self._push(s.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns)
+        self._push(s.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns, module)
 
     def _module_exit(self, e: ev.ModuleExit) -> None:
         frame = self._pop(s.KIND_MODULE, (e.fqn, e.phase))
@@ -178,7 +201,7 @@ class SpanBuilder:
 
     def _op_enter(self, e: ev.OpEnter) -> None:
         phase = self._phase()
-        self._push(s.KIND_OP, e.name, e.name, codec.encode_op(e.name, e.inputs, phase), phase, e.time_ns)
+        self._push(s.KIND_OP, e.name, e.name, codec.encode_op(e.name, e.inputs, phase), phase, e.time_ns, e.inputs)
 
     def _op_exit(self, e: ev.OpExit) -> None:
         frame = self._pop(s.KIND_OP, e.name)
@@ -186,7 +209,7 @@ class SpanBuilder:
             return
         if e.outputs:
             frame.span.set_attributes(codec.encode_tensor_infos(e.outputs, "output"))
-        self._end(frame, e.time_ns, e.error)
+        self._end(frame, e.time_ns, e.error, e.outputs)
 
     def _redistribute_enter(self, e: ev.RedistributeEnter) -> None:
         phase = self._phase()
@@ -225,6 +248,8 @@ class SpanBuilder:
 
     def _end_collective(self, span: Span, e: ev.Collective) -> None:
         span.set_attribute(s.COLLECTIVE_COMPLETION, e.completion)
+        if self._collective_hook is not None:
+            self._run_hook(self._collective_hook, span, e.info, COLLECTIVE_HOOK_FAULT)
         self._end_span(span, e.end_ns)
 
     def complete_collective(self, e: ev.Collective) -> None:

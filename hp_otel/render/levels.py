@@ -56,12 +56,19 @@ _LEVELS = {
 }
 
 
-def noise_level(value: Any, argument: str = "noise_level") -> NoiseLevel:
-    """The level's flags (None means the default), or a ValueError naming the allowed values."""
-    if value is None:
-        return _LEVELS[DEFAULT_NOISE_LEVEL]
+def noise_level(
+    value: Any, argument: str = "noise_level", *, default: int = DEFAULT_NOISE_LEVEL, allow_none: bool = True
+) -> NoiseLevel:
+    """The level's flags (None means `default`), or a ValueError naming the allowed values.
+
+    The one check of a noise level: CommDebugMode, the renderers, the torch drop-in and
+    the command line all call it, so they accept the same values and say the same thing.
+    """
+    if value is None and allow_none:
+        return _LEVELS[default]
     if isinstance(value, NoiseLevel):
         return value
     if isinstance(value, bool) or not isinstance(value, int) or value not in _LEVELS:
-        raise ValueError(f"{argument} must be one of {', '.join(map(str, NOISE_LEVELS))} or None, got {value!r}")
+        allowed = ", ".join(map(str, NOISE_LEVELS)) + (f" or None (the default, {default})" if allow_none else "")
+        raise ValueError(f"{argument} must be one of {allowed}, got {value!r}")
     return _LEVELS[value]

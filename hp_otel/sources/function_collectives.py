@@ -17,12 +17,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import ObserverSlot
-from hp_otel.spans.infos import CollectiveInfo
+from hp_otel.spans.infos import NO_GROUP, CollectiveInfo, GroupDetails
 
 _INPUT_NAMES = ("data", "input_data", "input_tensor", "input", "tensor", "x")
 _OUTPUT_NAMES = ("output_tensor", "output", "tensor_list", "output_tensor_list", "gather_list")
@@ -58,16 +57,6 @@ def nbytes_of(value: Any) -> int:
 
 
 # --- groups ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GroupDetails:
-    size: int
-    name: str
-    ranks: tuple[int, ...]
-
-
-_NO_GROUP = GroupDetails(0, "", ())
 
 
 def _torch_group(pg: Any) -> GroupDetails:
@@ -110,7 +99,7 @@ def _world_group() -> GroupDetails:
         from mindspore.communication import GlobalComm
 
         return _named_group(GlobalComm.WORLD_COMM_GROUP)
-    return _NO_GROUP
+    return NO_GROUP
 
 
 class GroupResolver:
@@ -139,7 +128,7 @@ class GroupResolver:
             return GroupDetails(int(rank_size), str(name or (inner_details.name if inner_details else "")), ranks)
         if callable(getattr(group, "size", None)):
             return _torch_group(group)
-        return _NO_GROUP
+        return NO_GROUP
 
 
 # --- reading one call -----------------------------------------------------------------
@@ -188,7 +177,7 @@ class CallReader:
             outputs = result if first_tensor(result) is not None else inputs  # in place: the output is the input
         first_in = first_tensor(inputs)
         first_out = first_tensor(outputs)
-        group = self._resolve_group(arguments.get(self._group)) if self._group else _NO_GROUP
+        group = self._resolve_group(arguments.get(self._group)) if self._group else NO_GROUP
         return CollectiveInfo(
             name=self.name,
             op=self.op,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hp_otel.spans import schema as s
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
@@ -45,8 +45,27 @@ def shape_from_text(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",")) if text else ()
 
 
+_placements_texts: dict[Any, str] = {}
+_PLACEMENTS_CACHE_LIMIT = 1024
+
+
 def placements_text(placements: Sequence[Any]) -> str:
-    """Placements of all mesh dims as one string: `Shard(dim=0);Replicate()`."""
+    """Placements of all mesh dims as one string: `Shard(dim=0);Replicate()` (every engine's).
+
+    Cached by the placements: they repeat every step (a redistribute, a parameter).
+    """
+    try:
+        text = _placements_texts.get(placements)
+    except TypeError:  # unhashable placements (a list, another framework's objects): format without the cache
+        return _join_placements(placements)
+    if text is None:
+        if len(_placements_texts) >= _PLACEMENTS_CACHE_LIMIT:
+            _placements_texts.clear()
+        text = _placements_texts[placements] = _join_placements(placements)
+    return text
+
+
+def _join_placements(placements: Sequence[Any]) -> str:
     return PLACEMENT_SEPARATOR.join(p if isinstance(p, str) else repr(p) for p in placements)
 
 
@@ -255,12 +274,41 @@ def decode_redistribute(attrs: Mapping[str, Any]) -> tuple[str, str, tuple[int, 
     )
 
 
-def metric_attributes(key: tuple[Any, ...]) -> dict[str, Any]:
-    """Metric attributes from a recorder key: `schema.METRIC_ATTRIBUTE_KEYS` in order, then `error.type` if failed."""
-    count = len(s.METRIC_ATTRIBUTE_KEYS)
-    attrs = dict(zip(s.METRIC_ATTRIBUTE_KEYS, key[:count], strict=True))
-    if len(key) > count and key[count]:
-        attrs[s.ERROR_TYPE] = key[count]
+class MetricKey(NamedTuple):
+    """One series of the collective metrics: the attribute values, by name (see `metric_attributes`).
+
+    Bounded cardinality only (no shapes, no ranks).  A tuple: the recorder's totals are
+    keyed by it, so the hot path hashes it as it would any tuple.
+    """
+
+    collective_name: str
+    collective_op: str
+    group_size: int
+    dtype: str
+    phase: str
+    module_fqn: str
+    error_type: str  # "" when the call succeeded
+
+    @classmethod
+    def of(cls, info: CollectiveInfo, phase: str, fqn: str, error: BaseException | None = None) -> MetricKey:
+        """The one place a key is made: a collective's series, in `phase` inside module `fqn`."""
+        return cls(
+            info.name, info.op, info.group_size, info.dtype, phase, fqn, "" if error is None else error_type(error)
+        )
+
+
+def metric_attributes(key: MetricKey) -> dict[str, Any]:
+    """A series' metric attributes (`schema.METRIC_ATTRIBUTE_KEYS`), with `error.type` only for failed calls."""
+    attrs: dict[str, Any] = {
+        s.COLLECTIVE_NAME: key.collective_name,
+        s.COLLECTIVE_OP: key.collective_op,
+        s.COLLECTIVE_GROUP_SIZE: key.group_size,
+        s.COLLECTIVE_DTYPE: key.dtype,
+        s.PHASE: key.phase,
+        s.MODULE_FQN: key.module_fqn,
+    }
+    if key.error_type:
+        attrs[s.ERROR_TYPE] = key.error_type
     return attrs
 
 

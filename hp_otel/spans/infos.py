@@ -34,6 +34,27 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class OpInfo:
+    """One op call as the user's `op_hook` sees it (made only when one is set)."""
+
+    name: str  # e.g. "aten.mm.default"
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...] = ()  # () when the op raised or the window ended first
+
+
+@dataclass(frozen=True)
+class GroupDetails:
+    """A collective's process group as a source resolved it (size, name, global ranks)."""
+
+    size: int
+    name: str
+    ranks: tuple[int, ...]
+
+
+NO_GROUP = GroupDetails(0, "", ())  # a call without a group argument the source could read
+
+
+@dataclass(frozen=True)
 class CollectiveInfo:
     """One collective call as a source saw it."""
 

@@ -131,6 +131,7 @@ CALLBACK_NAME: Final = "hp.callback"
 # collective metrics of failed calls only (absent when the call succeeded).
 ERROR_TYPE: Final = "error.type"
 # Metric attributes: bounded cardinality only (no shapes, no ranks); `error.type` follows when a call failed.
+# One series' values are a `codec.MetricKey`; `codec.metric_attributes` names them with these keys.
 METRIC_ATTRIBUTE_KEYS: Final = (
     COLLECTIVE_NAME,
     COLLECTIVE_OP,

@@ -18,15 +18,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree, count_collectives
 
-__all__ = [
-    "assert_collective_counts",
-    "assert_no_callback_errors",
-    "assert_span_tree",
-    "collective_counts",
-    "metric_points",
-    "span_outline",
-]
-
 
 def _spans(source: Any, argument: str = "source") -> tuple[ReadableSpan, ...]:
     """Finished spans of a CommDebugMode, an exporter with `get_finished_spans()`, or a span sequence."""

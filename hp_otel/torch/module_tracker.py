@@ -32,6 +32,7 @@ from torch.nn.modules.module import (
 from torch.utils._pytree import tree_flatten
 
 from hp_otel.record.observer import Observer
+from hp_otel.sources.pytorch.modules import BackwardEndCallback
 from hp_otel.spans import schema as s
 from hp_otel.spans.infos import ModuleInfo
 
@@ -71,7 +72,7 @@ class CompatModuleTracker(ModTracker):
         self.observer: Observer | None = None
         self._pushed: list[bool] = []  # per running forward: did its pre-hook push parent_list
         self._infos: weakref.WeakKeyDictionary[torch.nn.Module, ModuleInfo] = weakref.WeakKeyDictionary()
-        self._backward_end_queued = False
+        self._backward_end = BackwardEndCallback(self._at_backward_end)
         self._module_hooks: dict[int, tuple[weakref.ref[torch.nn.Module], Any]] = {}
 
     # --- hp_otel spans ------------------------------------------------------------
@@ -95,24 +96,16 @@ class CompatModuleTracker(ModTracker):
             if enter:
                 observer.on_module_enter(self._info(module, name), phase)
                 if phase == s.PHASE_BACKWARD:
-                    self._queue_backward_end()
+                    self._backward_end.queue()
             else:
                 observer.on_module_exit(name, phase)
         except Exception as exc:
             observer.on_fault("compat_module_report", exc)
 
-    def _queue_backward_end(self) -> None:
-        if self._backward_end_queued:
-            return
-        self._backward_end_queued = True
-
-        def backward_end() -> None:
-            self._backward_end_queued = False
-            observer = self.observer
-            if observer is not None:
-                observer.on_backward_end()
-
-        torch.autograd.Variable._execution_engine.queue_callback(backward_end)
+    def _at_backward_end(self) -> None:
+        observer = self.observer
+        if observer is not None:
+            observer.on_backward_end()
 
     # ModTracker builds its backward markers with these: report them as backward spans too.
     # torch 2.13 passes (weakref to module, name, is_bw); older releases (name, is_bw).
@@ -248,7 +241,7 @@ class CompatModuleTracker(ModTracker):
         self.parents = {GLOBAL}
         self._active_module_cnt = {}
         self._pushed = []
-        self._backward_end_queued = False
+        self._backward_end.reset()
         self.name = GLOBAL
         self._fw_pre_handle = register_module_forward_pre_hook(self._fw_pre_hook)
         self._fw_post_handle = register_module_forward_hook(self._fw_post_hook, always_call=True)

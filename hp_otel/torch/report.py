@@ -12,6 +12,9 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.render.levels import noise_level
+
+TORCH_DEFAULT_NOISE_LEVEL = 3
 # torch's set: ops too common to be worth a line below noise level 3
 TRIVIAL_OPS = frozenset(
     {
@@ -37,8 +40,8 @@ class Noise:
 
     @classmethod
     def of(cls, level: Any) -> Noise:
-        if isinstance(level, bool) or not isinstance(level, int):
-            raise TypeError(f"noise_level must be an int (torch's levels 0-3), got {level!r}")
+        """torch's levels 0-3 (None: torch's default, 3), checked as everywhere else (`render.levels`)."""
+        level = noise_level(level, default=TORCH_DEFAULT_NOISE_LEVEL).level
         return cls(level > 0, level > 0, level > 1, level > 2)
 
     def keeps(self, op: dict[str, Any]) -> bool:

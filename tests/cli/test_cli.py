@@ -117,6 +117,9 @@ def test_version(capsys) -> None:
             "bench",
             ["--rounds N", "mlp 15x20", "realistic 5x3", "(see --rounds)", "--spans N", "(default: 100000)"],
         ),
+        ("ranks", ["--top N", "(default: 5)"]),
+        ("plot", ["(default: hp_otel_out/timeline.html)", "output: .svg or .html"]),
+        ("chrome-trace", ["--merge TRACE", "(default: hp_otel_out/trace.json)", "(default: chrome)"]),
     ],
 )
 def test_help_states_ranges_and_defaults(command, expected, capsys) -> None:
@@ -126,6 +129,36 @@ def test_help_states_ranges_and_defaults(command, expected, capsys) -> None:
     for phrase in expected:
         assert phrase in text, text
     assert "(default: None)" not in text
+
+
+def test_help_lists_every_registered_command(capsys) -> None:
+    from hp_otel.cli import COMMANDS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert [c.name for c in COMMANDS] == ["demo", "bench", "render", "ranks", "plot", "chrome-trace"]
+    for command in COMMANDS:
+        assert command.name in text and " ".join(command.help.split()) in text, command.name
+    assert "chrome-trace (export)" in text and "(export: its old name, deprecated)" in text
+
+
+def test_a_row_of_the_registry_is_a_subcommand(monkeypatch, capsys) -> None:
+    import hp_otel.cli as cli
+
+    def add_arguments(parser):
+        parser.add_argument("--times", type=int, default=1)
+
+    def run(args):
+        print("hello " * args.times)
+        return 7
+
+    row = cli.Command("hello", "say hello", add_arguments, run, deprecated_aliases=("hi",))
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, row))
+    assert main(["hello", "--times", "2"]) == 7
+    assert capsys.readouterr().out == "hello hello \n"
+    assert main(["hi"]) == 7
+    assert capsys.readouterr().err == "hp-otel: `hi` is deprecated, use `hp-otel hello`\n"
 
 
 # `pip install hp_otel torch` brings no numpy: every command must still run.

@@ -141,7 +141,7 @@ FAULTS = [
     Fault("collective callback", _fail_event(ev.Collective), ("collective",)),
     Fault("collective completion (wait)", _fail(completion_source.Completions, "waited"), ("collective_complete",)),
     # redistribute wrapper
-    Fault("redistribute describe", _fail(dtensor_source, "placements_str"), ("redistribute_describe",)),
+    Fault("redistribute describe", _fail(dtensor_source, "placements_text"), ("redistribute_describe",)),
     Fault("redistribute enter callback", _fail_event(ev.RedistributeEnter), ("redistribute_enter",)),
     Fault("redistribute exit callback", _fail_event(ev.RedistributeExit), ("redistribute_exit",)),
     # module hooks, forward and backward

@@ -1,4 +1,4 @@
-"""`hp-otel plot` (SVG / HTML timeline) and `hp-otel export --format chrome` (with a torch.profiler merge)."""
+"""`hp-otel plot` (SVG / HTML timeline) and `hp-otel chrome-trace` (with a torch.profiler merge)."""
 
 from __future__ import annotations
 
@@ -84,24 +84,25 @@ def test_the_html_page_is_self_contained_and_lists_the_skew(rank_files, tmp_path
     assert re.search(r"<td>all_reduce #0</td><td>2</td><td>500.0</td>", page)
 
 
-def test_bad_plot_and_export_input_says_what_is_wrong(rank_files, tmp_path, capsys) -> None:
+def test_bad_plot_and_chrome_trace_input_says_what_is_wrong(rank_files, tmp_path, capsys) -> None:
     files, _ = rank_files
     assert main(["plot", str(files[0]), "-o", str(tmp_path / "t.png")]) == 2
     assert "--out must end in .svg or .html" in capsys.readouterr().err
     assert main(["plot", str(files[0]), "--step", "3", "-o", str(tmp_path / "t.svg")]) == 2
     assert "no step spans" in capsys.readouterr().err
-    assert main(["export", str(tmp_path / "missing.json")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert main(["chrome-trace", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hp-otel chrome-trace: ") and "does not exist" in err
     bad = tmp_path / "notrace.json"
     bad.write_text("{}")
-    assert main(["export", str(files[0]), "--merge", str(bad), "-o", str(tmp_path / "m.json")]) == 2
+    assert main(["chrome-trace", str(files[0]), "--merge", str(bad), "-o", str(tmp_path / "m.json")]) == 2
     assert "no 'traceEvents'" in capsys.readouterr().err
 
 
 def test_chrome_trace_has_an_event_per_call_with_its_times(rank_files, tmp_path) -> None:
     files, spans = rank_files
     out = tmp_path / "trace.json"
-    assert main(["export", "--format", "chrome", *map(str, files), "-o", str(out)]) == 0
+    assert main(["chrome-trace", "--format", "chrome", *map(str, files), "-o", str(out)]) == 0
     document = json.loads(out.read_text())
     base = document["baseTimeNanoseconds"]
     calls = [e for e in document["traceEvents"] if e["ph"] == "X"]
@@ -112,6 +113,16 @@ def test_chrome_trace_has_an_event_per_call_with_its_times(rank_files, tmp_path)
     event = next(e for e in calls if e["pid"] == 1_000_000 and e["name"] == first.name)
     assert event["ts"] == pytest.approx((first.start_time - base) / 1000)
     assert event["dur"] == pytest.approx((first.end_time - first.start_time) / 1000)
+
+
+def test_export_is_the_deprecated_name_of_chrome_trace(rank_files, tmp_path, capsys) -> None:
+    files, _ = rank_files
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    assert main(["chrome-trace", *map(str, files), "-o", str(new)]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["export", *map(str, files), "-o", str(old)]) == 0
+    assert capsys.readouterr().err == "hp-otel: `export` is deprecated, use `hp-otel chrome-trace`\n"
+    assert json.loads(old.read_text()) == json.loads(new.read_text())
 
 
 def test_merged_with_torch_profiler_the_collectives_line_up_with_its_ops(tp_mlp, tmp_path) -> None:
@@ -129,7 +140,7 @@ def test_merged_with_torch_profiler_the_collectives_line_up_with_its_ops(tp_mlp,
     write_spans(tmp_path / "spans.json", mode.get_finished_spans())
     out = tmp_path / "merged.json"
     merge = ["--merge", str(tmp_path / "profiler.json")]
-    assert main(["export", str(tmp_path / "spans.json"), *merge, "-o", str(out)]) == 0
+    assert main(["chrome-trace", str(tmp_path / "spans.json"), *merge, "-o", str(out)]) == 0
     merged = json.loads(out.read_text())
     c10d = [e for e in merged["traceEvents"] if e.get("name") == "_c10d_functional::all_reduce" and e["ph"] == "X"]
 

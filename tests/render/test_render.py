@@ -51,6 +51,31 @@ def test_empty_table() -> None:
     assert mode.generate_comm_debug_tracing_table() == EMPTY_TABLE
 
 
+def test_every_entry_point_checks_a_noise_level_with_the_one_check(design_mode: CommDebugMode, capsys) -> None:
+    """CommDebugMode, the renderers, the torch drop-in and the command line say the same thing."""
+    from hp_otel.cli import main
+    from hp_otel.torch import CommDebugMode as TorchCompatMode
+
+    said = []
+    for call in (
+        lambda: design_mode.generate_comm_debug_tracing_table(7),
+        lambda: render_table(design_mode.get_finished_spans(), 7),
+        lambda: TorchCompatMode().generate_comm_debug_tracing_table(7),
+    ):
+        with pytest.raises(ValueError) as caught:
+            call()
+        said.append(str(caught.value))
+    with pytest.raises(SystemExit):
+        main(["render", "x.json", "--noise-level", "7"])
+    said.append(capsys.readouterr().err.strip().splitlines()[-1])
+    assert said == [
+        "noise_level must be one of 0, 1, 2, 3 or None (the default, 1), got 7",
+        "noise_level must be one of 0, 1, 2, 3 or None (the default, 1), got 7",
+        "noise_level must be one of 0, 1, 2, 3 or None (the default, 3), got 7",  # torch's default level
+        "hp-otel render: error: argument --noise-level: noise level must be one of 0, 1, 2, 3, got 7",
+    ]
+
+
 @pytest.mark.parametrize("bad", [-1, 4, 1.0, "1", True])
 def test_invalid_noise_level_names_the_allowed_values(design_mode: CommDebugMode, bad: object) -> None:
     with pytest.raises(ValueError, match=r"noise_level must be one of 0, 1, 2, 3"):

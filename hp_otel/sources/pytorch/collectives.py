@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ import torch.distributed as dist
 
 from hp_otel.sources.function_collectives import reduce_op_name
 from hp_otel.sources.pytorch.tensors import dtype_name
-from hp_otel.spans.infos import CollectiveInfo
+from hp_otel.spans.infos import NO_GROUP, CollectiveInfo, GroupDetails
 
 # framework op name (namespace.op) -> normalised op
 _NORMALISED: dict[str, str] = {
@@ -89,19 +88,12 @@ def _total_bytes(value: Any) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class _GroupInfo:
-    size: int
-    name: str
-    ranks: tuple[int, ...]
-
-
 # ProcessGroup (kept alive here, so its id cannot be reused) -> info.  Keyed by the group
 # object, not its name: names are reused when a process group is destroyed and re-created.
-_groups: dict[int, tuple[Any, _GroupInfo]] = {}
+_groups: dict[int, tuple[Any, GroupDetails]] = {}
 
 
-def _group_info(group: Any) -> _GroupInfo:
+def _group_info(group: Any) -> GroupDetails:
     """Size, name and ranks of a group given by name (functional ops) or ProcessGroup (c10d ops)."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
@@ -118,7 +110,7 @@ def _group_info(group: Any) -> _GroupInfo:
         ranks = tuple(dist.get_process_group_ranks(pg))
     except Exception:  # a group the default-group registry does not know
         ranks = ()
-    info = _GroupInfo(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks)
+    info = GroupDetails(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks)
     _groups[id(pg)] = (pg, info)
     return info
 
@@ -129,7 +121,7 @@ def _ints(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _global_rank(group: _GroupInfo, group_rank: int) -> int:
+def _global_rank(group: GroupDetails, group_rank: int) -> int:
     """A point-to-point op names its peer by rank in its group; spans give the global rank."""
     return group.ranks[group_rank] if 0 <= group_rank < len(group.ranks) else group_rank
 
@@ -176,7 +168,7 @@ class CollectiveSpec:
         first_in = _first_tensor(inputs)
         first_out = _first_tensor(outputs)
         group = self._arg(self._group, args, kwargs)
-        ginfo = _group_info(group) if group is not None else _GroupInfo(0, "", ())
+        ginfo = _group_info(group) if group is not None else NO_GROUP
         is_async = True if self.functional else bool(self._arg(self._async, args, kwargs))
         peers: tuple[int, ...] = ()
         tags: tuple[int, ...] = ()

@@ -34,7 +34,8 @@ from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
 from hp_otel.sources.pytorch.fsdp import fsdp_patches
-from hp_otel.sources.pytorch.tensors import placements_str, tensor_infos
+from hp_otel.sources.pytorch.tensors import tensor_infos
+from hp_otel.spans.codec import placements_text
 
 # Attribute access and hook registration: bookkeeping, not computation (torch's own
 # CommDebugMode registers grad hooks on DTensors while it runs).
@@ -152,8 +153,8 @@ def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
         if observer is None or not observer.accepting:
             return original(local_tensor, current_spec, target_spec, *args, **kwargs)
         try:
-            src = placements_str(current_spec.placements)
-            dst = placements_str(target_spec.placements)
+            src = placements_text(current_spec.placements)
+            dst = placements_text(target_spec.placements)
             shape = tuple(current_spec.shape)
         except Exception as exc:
             observer.on_fault("redistribute_describe", exc)

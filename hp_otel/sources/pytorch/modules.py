@@ -24,6 +24,7 @@ import functools
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,8 +35,9 @@ from torch.utils.hooks import RemovableHandle
 
 from hp_otel.record import installation
 from hp_otel.record.observer import Observer
-from hp_otel.sources.pytorch.tensors import dtype_name, placements_str
+from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema as s
+from hp_otel.spans.codec import placements_text
 from hp_otel.spans.infos import ModuleCall, ModuleInfo, ParameterInfo
 
 _next_sequence_nr = torch._C._autograd._get_sequence_nr  # this thread's next autograd node number
@@ -81,7 +83,7 @@ def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
                 name=name,
                 shape=tuple(param.shape),
                 dtype=dtype_name(param.dtype),
-                placements=placements_str(tuple(placements)) if placements is not None else "",
+                placements=placements_text(tuple(placements)) if placements is not None else "",
             )
         )
     described = tuple(infos)
@@ -251,6 +253,33 @@ class _ModuleHooks:
 _hook_sets: weakref.WeakKeyDictionary[nn.Module, _ModuleHooks] = weakref.WeakKeyDictionary()
 
 
+class BackwardEndCallback:
+    """Asks autograd, once per backward pass, to call `on_end()` when the pass ends.
+
+    Used by the module tracker here and by the torch drop-in's (`hp_otel.torch`): the
+    backward spans still open close then.
+    """
+
+    def __init__(self, on_end: Callable[[], None]) -> None:
+        self._on_end = on_end
+        self._queued = False
+
+    def queue(self) -> None:
+        """Call `on_end()` when the running backward pass ends (once, however often asked)."""
+        if self._queued:
+            return
+        self._queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._run)
+
+    def reset(self) -> None:
+        """Forget a pass that never ended for us (a new window starts)."""
+        self._queued = False
+
+    def _run(self) -> None:
+        self._queued = False
+        self._on_end()
+
+
 class TorchModuleTracker:
     """Source of module enter/exit events for one `nn.Module` tree, and of the module
     calls owning backward work (`running_chain`)."""
@@ -266,7 +295,7 @@ class TorchModuleTracker:
         self._grad_handles: list[RemovableHandle] = []
         # id(tensor) -> (weak ref, callbacks): tensors compare elementwise, so no WeakKeyDictionary
         self._tensor_callbacks: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
-        self._backward_end_queued = False
+        self._backward_end = BackwardEndCallback(self._at_backward_end)
         self._local = threading.local()
         self._owners_by_thread: dict[int, NodeOwners] = {}
         self._latest_owners: NodeOwners | None = None
@@ -276,7 +305,7 @@ class TorchModuleTracker:
     def attach(self, observer: Observer) -> None:
         self.observer = observer
         self.backward_spans = observer.spans_enabled
-        self._backward_end_queued = False
+        self._backward_end.reset()
         self._local = threading.local()
         self._owners_by_thread = {}
         self._latest_owners = None
@@ -425,18 +454,13 @@ class TorchModuleTracker:
 
     def close_at_backward_end(self) -> None:
         """Ask autograd to tell us when this backward pass ends (once per pass)."""
-        if self._backward_end_queued:
-            return
-        self._backward_end_queued = True
+        self._backward_end.queue()
 
-        def backward_end() -> None:
-            self._backward_end_queued = False
-            observer = self.observer
-            if observer is not None:
-                observer.on_backward_end()
-                try:
-                    self._remove_grad_hooks()
-                except Exception as exc:
-                    observer.on_fault("module_grad_hook_cleanup", exc)
-
-        torch.autograd.Variable._execution_engine.queue_callback(backward_end)
+    def _at_backward_end(self) -> None:
+        observer = self.observer
+        if observer is not None:
+            observer.on_backward_end()
+            try:
+                self._remove_grad_hooks()
+            except Exception as exc:
+                observer.on_fault("module_grad_hook_cleanup", exc)

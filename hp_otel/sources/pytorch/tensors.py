@@ -19,22 +19,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-_placements_text: dict[tuple[Any, ...], str] = {}
-
-
-def placements_str(placements: tuple[Any, ...]) -> str:
-    """`Shard(dim=0)`; several mesh dims joined by `;` (cached: placements repeat every step)."""
-    try:
-        text = _placements_text.get(placements)
-    except TypeError:  # unhashable placements (another framework's): format without the cache
-        return ";".join(repr(p) for p in placements)
-    if text is None:
-        if len(_placements_text) >= 1024:
-            _placements_text.clear()
-        text = _placements_text[placements] = ";".join(repr(p) for p in placements)
-    return text
-
-
 # DTensorSpec -> TensorInfo: specs hash once and are shared by every step's parameters
 # and most activations, so a hit costs a dict lookup instead of ≈2 µs of formatting.
 _spec_infos: dict[Any, TensorInfo] = {}

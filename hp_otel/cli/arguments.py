@@ -1,0 +1,42 @@
+"""What every subcommand's arguments share: the argument types and the help formatter."""
+
+from __future__ import annotations
+
+import argparse
+
+NOISE_LEVEL_HELP = (
+    "table detail, 0-3: 0 collectives only; 1 + DTensor ops; 2 + forward module boundaries; "
+    "3 + redistributes, backward modules, dtype/bytes/reduce op on collectives"
+)
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help lines end with the default, where there is one to state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, "", False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def noise_level(text: str) -> int:
+    """`--noise-level`: checked by `hp_otel.render.levels.noise_level`, the one check every caller uses."""
+    from hp_otel.render.levels import noise_level as check
+
+    try:
+        return check(int(text) if text.isdigit() else text, "noise level", allow_none=False).level
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return int(text)
+
+
+def port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError("must be a port number 0-65535")
+    return int(text)
