@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (empty: a random one)")
 
-    from hp_otel.cli.bench_workloads import WORKLOADS
+    from hp_otel.cli.bench_workloads import ALIASES, WORKLOADS
 
     bench = sub.add_parser(
         "bench",
@@ -122,10 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--model",
-        choices=(*WORKLOADS, "all"),
+        choices=(*WORKLOADS, *ALIASES, "all"),
         default="mlp",
         help="the step to time; all: each in turn, one table each. "
-        + "; ".join(f"{name}: {spec.summary}" for name, spec in WORKLOADS.items()),
+        + "; ".join(f"{name}: {spec.summary}" for name, spec in WORKLOADS.items())
+        + "; former names: "
+        + ", ".join(f"{old} = {new}" for old, new in ALIASES.items()),
     )
     bench.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     bench.add_argument(
