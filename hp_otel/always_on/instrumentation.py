@@ -53,9 +53,9 @@ def _is_configured(provider: Any, proxy_types: tuple[type, ...]) -> bool:
 def _resolve_providers(tracer_provider: Any, meter_provider: Any) -> tuple[Any, Any]:
     """The caller's providers; else OTel's global ones if someone set them; else hp_otel.configure()'s."""
     from opentelemetry.metrics import NoOpMeterProvider
-    from opentelemetry.metrics._internal import _ProxyMeterProvider
     from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider
 
+    from hp_otel.common._otel_compat import proxy_meter_provider_class
     from hp_otel.export import telemetry as export
 
     if tracer_provider is None:
@@ -64,7 +64,7 @@ def _resolve_providers(tracer_provider: Any, meter_provider: Any) -> tuple[Any, 
             tracer_provider = candidate
     if meter_provider is None:
         candidate = metrics.get_meter_provider()
-        if _is_configured(candidate, (_ProxyMeterProvider, NoOpMeterProvider)):
+        if _is_configured(candidate, (proxy_meter_provider_class(), NoOpMeterProvider)):
             meter_provider = candidate
     if tracer_provider is None or meter_provider is None:
         telemetry = export.configured() or export.configure()

@@ -83,7 +83,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench_arguments(bench: argparse.ArgumentParser) -> None:
-    from hp_otel.cli.bench_workloads import WORKLOADS
+    from hp_otel.cli.bench_workloads import ALIASES, WORKLOADS
 
     per_workload = ", ".join(f"{name} {spec.rounds}x{spec.steps}" for name, spec in WORKLOADS.items())
     bench.add_argument(
@@ -106,10 +106,12 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     )
     bench.add_argument(
         "--model",
-        choices=(*WORKLOADS, "all"),
+        choices=(*WORKLOADS, *ALIASES, "all"),
         default="mlp",
         help="the step to time; all: each in turn, one table each. "
-        + "; ".join(f"{name}: {spec.summary}" for name, spec in WORKLOADS.items()),
+        + "; ".join(f"{name}: {spec.summary}" for name, spec in WORKLOADS.items())
+        + "; former names: "
+        + ", ".join(f"{old} = {new}" for old, new in ALIASES.items()),
     )
     bench.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     bench.add_argument(

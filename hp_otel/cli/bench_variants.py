@@ -76,10 +76,10 @@ def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
     except ImportError as exc:
         skipped[TORCH_COMM] = f"cannot import it ({exc}); pip install numpy"
     try:
-        from torch.utils._debug_mode import DebugMode
+        from hp_otel.sources.pytorch import _compat
 
-        variants.append(Variant(TORCH_DEBUG, DebugMode))
-    except ImportError as exc:
+        variants.append(Variant(TORCH_DEBUG, _compat.debug_mode_class()))
+    except ImportError as exc:  # _compat.TorchCompatError too
         skipped[TORCH_DEBUG] = f"cannot import it ({exc})"
     profiler = _profiler_context()
     if isinstance(profiler, str):

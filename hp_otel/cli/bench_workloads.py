@@ -27,24 +27,30 @@ class WorkloadSpec:
 WORKLOADS: dict[str, WorkloadSpec] = {
     "mlp": WorkloadSpec("TP MLP 32->64->32, batch 8 (2 all_reduce a step)", rounds=15, steps=20),
     "transformer": WorkloadSpec("the demo's 2-layer TP + sequence-parallel transformer, dim 16", rounds=15, steps=10),
-    "torch-transformer": WorkloadSpec(
-        "PyTorch's test Transformer (common_dtensor), 2 layers, dim 16, batch 8 x seq 8, TP", rounds=15, steps=10
+    "dtensor-transformer": WorkloadSpec(
+        "a reproduction of PyTorch's test Transformer (common_dtensor's modules, ops and TP plan), 2 layers, "
+        "dim 16, batch 8 x seq 8, TP",
+        rounds=15,
+        steps=10,
     ),
-    "torch-transformer-sp": WorkloadSpec(
-        "PyTorch's test Transformer as torch-transformer, TP + sequence parallel", rounds=15, steps=10
-    ),
+    "dtensor-transformer-sp": WorkloadSpec("the dtensor-transformer, TP + sequence parallel", rounds=15, steps=10),
     "medium": WorkloadSpec(
-        "PyTorch's test Transformer, 2 layers, dim 256, 8 heads, batch 4 x seq 64, TP + sequence parallel "
+        "the dtensor-transformer, 2 layers, dim 256, 8 heads, batch 4 x seq 64, TP + sequence parallel "
         "(dispatch and compute about even)",
         rounds=11,
         steps=5,
     ),
     "realistic": WorkloadSpec(
-        "PyTorch's test Transformer, 2 layers, dim 1024, 16 heads, batch 4 x seq 64, TP + sequence parallel "
+        "the dtensor-transformer, 2 layers, dim 1024, 16 heads, batch 4 x seq 64, TP + sequence parallel "
         "(compute dominates: about 0.3 s a step on 2 cores)",
         rounds=5,
         steps=3,
     ),
+}
+# Former names (when the workload ran PyTorch's own test Transformer): still accepted.
+ALIASES: dict[str, str] = {
+    "torch-transformer": "dtensor-transformer",
+    "torch-transformer-sp": "dtensor-transformer-sp",
 }
 
 
@@ -61,16 +67,20 @@ class Workload:
 
 
 def fake_process_group(world_size: int = WORLD_SIZE) -> None:
-    """A world of `world_size` ranks in this process whose collectives return at once."""
+    """A world of `world_size` ranks in this process whose collectives return at once
+    (torch's fake process group, registered without importing torch.testing)."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from hp_otel.sources.pytorch import _compat
 
     if not dist.is_initialized():
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+        _compat.register_fake_backend()
+        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world_size)
 
 
 def build_workload(name: str) -> Workload:
-    """Build workload `name` (a key of WORKLOADS) over the fake process group (started if needed)."""
+    """Build workload `name` (a key of WORKLOADS, or an alias) over the fake process group (started if needed)."""
+    name = ALIASES.get(name, name)
     if name not in WORKLOADS:
         raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {name!r}")
     import torch
@@ -81,10 +91,12 @@ def build_workload(name: str) -> Workload:
     builders: dict[str, Callable[[], tuple[Any, Callable[[], None]]]] = {
         "mlp": _mlp,
         "transformer": _demo_transformer,
-        "torch-transformer": lambda: _torch_transformer(sequence_parallel=False),
-        "torch-transformer-sp": lambda: _torch_transformer(sequence_parallel=True),
-        "medium": lambda: _torch_transformer(sequence_parallel=True, dim=256, heads=8, batch=4, seq=64, vocab=64),
-        "realistic": lambda: _torch_transformer(sequence_parallel=True, dim=1024, heads=16, batch=4, seq=64, vocab=64),
+        "dtensor-transformer": lambda: _dtensor_transformer(sequence_parallel=False),
+        "dtensor-transformer-sp": lambda: _dtensor_transformer(sequence_parallel=True),
+        "medium": lambda: _dtensor_transformer(sequence_parallel=True, dim=256, heads=8, batch=4, seq=64, vocab=64),
+        "realistic": lambda: _dtensor_transformer(
+            sequence_parallel=True, dim=1024, heads=16, batch=4, seq=64, vocab=64
+        ),
     }
     model, step = builders[name]()
     return Workload(name, spec.summary, model, step, spec.rounds, spec.steps)
@@ -122,32 +134,25 @@ def _demo_transformer() -> tuple[Any, Callable[[], None]]:
     return model, step
 
 
-def _torch_transformer(
+def _dtensor_transformer(
     *, sequence_parallel: bool, dim: int = 16, heads: int = 4, batch: int = 8, seq: int = 8, vocab: int = 8
 ) -> tuple[Any, Callable[[], None]]:
-    """torch's own test Transformer, parallelised by its own `Transformer.parallelize`.
+    """The reproduction of torch's test Transformer (`dtensor_transformer.py`), parallelised by the same plan.
 
-    `use_attn_mask=False` and SDPA's math backend: on CPU the flash/efficient kernels have
-    no DTensor rule (see tests/torch_dropin/test_torch_compat.py); dropout 0 keeps steps identical.
+    No causal mask and SDPA's math backend: on CPU the flash/efficient kernels have no
+    DTensor rule (see tests/torch_dropin/test_torch_compat.py); dropout 0 keeps steps identical.
     """
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.testing._internal.distributed._tensor.common_dtensor import ModelArgs, Transformer
+
+    from hp_otel.cli.dtensor_transformer import Transformer, TransformerShape, parallelize
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (WORLD_SIZE,))
-    args = ModelArgs(
-        n_layers=2,
-        vocab_size=vocab,
-        max_seq_len=max(seq, 16),
-        dim=dim,
-        n_heads=heads,
-        dropout_p=0.0,
-        use_attn_mask=False,
-    )
-    model = Transformer.parallelize(Transformer(args), mesh, sequence_parallel)
+    shape = TransformerShape(layers=2, vocab=vocab, max_seq=max(seq, 16), dim=dim, heads=heads)
+    model = parallelize(Transformer(shape), mesh, sequence_parallel)
     tokens = distribute_tensor(torch.randint(vocab, (batch, seq)), device_mesh=mesh)
 
     def step() -> None:

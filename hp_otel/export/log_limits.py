@@ -15,18 +15,19 @@ import threading
 import time
 from collections.abc import Callable
 
-# The modules of the SDK and exporters that log per export attempt (each does getLogger(__name__)).
+from hp_otel.common._otel_compat import PRIVATE_LOGGER_MODULES
+
+# The modules of the SDK and exporters that log per export attempt (each does getLogger(__name__));
+# the private ones are listed (and probed) in `_otel_compat`.
 NOISY_LOGGERS = (
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
     "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
-    "opentelemetry.exporter.otlp.proto.http._common",
     "opentelemetry.exporter.otlp.proto.http.metric_exporter",
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
     "opentelemetry.exporter.otlp.common.http",
     "opentelemetry.sdk.trace.export",
-    "opentelemetry.sdk.metrics._internal.export",
-    "opentelemetry.sdk._shared_internal",
+    *PRIVATE_LOGGER_MODULES,
 )
 DEFAULT_INTERVAL_S = 60.0
 

@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace import sampling as otel_sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from hp_otel.common import _otel_compat
 from hp_otel.common.launcher_env import local_rank
 from hp_otel.export import providers
 from hp_otel.export.config import OTLP, SAMPLERS, ExportConfig
@@ -119,8 +120,8 @@ class DropCountingBatchSpanProcessor(BatchSpanProcessor):
     ) -> None:
         self.counting = CountingSpanExporter(exporter)
         # None: the SDK's own value, from OTEL_BSP_MAX_QUEUE_SIZE / OTEL_BSP_SCHEDULE_DELAY / ..._MAX_EXPORT_BATCH_SIZE.
-        self.max_queue_size = max_queue_size or BatchSpanProcessor._default_max_queue_size()
-        batch_size = BatchSpanProcessor._default_max_export_batch_size()
+        self.max_queue_size = max_queue_size or _otel_compat.default_max_queue_size()
+        batch_size = _otel_compat.default_max_export_batch_size()
         self.emitted = 0
         self.dropped = 0
         self._drop_logged = False
@@ -192,8 +193,8 @@ class ForkSilencedMetricExporter(MetricExporter):
 
     def __init__(self, exporter: MetricExporter) -> None:
         super().__init__(
-            preferred_temporality=exporter._preferred_temporality,
-            preferred_aggregation=exporter._preferred_aggregation,
+            preferred_temporality=_otel_compat.preferred_temporality(exporter),
+            preferred_aggregation=_otel_compat.preferred_aggregation(exporter),
         )
         self.exporter = exporter
         self._pid = os.getpid()
@@ -266,8 +267,7 @@ def make_metric_readers(config: ExportConfig) -> list[MetricReader]:
 
 def exporter_endpoint(exporter: Any) -> str | None:
     """Where an OTLP exporter sends (as it resolved it from arguments and variables), for messages."""
-    endpoint = getattr(exporter, "_endpoint", None)
-    return endpoint if isinstance(endpoint, str) else None
+    return _otel_compat.exporter_endpoint(exporter)
 
 
 def prometheus_port_for_this_rank(base_port: int) -> int:

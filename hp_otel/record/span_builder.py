@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
+from hp_otel.common import _otel_compat
 from hp_otel.record import events as ev
 from hp_otel.record.matching import Window
 from hp_otel.record.span_store import LocalSpanStore
@@ -291,7 +292,7 @@ class SpanBuilder:
             context=context,
             parent=parent if parent.is_valid else None,
             resource=getattr(self._tracer, "resource", None) or Resource.get_empty(),
-            instrumentation_scope=getattr(self._tracer, "_instrumentation_scope", None),
+            instrumentation_scope=_otel_compat.instrumentation_scope(self._tracer),
             attributes=attrs,
             events=events,
             links=links or (),

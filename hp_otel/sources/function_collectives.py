@@ -82,9 +82,9 @@ def _named_group(name: str) -> GroupDetails:
             ranks = ()
         return GroupDetails(size, name, ranks)
     if "torch.distributed" in sys.modules:
-        from torch.distributed.distributed_c10d import _resolve_process_group
+        from hp_otel.sources.pytorch._compat import resolve_process_group
 
-        details = _torch_group(_resolve_process_group(name))
+        details = _torch_group(resolve_process_group(name))
         return GroupDetails(details.size, name, details.ranks)
     return GroupDetails(0, name, ())
 

@@ -36,6 +36,15 @@ class _FirstReasons(list):  # type: ignore[type-arg]
             super().append(item)
 
 
+def _loaded_dynamo_tls() -> Any:
+    """dynamo's thread-local state when dynamo is already imported (never imported for this), else None."""
+    if "torch._dynamo.eval_frame" not in sys.modules:
+        return None
+    from hp_otel.sources.pytorch._compat import loaded_dynamo_tls
+
+    return loaded_dynamo_tls()
+
+
 class GraphModeWatch:
     """Source that notices graph-mode code in a window and warns once per mode."""
 
@@ -49,9 +58,8 @@ class GraphModeWatch:
     def attach(self, observer: Observer) -> None:
         self.notes = []
         self._tls = None
-        eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-        tls = getattr(eval_frame, "dynamo_tls", None)
-        if tls is not None and hasattr(tls, "skip_reasons"):
+        tls = _loaded_dynamo_tls()
+        if tls is not None:
             self._tls, self._saved = tls, tls.skip_reasons
             if self._saved is None:
                 tls.skip_reasons = _FirstReasons()

@@ -105,11 +105,17 @@ _slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_hyper_parallel_observer")
 _handles = AsyncHandles()
 
 
+_torch_graph_task_id: list[Callable[[], int]] = []  # torch's, bound once torch is imported
+
+
 def _torch_phase() -> str | None:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    return s.PHASE_BACKWARD if torch._C._current_graph_task_id() != -1 else s.PHASE_FORWARD
+    if not _torch_graph_task_id:
+        if "torch" not in sys.modules:
+            return None
+        from hp_otel.sources.pytorch._compat import current_graph_task_id
+
+        _torch_graph_task_id.append(current_graph_task_id)
+    return s.PHASE_BACKWARD if _torch_graph_task_id[0]() != -1 else s.PHASE_FORWARD
 
 
 def _module_if_framework_loaded(module_name: str, framework: str) -> ModuleType | None:

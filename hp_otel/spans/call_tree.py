@@ -13,6 +13,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
+from hp_otel.common._otel_compat import span_attribute_dict as _attribute_dict
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
 from hp_otel.spans.infos import CollectiveInfo, ParameterInfo, TensorInfo
@@ -81,12 +82,9 @@ def span_attributes(span: ReadableSpan) -> Mapping[str, Any]:
     `span.attributes` wraps them in a new mapping proxy over a lock-guarded mapping on
     every access; reading 100 000 spans that way costs more than rendering them.
     """
-    raw = getattr(span, "_attributes", None)
-    inner = getattr(raw, "_dict", None)  # the SDK's BoundedAttributes
-    if isinstance(inner, dict):
-        return inner
-    if isinstance(raw, dict):  # a ReadableSpan built from a file
-        return raw
+    attrs = _attribute_dict(span)
+    if attrs is not None:
+        return attrs
     return span.attributes or {}
 
 

@@ -17,28 +17,28 @@ same window's OTel spans nest collectives under torch-named modules.
 from __future__ import annotations
 
 import copy
-import inspect
 import weakref
 from typing import Any
 
 import torch
 from torch.autograd.graph import register_multi_grad_hook
-from torch.distributed._tools.mod_tracker import ModTracker
 from torch.nn.modules.module import (
     register_module_forward_hook,
     register_module_forward_pre_hook,
     register_module_full_backward_pre_hook,
 )
-from torch.utils._pytree import tree_flatten
 
 from hp_otel.record.observer import Observer
+from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.modules import BackwardEndCallback
 from hp_otel.spans import schema as s
 from hp_otel.spans.infos import ModuleInfo
 
 GLOBAL = "Global"
+ModTracker = _compat.mod_tracker_class()  # torch's, private: its members we override are in _compat
+tree_flatten = _compat.tree_flatten
 # torch 2.13's ModTracker markers take a weakref to the module first; older releases do not
-_MARKERS_TAKE_MODULE = "w_mod" in inspect.signature(ModTracker._get_append_fn).parameters
+_MARKERS_TAKE_MODULE = _compat.mod_tracker_markers_take_module(ModTracker)
 
 
 def _marker_args(module_ref: Any, name: str, is_bw: bool) -> tuple[Any, ...]:
@@ -55,7 +55,7 @@ def _grad_inputs(value: Any) -> list[torch.Tensor]:
     return [a for a in flat if isinstance(a, torch.Tensor) and a.requires_grad]
 
 
-class CompatModuleTracker(ModTracker):
+class CompatModuleTracker(ModTracker):  # type: ignore[misc,valid-type]
     """torch's `_CommModeModuleTracker` contract; `observer` receives module spans while set."""
 
     def __init__(self) -> None:

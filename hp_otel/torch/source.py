@@ -20,24 +20,26 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import torch
-from torch._guards import detect_fake_mode
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import run_every
+from hp_otel.sources.pytorch import _compat
 from hp_otel.torch.module_tracker import GLOBAL, CompatModuleTracker
 from hp_otel.torch.op_keys import comm_registry, count_key
 
 _PARENTS_UNKNOWN = frozenset({GLOBAL})
+TorchDispatchMode = _compat.TorchDispatchMode
+_HigherOrderOperator = _compat.HigherOrderOperator
+_detect_fake_mode = _compat.detect_fake_mode
+_overload_packet = _compat.overload_packet
 
 
 def new_phase_counts() -> dict[str, defaultdict[Any, int]]:
     return {"forward": defaultdict(int), "backward": defaultdict(int)}
 
 
-class TorchRecordMode(TorchDispatchMode):
+class TorchRecordMode(TorchDispatchMode):  # type: ignore[misc,valid-type]
     """What torch's CommDebugMode does at dispatch, with its attributes: note ops per
     module, count collectives.  The drop-in is one of these (so it is a TorchDispatchMode,
     as torch's is); `TorchCompatSource` pushes it while the hp_otel window is active."""
@@ -62,7 +64,7 @@ class TorchRecordMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if kwargs is None:
             kwargs = {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
+        if isinstance(func, _HigherOrderOperator):
             return func(*args, **kwargs)
         try:
             record, ops = self._op_record(func)
@@ -84,7 +86,7 @@ class TorchRecordMode(TorchDispatchMode):
             except Exception as exc:
                 self._observer.on_fault("compat_collective_count", exc)
             try:
-                if not detect_fake_mode(args):
+                if not _detect_fake_mode(args):
                     ops.append(record)
             except Exception as exc:
                 self._observer.on_fault("compat_op_record", exc)
@@ -112,7 +114,7 @@ class TorchRecordMode(TorchDispatchMode):
                 record["device_mesh"] = str(arg.device_mesh)
 
     def _count(self, func: Any, is_bw: bool) -> None:
-        key = count_key(func._overloadpacket, self.comm_registry)
+        key = count_key(_overload_packet(func), self.comm_registry)
         if key is None:
             return
         self.comm_counts[key] += 1

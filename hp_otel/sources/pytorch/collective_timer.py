@@ -11,12 +11,13 @@ from typing import Any
 import torch
 
 from hp_otel.record.observer import Observer
+from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.collectives import CollectiveSpec
 from hp_otel.sources.pytorch.completion import Completions
 from hp_otel.sources.pytorch.fsdp import param_module
 from hp_otel.spans import schema as s
 
-_in_backward: Callable[[], int] = torch._C._current_graph_task_id  # -1 outside autograd
+_in_backward: Callable[[], int] = _compat.current_graph_task_id  # -1 outside autograd
 
 
 class _Waited:
@@ -40,13 +41,13 @@ class _WorkDone:
         self._boxed = boxed
 
     def __call__(self) -> bool:
-        work = torch._C._distributed_c10d.Work.unbox(self._boxed)
+        work = _compat.unbox_work(self._boxed)
         if isinstance(work, _FAKE_WORK):  # the fake process group's work never reports completion
             return True
         return bool(work.is_completed())
 
 
-_FAKE_WORK: Any = getattr(torch._C._distributed_c10d, "FakeWork", ())
+_FAKE_WORK: type = _compat.FakeWork
 
 
 class CollectiveTimer:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hp_otel.sources.function_collectives import reduce_op_name
+from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans.infos import NO_GROUP, CollectiveInfo, GroupDetails
 
@@ -91,12 +92,11 @@ def _total_bytes(value: Any) -> int:
 # ProcessGroup (kept alive here, so its id cannot be reused) -> info.  Keyed by the group
 # object, not its name: names are reused when a process group is destroyed and re-created.
 _groups: dict[int, tuple[Any, GroupDetails]] = {}
+_resolve_process_group = _compat.resolve_process_group
 
 
 def _group_info(group: Any) -> GroupDetails:
     """Size, name and ranks of a group given by name (functional ops) or ProcessGroup (c10d ops)."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
     if isinstance(group, str):
         pg = _resolve_process_group(group)
     elif isinstance(group, dist.ProcessGroup):
@@ -136,11 +136,11 @@ def _reduce_name(value: Any) -> str:
 class CollectiveSpec:
     """Where one collective op keeps its input, output, group and reduce op."""
 
-    def __init__(self, op: torch._ops.OpOverload, name: str, normalised: str) -> None:
+    def __init__(self, op: _compat.OpOverload, name: str, normalised: str) -> None:
         self.name = name
         self.normalised = normalised
         self.functional = name.startswith(("_c10d_functional", "_dtensor"))
-        arg_names = [a.name for a in op._schema.arguments]
+        arg_names = [a.name for a in _compat.op_schema(op).arguments]
         self._index = {n: i for i, n in enumerate(arg_names)}
         self._input = next((n for n in _INPUT_ARGS if n in self._index), None)
         self._output = next((n for n in _OUTPUT_ARGS if n in self._index), None)

@@ -23,17 +23,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from hp_otel.record.observer import Observer
+from hp_otel.sources.pytorch import _compat
 from hp_otel.spans import schema as s
 
-WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+WAIT_TENSOR = _compat.WAIT_TENSOR
+AsyncCollectiveTensor = _compat.AsyncCollectiveTensor
 _MAX_PENDING = 4096  # outputs never waited (a step that raised) must not pile up
-
-
-def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata
+_storage_key = _compat.storage_key
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -63,7 +61,7 @@ class Completions:
             return
         work = result[-1] if isinstance(result, (tuple, list)) and result else result
         if isinstance(work, torch.ScriptObject):
-            work = dist.distributed_c10d.Work.unbox(work)
+            work = _compat.unbox_work(work)
         if not isinstance(work, dist.distributed_c10d.Work):
             return
         try:

@@ -16,20 +16,17 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import importlib
 import os
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
-from hp_otel.sources.pytorch import kernels
+from hp_otel.sources.pytorch import _compat, kernels
 from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
@@ -97,7 +94,7 @@ class _OpMode(TorchFunctionMode):
         return out
 
 
-class _CollectiveMode(TorchDispatchMode):
+class _CollectiveMode(_compat.TorchDispatchMode):  # type: ignore[misc]
     """The fallback hook (`HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch`, or no kernels): a dispatch mode that
     lets DTensor run (`NotImplemented`) and hands every collective op to the window's timer."""
 
@@ -133,12 +130,8 @@ class _CollectiveMode(TorchDispatchMode):
 
 # --- redistribute_local_tensor, patched once for all active modes -------------------
 
-_REDISTRIBUTE_MODULES = (
-    "torch.distributed.tensor._redistribute",
-    "torch.distributed.tensor._dispatch",
-    "torch.distributed.tensor._api",
-)
-_REDISTRIBUTE_ATTR = "redistribute_local_tensor"
+_REDISTRIBUTE_MODULES = _compat.REDISTRIBUTE_MODULES
+_REDISTRIBUTE_ATTR = _compat.REDISTRIBUTE_FUNCTION
 # Where redistribute events go: this context's mode, else the latest one (autograd threads).
 _redistribute_slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_redistribute_observer")
 _wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
@@ -174,7 +167,7 @@ def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _plan_redistribute_patches() -> list[AttributePatch]:
     """One wrapper, installed in every module that imported the original by name."""
-    modules = [sys.modules.get(name) or importlib.import_module(name) for name in _REDISTRIBUTE_MODULES]
+    modules = _compat.redistribute_modules()
     original = vars(modules[0])[_REDISTRIBUTE_ATTR]
     wrapper = _wrappers.get(original)
     if wrapper is None:

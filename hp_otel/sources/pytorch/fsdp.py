@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from hp_otel.sources.patching import AttributePatch, SharedPatches, patch_owned
+from hp_otel.sources.pytorch import _compat
 from hp_otel.spans import schema as s
 
-_PARAM_GROUP_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
-_METHODS = ("unshard", "post_backward")  # where FSDP2 issues every collective of a parameter group
+_METHODS = _compat.FSDP_GROUP_METHODS  # where FSDP2 issues every collective of a parameter group
 _param_module: contextvars.ContextVar[str] = contextvars.ContextVar("hp_otel_fsdp_param_module", default="")
 _wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
 
@@ -42,7 +41,7 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            token = _param_module.set(getattr(self, "_module_fqn", "") or s.ROOT_MODULE_FQN)
+            token = _param_module.set(_compat.fsdp_module_fqn(self) or s.ROOT_MODULE_FQN)
         except Exception:  # never stand between FSDP and its work
             return original(self, *args, **kwargs)
         try:
@@ -55,8 +54,7 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _plan() -> list[AttributePatch]:
-    module = sys.modules.get(_PARAM_GROUP_MODULE)  # not imported: nobody uses FSDP2 here
-    group = getattr(module, "FSDPParamGroup", None)
+    group = _compat.loaded_fsdp_param_group()  # None when FSDP2 is not imported: nobody uses it here
     if group is None:
         return []
     return patch_owned(group, _METHODS, lambda _name: _wrap)

@@ -27,8 +27,11 @@ Rules:
   through the dispatcher): only the outermost one on a thread is recorded, as a
   dispatch mode would;
 - `_c10d_functional.wait_tensor` gets a kernel too: it completes functional collectives;
-- kernels are hidden from dynamo (`torch._dynamo.disable`): a compiled graph that
+- kernels are hidden from dynamo (`_compat.hide_from_dynamo`): a compiled graph that
   calls a collective must not try to compile our Python.
+
+Every private torch symbol used here (dispatch keys, `redispatch_boxed`, `Library._destroy`,
+...) comes from `_compat`.
 """
 
 from __future__ import annotations
@@ -42,12 +45,13 @@ import torch
 
 from hp_otel.record import installation
 from hp_otel.sources.patching import ObserverSlot
+from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec
 
 _KEY = "BackendSelect"
-_BACKEND_SELECT = torch._C.DispatchKey.BackendSelect
-_META = torch._C.DispatchKey.Meta
+_BACKEND_SELECT = _compat.DispatchKey.BackendSelect
+_META = _compat.DispatchKey.Meta
 
 
 # The collective timer of this context's window, else the latest window's (autograd and
@@ -63,7 +67,9 @@ _state: dict[str, Any] = {"registered": False, "error": None}
 def available() -> bool:
     """This torch takes Python kernels that get their dispatch key set and can redispatch
     (`Library.impl(..., with_keyset=True)`, `OperatorHandle.redispatch_boxed`)."""
-    return hasattr(torch._C, "_dispatch_has_kernel_for_dispatch_key") and hasattr(torch._C.DispatchKeySet, "remove")
+    return not _compat.is_missing(_compat.dispatch_has_kernel_for_dispatch_key) and hasattr(
+        _compat.DispatchKeySet, "remove"
+    )
 
 
 def registered() -> bool:
@@ -78,22 +84,8 @@ def registration_error() -> BaseException | None:
 
 def _hide_from_dynamo(fn: Any) -> Any:
     """Dynamo must never compile our kernel or what it calls (a compiled frame resumed after a
-    graph break calls collectives with dynamo's frame callback set).  Marking the code to be
-    skipped, recursively, costs nothing per call; `torch._dynamo.disable`'s wrapper, the
-    fallback, costs ≈5 µs a call."""
-    try:
-        from torch._dynamo.eval_frame import FrameAction, FrameExecStrategy, set_code_exec_strategy
-
-        set_code_exec_strategy(fn.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
-        return fn
-    except Exception:  # another torch: the public way
-        pass
-    try:
-        import torch._dynamo
-
-        return torch._dynamo.disable(fn, recursive=True)
-    except Exception:  # no dynamo in this build: nothing to hide from
-        return fn
+    graph break calls collectives with dynamo's frame callback set): `_compat.hide_from_dynamo`."""
+    return _compat.hide_from_dynamo(fn)
 
 
 def _fault(timer: CollectiveTimer | None, where: str, exc: BaseException) -> None:
@@ -106,7 +98,7 @@ def _fault(timer: CollectiveTimer | None, where: str, exc: BaseException) -> Non
 
 
 def _collective_kernel(spec: CollectiveSpec, op: Any) -> Any:
-    redispatch = op._handle.redispatch_boxed  # releases the GIL while the backend runs
+    redispatch = _compat.redispatch_boxed(op)  # releases the GIL while the backend runs
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         below = keyset.remove(_BACKEND_SELECT)
@@ -132,7 +124,7 @@ def _collective_kernel(spec: CollectiveSpec, op: Any) -> Any:
 
 
 def _wait_kernel(op: Any) -> Any:
-    redispatch = op._handle.redispatch_boxed
+    redispatch = _compat.redispatch_boxed(op)
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         result = redispatch(keyset.remove(_BACKEND_SELECT), *args, **kwargs)
@@ -157,11 +149,13 @@ def _library(namespace: str) -> torch.library.Library:
 
 def _register_one(op: Any, make_kernel: Any) -> None:
     """Register `make_kernel(op)` on the op's `BackendSelect` key (collectives have no kernel there)."""
-    if torch._C._dispatch_has_kernel_for_dispatch_key(op._schema.name, _KEY):
-        raise RuntimeError(f"{op._schema.name} already has a {_KEY} kernel; hp_otel will not replace it")
-    namespace, name = op._schema.name.split("::", 1)
-    if op._overloadname != "default":
-        name = f"{name}.{op._overloadname}"
+    qualified = _compat.op_schema(op).name
+    if _compat.dispatch_has_kernel_for_dispatch_key(qualified, _KEY):
+        raise RuntimeError(f"{qualified} already has a {_KEY} kernel; hp_otel will not replace it")
+    namespace, name = qualified.split("::", 1)
+    overload = _compat.overload_name(op)
+    if overload != "default":
+        name = f"{name}.{overload}"
     kernel = _kernels.get(op)
     if kernel is None:  # made once: registering again after `uninstall()` costs ≈0.4 ms, not 1.3
         kernel = _kernels[op] = make_kernel(op)
@@ -180,11 +174,11 @@ def ensure_registered(specs: dict[Any, CollectiveSpec]) -> bool:
                 warnings.simplefilter("ignore", UserWarning)
                 for op, spec in specs.items():
                     _register_one(op, functools.partial(_collective_kernel, spec))
-                _register_one(torch.ops._c10d_functional.wait_tensor.default, _wait_kernel)
+                _register_one(_compat.WAIT_TENSOR, _wait_kernel)
         except Exception as exc:  # leave torch as it was: drop what was registered
             _state["error"] = exc
             for library in _libraries.values():
-                library._destroy()
+                _compat.destroy_library(library)
             _libraries.clear()
             return False
         _state["registered"] = True
@@ -203,6 +197,6 @@ def unregister_unused() -> None:
             installation.linger(_state, unregister_unused)  # in use: the next uninstall() tries again
             return
         for library in _libraries.values():
-            library._destroy()
+            _compat.destroy_library(library)
         _libraries.clear()
         _state["registered"] = False

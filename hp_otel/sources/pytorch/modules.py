@@ -8,7 +8,7 @@ the module's final output, and runs when forward raises).  Each call is a
 Backward, by autograd node: every autograd node gets a sequence number from a
 per-thread counter when it is created, so the nodes one forward call creates are the
 numbers between its pre- and post-hook (`NodeOwners`).  When backward issues a
-collective, the node running it (`torch._C._current_autograd_node()`) names the call
+collective, the node running it (`_compat.current_autograd_node()`) names the call
 whose forward created it — that call and the calls enclosing it own the collective.
 Backward spans follow the same rule: a call's span opens when the gradient of its
 output arrives (its first node runs) and closes when backward work of a call outside
@@ -28,26 +28,25 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.utils.checkpoint
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils.hooks import RemovableHandle
 
 from hp_otel.record import installation
 from hp_otel.record.observer import Observer
+from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import placements_text
 from hp_otel.spans.infos import ModuleCall, ModuleInfo, ParameterInfo
 
-_next_sequence_nr = torch._C._autograd._get_sequence_nr  # this thread's next autograd node number
-_current_node = torch._C._current_autograd_node
-_graph_task_id = torch._C._current_graph_task_id  # -1 outside backward
+_next_sequence_nr = _compat.next_sequence_nr  # this thread's next autograd node number
+_current_node = _compat.current_autograd_node
+_graph_task_id = _compat.current_graph_task_id  # -1 outside backward
+_sequence_nr = _compat.node_sequence_nr  # an autograd node's number
 _NO_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes: made on demand, not by a forward
 # Non-reentrant checkpointing stops a recomputed forward once it has what backward needs.
-_STOP_RECOMPUTATION: tuple[type[BaseException], ...] = tuple(
-    c for c in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if isinstance(c, type)
-)
+_STOP_RECOMPUTATION: tuple[type[BaseException], ...] = _compat.STOP_RECOMPUTATION
 
 
 def _grad_tensors(value: Any) -> list[torch.Tensor]:
@@ -68,7 +67,7 @@ _param_cache: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, ...], tuple[
 
 def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
     """The module's own parameters (not its children's); cached while its parameter objects stay the same."""
-    identity = tuple(map(id, module._parameters.values()))
+    identity = tuple(map(id, _compat.own_parameters(module)))
     cached = _param_cache.get(module)
     if cached is not None and cached[0] == identity:
         return cached[1]
@@ -190,7 +189,7 @@ class _TrackedModule:
                 outputs = [
                     t
                     for t in _grad_tensors(output)
-                    if t.grad_fn is not None and first_node <= t.grad_fn._sequence_nr() != _NO_SEQUENCE_NR
+                    if t.grad_fn is not None and first_node <= _sequence_nr(t.grad_fn) != _NO_SEQUENCE_NR
                 ]
                 if outputs:
                     tracker.add_grad_hook(outputs, functools.partial(tracker.backward_start, call))
@@ -233,7 +232,7 @@ class _ModuleHooks:
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
         self.param_owner = {}
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
-            for param in module._parameters.values():
+            for param in _compat.own_parameters(module):
                 if param is not None:
                     self.param_owner.setdefault(id(param), tracked.info)
 
@@ -269,7 +268,7 @@ class BackwardEndCallback:
         if self._queued:
             return
         self._queued = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._run)
+        _compat.queue_backward_callback(self._run)
 
     def reset(self) -> None:
         """Forget a pass that never ended for us (a new window starts)."""
@@ -384,7 +383,7 @@ class TorchModuleTracker:
         node = _current_node()
         if node is None:
             return () if _graph_task_id() != -1 else None
-        sequence_nr = node._sequence_nr()
+        sequence_nr = _sequence_nr(node)
         if sequence_nr == _NO_SEQUENCE_NR:
             info = self._param_owner.get(id(getattr(node, "variable", None)))
             call = self._latest_call.get(info) if info is not None else None
@@ -413,7 +412,7 @@ class TorchModuleTracker:
         whatever order autograd keeps for same-tensor hooks.
         """
         if len(tensors) != 1:
-            with torch._C.DisableTorchFunction():  # our own tensor calls are not the user's ops
+            with _compat.DisableTorchFunction():  # our own tensor calls are not the user's ops
                 self._grad_handles.append(
                     register_multi_grad_hook(tensors, lambda grads: self._run_safely(callback), mode="any")
                 )
@@ -432,7 +431,7 @@ class TorchModuleTracker:
             for pending in reversed(callbacks):
                 self._run_safely(pending)
 
-        with torch._C.DisableTorchFunction():
+        with _compat.DisableTorchFunction():
             handle = tensor.register_hook(hook)
         if tensor.grad_fn is None:  # a leaf outlives the step: remove its hook after backward
             self._grad_handles.append(handle)

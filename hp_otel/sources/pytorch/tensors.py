@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from hp_otel.sources.pytorch import _compat
 from hp_otel.spans.infos import TensorInfo
 
 _dtype_names: dict[torch.dtype, str] = {}
@@ -23,11 +24,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 # and most activations, so a hit costs a dict lookup instead of ≈2 µs of formatting.
 _spec_infos: dict[Any, TensorInfo] = {}
 _SPEC_CACHE_LIMIT = 4096
+_dtensor_spec = _compat.dtensor_spec
 
 
 def tensor_info(t: torch.Tensor) -> TensorInfo:
     if isinstance(t, DTensor):
-        spec = t._spec
+        spec = _dtensor_spec(t)
         info = _spec_infos.get(spec)
         if info is None or info.dtype != dtype_name(t.dtype):
             info = TensorInfo(

@@ -1,0 +1,167 @@
+"""The OpenTelemetry SDK's private members, in one place: every `._x` of an OTel object and
+every private OTel module hp_otel relies on is named here and nowhere else.
+
+Why: the SDK may rename any of them in a minor release.  `MEMBERS` lists each one (owner,
+what hp_otel uses it for, what happens without it) and tests/common/test_otel_compat.py
+probes every entry on the installed SDK, so an upgrade that drops one fails there by name.
+Every accessor has a fallback that keeps hp_otel working (slower, or with less detail);
+none raises.  Checked on opentelemetry-sdk 1.45.
+
+Lowest layer (spans/, record/ and export/ import it); it imports the SDK only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Member:
+    """One private SDK member: where it lives, what hp_otel uses it for, what happens without it."""
+
+    owner: str  # "module:Class" (or "module" for a private module)
+    member: str  # the private attribute ("" for a module)
+    purpose: str
+    fallback: str
+
+
+MEMBERS: dict[str, Member] = {
+    "span_attribute_dict": Member(
+        "opentelemetry.sdk.trace:ReadableSpan",
+        "_attributes",
+        "a span's attributes as the SDK's own dict (BoundedAttributes._dict), without a new mapping proxy per read: "
+        "reading 100 000 spans through `span.attributes` costs more than rendering them",
+        "`span.attributes` (correct, slower)",
+    ),
+    "bounded_attributes_dict": Member(
+        "opentelemetry.attributes:BoundedAttributes",
+        "_dict",
+        "as span_attribute_dict",
+        "as span_attribute_dict",
+    ),
+    "instrumentation_scope": Member(
+        "opentelemetry.sdk.trace:Tracer",
+        "_instrumentation_scope",
+        "the watchdog's in-flight spans carry the tracer's instrumentation scope, as the spans it ends do",
+        "those spans have no instrumentation scope",
+    ),
+    "default_max_queue_size": Member(
+        "opentelemetry.sdk.trace.export:BatchSpanProcessor",
+        "_default_max_queue_size",
+        "the batch processor's queue size as the SDK reads it (OTEL_BSP_MAX_QUEUE_SIZE): drops are counted against it",
+        "OTEL_BSP_MAX_QUEUE_SIZE, else 2048 (the SDK's default)",
+    ),
+    "default_max_export_batch_size": Member(
+        "opentelemetry.sdk.trace.export:BatchSpanProcessor",
+        "_default_max_export_batch_size",
+        "the export batch is capped at the queue size the SDK would use (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE, else 512 (the SDK's default)",
+    ),
+    "preferred_temporality": Member(
+        "opentelemetry.sdk.metrics.export:MetricExporter",
+        "_preferred_temporality",
+        "the fork-silenced wrapper exports with the wrapped exporter's temporality",
+        "the SDK's default (cumulative)",
+    ),
+    "preferred_aggregation": Member(
+        "opentelemetry.sdk.metrics.export:MetricExporter",
+        "_preferred_aggregation",
+        "the fork-silenced wrapper exports with the wrapped exporter's aggregation",
+        "the SDK's default aggregation",
+    ),
+    "exporter_endpoint": Member(
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter:OTLPSpanExporter",
+        "_endpoint",
+        "messages name where spans go, as the exporter resolved it from arguments and variables",
+        "messages name no endpoint",
+    ),
+    "ProxyMeterProvider": Member(
+        "opentelemetry.metrics._internal:_ProxyMeterProvider",
+        "",
+        "the instrumentor tells a meter provider someone configured from the API's placeholder",
+        "only NoOpMeterProvider counts as unconfigured",
+    ),
+}
+# The SDK's and exporters' private modules whose loggers (getLogger(__name__)) log per export attempt.
+PRIVATE_LOGGER_MODULES = (
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.sdk.metrics._internal.export",
+    "opentelemetry.sdk._shared_internal",
+)
+
+_SDK_DEFAULT_MAX_QUEUE_SIZE = 2048
+_SDK_DEFAULT_MAX_EXPORT_BATCH_SIZE = 512
+
+
+def span_attribute_dict(span: Any) -> Mapping[str, Any] | None:
+    """The span's attributes as the SDK's own dict (read-only use), or None where it keeps none
+    (`span._attributes._dict`; a span read from a file keeps a plain dict in `_attributes`)."""
+    raw = getattr(span, "_attributes", None)
+    inner = getattr(raw, "_dict", None)  # the SDK's BoundedAttributes
+    if isinstance(inner, dict):
+        return inner
+    if isinstance(raw, dict):
+        return raw
+    return None
+
+
+def instrumentation_scope(tracer: Any) -> Any:
+    """The SDK tracer's instrumentation scope (`tracer._instrumentation_scope`), or None."""
+    return getattr(tracer, "_instrumentation_scope", None)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+def default_max_queue_size() -> int:
+    """The span queue size the SDK's BatchSpanProcessor uses when given none (it reads OTEL_BSP_MAX_QUEUE_SIZE)."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    read = getattr(BatchSpanProcessor, "_default_max_queue_size", None)
+    return int(read()) if callable(read) else _env_int("OTEL_BSP_MAX_QUEUE_SIZE", _SDK_DEFAULT_MAX_QUEUE_SIZE)
+
+
+def default_max_export_batch_size() -> int:
+    """The export batch size the SDK's BatchSpanProcessor uses when given none (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    read = getattr(BatchSpanProcessor, "_default_max_export_batch_size", None)
+    if callable(read):
+        return int(read())
+    return _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", _SDK_DEFAULT_MAX_EXPORT_BATCH_SIZE)
+
+
+def preferred_temporality(exporter: Any) -> Any:
+    """The metric exporter's temporality per instrument type (`exporter._preferred_temporality`), or None."""
+    return getattr(exporter, "_preferred_temporality", None)
+
+
+def preferred_aggregation(exporter: Any) -> Any:
+    """The metric exporter's aggregation per instrument type (`exporter._preferred_aggregation`), or None."""
+    return getattr(exporter, "_preferred_aggregation", None)
+
+
+def exporter_endpoint(exporter: Any) -> str | None:
+    """Where an OTLP exporter sends, as it resolved it (`exporter._endpoint`), or None."""
+    endpoint = getattr(exporter, "_endpoint", None)
+    return endpoint if isinstance(endpoint, str) else None
+
+
+class _NoInstances:
+    """Stands for a class this SDK lacks: nothing is an instance of it."""
+
+
+def proxy_meter_provider_class() -> type:
+    """The API's placeholder meter provider class (before anyone sets one), or a class nothing is an instance of."""
+    try:
+        from opentelemetry.metrics._internal import _ProxyMeterProvider
+    except ImportError:
+        return _NoInstances
+    return _ProxyMeterProvider

@@ -1,0 +1,462 @@
+"""torch's private API, in one place: every `torch._*` symbol, private torch module and
+private attribute of a torch object that hp_otel uses is named here and nowhere else.
+
+Why: these are not covered by torch's compatibility promise, so a torch upgrade may move or
+remove any of them.  `SYMBOLS` lists each one (where torch keeps it, what hp_otel uses it
+for, what happens without it); tests/sources/pytorch/test_compat.py probes every entry on
+the installed torch, so an upgrade that removes one fails there, with the symbol's name,
+and not deep inside a hook.  Checked on torch 2.13.
+
+Rules:
+- what a hook calls per event is resolved once, at import, and handed out as torch's own
+  object (the C function, the class): callers bind it to a module global as before, so no
+  Python call layer is added per event;
+- heavy or optional modules (dynamo, FSDP2, ModTracker, DTensor's internals) are only
+  looked up when asked, by the functions below;
+- a symbol this torch lacks resolves to its documented fallback where there is one, else
+  to a stand-in that raises `TorchCompatError` naming it when used (a callable when
+  called, a class when instantiated): the hooks count that as a fault, training goes on.
+  `missing()` says which entries did not resolve.
+
+Public torch API (`torch.distributed.tensor.DTensor`, `Shard`, `parallelize_module`, ...)
+is imported directly where it is used, not through here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import operator
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+CALLABLE, CLASS, MODULE, ATTRIBUTE = "callable", "class", "module", "attribute"
+_NO_FALLBACK: Any = object()
+
+
+class TorchCompatError(ImportError):
+    """This torch lacks a private symbol hp_otel needs; the message names it and what it is for.
+
+    An ImportError: what `from torch.x import _y` raised before, so callers that already
+    catch that keep working."""
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """One private torch symbol: where torch keeps it, what hp_otel uses it for, what it does without it."""
+
+    name: str  # the name in this module
+    module: str  # the torch module that holds it ("torch._C")
+    attribute: str  # dotted path inside that module ("" for the module itself)
+    kind: str  # CALLABLE, CLASS, MODULE, or ATTRIBUTE: `member` of the objects `sample()` makes
+    purpose: str
+    fallback: str = ""  # what hp_otel does without it ("": a TorchCompatError when used)
+    member: str = ""  # ATTRIBUTE: the private attribute of an instance ("_spec")
+    sample: Callable[[], Any] | None = None  # ATTRIBUTE: an object that must have `member` (default: the owner)
+
+    @property
+    def path(self) -> str:
+        owner = f"{self.module}.{self.attribute}" if self.attribute else self.module
+        return f"{owner}.{self.member}" if self.member else owner
+
+
+SYMBOLS: dict[str, Symbol] = {}
+_fallbacks: dict[str, Any] = {}
+_missing: dict[str, TorchCompatError] = {}
+
+
+def _declare(symbol: Symbol, fallback: Any = _NO_FALLBACK) -> str:
+    SYMBOLS[symbol.name] = symbol
+    if fallback is not _NO_FALLBACK:
+        _fallbacks[symbol.name] = fallback
+    return symbol.name
+
+
+def _lookup(symbol: Symbol) -> Any:
+    """Import the symbol's module and walk its attribute path (and check `member`); TorchCompatError if
+    any step is missing."""
+    try:
+        value: Any = importlib.import_module(symbol.module)
+        for part in filter(None, symbol.attribute.split(".")):
+            value = getattr(value, part)
+        if symbol.member:
+            getattr(symbol.sample() if symbol.sample is not None else value, symbol.member)
+    except Exception as exc:  # ImportError, AttributeError, or a module failing to import here
+        raise TorchCompatError(
+            f"torch {torch.__version__} has no {symbol.path} ({type(exc).__name__}: {exc}); "
+            f"hp_otel uses it for: {symbol.purpose}" + (f"; without it: {symbol.fallback}" if symbol.fallback else "")
+        ) from exc
+    return value
+
+
+def _stand_in(symbol: Symbol, error: TorchCompatError) -> Any:
+    """What a missing symbol without a fallback resolves to: it raises `error` when used."""
+
+    def raise_error(*_args: Any, **_kwargs: Any) -> Any:
+        raise error
+
+    if symbol.kind == CLASS:  # subclassing still works (hp_otel's modules import); instantiating raises
+        return type(symbol.name, (), {"__init__": raise_error, "__hp_otel_missing__": error})
+    raise_error.__hp_otel_missing__ = error  # type: ignore[attr-defined]
+    raise_error.__name__ = symbol.name
+    return raise_error
+
+
+def resolve(name: str) -> Any:
+    """The symbol `name` of `SYMBOLS` on this torch, else its fallback, else a stand-in that raises."""
+    symbol = SYMBOLS[name]
+    try:
+        value = _lookup(symbol)
+    except TorchCompatError as error:
+        _missing[name] = error
+        if name in _fallbacks:
+            return _fallbacks[name]
+        return _stand_in(symbol, error)
+    _missing.pop(name, None)
+    return value
+
+
+def require(name: str) -> Any:
+    """The symbol `name` on this torch, or TorchCompatError (for callers with a fallback of their own)."""
+    return _lookup(SYMBOLS[name])
+
+
+def missing() -> dict[str, str]:
+    """Entries that did not resolve on this torch so far -> why (their fallback or stand-in is in use)."""
+    return {name: str(error) for name, error in _missing.items()}
+
+
+def is_missing(value: Any) -> bool:
+    """Whether `value` is the stand-in of a symbol this torch lacks."""
+    return getattr(value, "__hp_otel_missing__", None) is not None
+
+
+def _loaded(module: str) -> ModuleType | None:
+    """`module` if something imported it already (we never import it for the user), else None."""
+    return sys.modules.get(module)
+
+
+def _graph_node() -> Any:
+    return torch.ones(1, requires_grad=True).mul(2).grad_fn
+
+
+def _an_op() -> Any:
+    return torch.ops.aten.add.Tensor
+
+
+# --- autograd: phase, node ownership, backward end (hot: torch's own callables) ------------
+
+current_graph_task_id: Callable[[], int] = resolve(_declare(Symbol(
+    "current_graph_task_id", "torch._C", "_current_graph_task_id", CALLABLE,
+    "the running backward pass's id, -1 outside backward: the phase of a collective, module call or recomputation",
+)))  # fmt: skip
+current_autograd_node: Callable[[], Any] = resolve(_declare(Symbol(
+    "current_autograd_node", "torch._C", "_current_autograd_node", CALLABLE,
+    "the autograd node running now: which module call's forward created the backward work",
+)))  # fmt: skip
+next_sequence_nr: Callable[[], int] = resolve(_declare(Symbol(
+    "next_sequence_nr", "torch._C", "_autograd._get_sequence_nr", CALLABLE,
+    "this thread's next autograd node number: the nodes a forward call creates are the numbers it spans",
+)))  # fmt: skip
+_declare(Symbol(
+    "node_sequence_nr", "torch.autograd.graph", "Node", ATTRIBUTE,
+    "an autograd node's sequence number: which forward call created it", member="_sequence_nr", sample=_graph_node,
+))  # fmt: skip
+# `node_sequence_nr(node)` is `node._sequence_nr()`, called from C (no Python frame per node).
+node_sequence_nr: Callable[[Any], int] = operator.methodcaller("_sequence_nr")
+queue_backward_callback: Callable[[Callable[[], None]], None] = resolve(_declare(Symbol(
+    "queue_backward_callback", "torch.autograd", "Variable._execution_engine.queue_callback", CALLABLE,
+    "run a callback when the current backward pass ends (closes backward spans)",
+)))  # fmt: skip
+DisableTorchFunction: type = resolve(_declare(Symbol(
+    "DisableTorchFunction", "torch._C", "DisableTorchFunction", CLASS,
+    "hp_otel's own tensor calls (registering grad hooks) are not reported as the user's ops",
+)))  # fmt: skip
+_stop_recomputation = resolve(_declare(Symbol(
+    "StopRecomputationError", "torch.utils.checkpoint", "_StopRecomputationError", CLASS,
+    "non-reentrant checkpointing ends a recomputed forward early on purpose: not an error of the module",
+    fallback="no exception is treated so (such a recomputation would end its span with an error)",
+), fallback=None))  # fmt: skip
+# The exception types that end a recomputation on purpose (() without torch's).
+STOP_RECOMPUTATION: tuple[type[BaseException], ...] = (
+    (_stop_recomputation,) if isinstance(_stop_recomputation, type) else ()
+)
+_declare(Symbol(
+    "own_parameters", "torch.nn", "Module", ATTRIBUTE, "a module's own parameters as objects, without its children's",
+    member="_parameters", sample=lambda: torch.nn.Linear(1, 1),
+))  # fmt: skip
+
+
+def own_parameters(module: torch.nn.Module) -> Iterable[Any]:
+    """The module's own parameters (None for an empty slot), without walking children (`module._parameters`)."""
+    return module._parameters.values()
+
+
+# --- the dispatcher: Python kernels on collective ops, op records ----------------------------
+
+DispatchKey: Any = resolve(_declare(Symbol(
+    "DispatchKey", "torch._C", "DispatchKey", CLASS, "the BackendSelect key the collective kernels sit on, Meta",
+)))  # fmt: skip
+DispatchKeySet: Any = resolve(_declare(Symbol(
+    "DispatchKeySet", "torch._C", "DispatchKeySet", CLASS,
+    "the key set a kernel gets (`with_keyset=True`) and redispatches below itself (`remove`)",
+    fallback="kernels are not available: collectives are seen by the dispatch mode",
+)))  # fmt: skip
+dispatch_has_kernel_for_dispatch_key: Callable[[str, str], bool] = resolve(_declare(Symbol(
+    "dispatch_has_kernel_for_dispatch_key", "torch._C", "_dispatch_has_kernel_for_dispatch_key", CALLABLE,
+    "never replace a BackendSelect kernel someone else registered",
+    fallback="kernels are not available: collectives are seen by the dispatch mode",
+)))  # fmt: skip
+_declare(Symbol(
+    "redispatch_boxed", "torch._ops", "OpOverload", ATTRIBUTE,
+    "a kernel goes on to the keys below it, releasing the GIL while the backend runs",
+    member="_handle", sample=_an_op,
+))  # fmt: skip
+
+
+def redispatch_boxed(op: Any) -> Callable[..., Any]:
+    """`op._handle.redispatch_boxed`: call `op` from the given key set on (the kernels bind it once per op)."""
+    return op._handle.redispatch_boxed  # type: ignore[no-any-return]
+
+
+_declare(Symbol(
+    "op_schema", "torch._ops", "OpOverload", ATTRIBUTE,
+    "an op's schema: its qualified name and argument names", member="_schema", sample=_an_op,
+))  # fmt: skip
+# `op_schema(op)` is `op._schema` (attrgetter: no Python frame).
+op_schema: Callable[[Any], Any] = operator.attrgetter("_schema")
+_declare(Symbol(
+    "overload_name", "torch._ops", "OpOverload", ATTRIBUTE,
+    "an op overload's name ('default', 'Tensor'), to register a kernel for it", member="_overloadname",
+    sample=_an_op,
+))  # fmt: skip
+overload_name: Callable[[Any], str] = operator.attrgetter("_overloadname")
+_declare(Symbol(
+    "overload_packet", "torch._ops", "OpOverload", ATTRIBUTE,
+    "an op overload's packet: the key torch's CommDebugMode counts under", member="_overloadpacket", sample=_an_op,
+))  # fmt: skip
+overload_packet: Callable[[Any], Any] = operator.attrgetter("_overloadpacket")
+OpOverload: Any = resolve(_declare(Symbol(
+    "OpOverload", "torch._ops", "OpOverload", CLASS, "the type of `torch.ops.<ns>.<op>.<overload>`",
+)))  # fmt: skip
+HigherOrderOperator: Any = resolve(_declare(Symbol(
+    "HigherOrderOperator", "torch._ops", "HigherOrderOperator", CLASS,
+    "the drop-in's dispatch mode runs higher-order operators through, as torch's does",
+)))  # fmt: skip
+destroy_library: Callable[[Any], None] = resolve(_declare(Symbol(
+    "destroy_library", "torch.library", "Library._destroy", CALLABLE,
+    "take hp_otel's kernels out of the dispatcher again (`hp_otel.uninstall()`, a failed registration)",
+)))  # fmt: skip
+WAIT_TENSOR: Any = resolve(_declare(Symbol(
+    "WAIT_TENSOR", "torch", "ops._c10d_functional.wait_tensor.default", ATTRIBUTE,
+    "the op that waits for a functional collective: when it completes",
+)))  # fmt: skip
+TorchDispatchMode: Any = resolve(_declare(Symbol(
+    "TorchDispatchMode", "torch.utils._python_dispatch", "TorchDispatchMode", CLASS,
+    "the fallback collective hook and the drop-in's op records are dispatch modes",
+)))  # fmt: skip
+detect_fake_mode: Callable[..., Any] = resolve(_declare(Symbol(
+    "detect_fake_mode", "torch._guards", "detect_fake_mode", CALLABLE,
+    "the drop-in does not list ops on fake tensors (torch.compile tracing), as torch's does not",
+)))  # fmt: skip
+tree_flatten: Callable[[Any], tuple[list[Any], Any]] = resolve(_declare(Symbol(
+    "tree_flatten", "torch.utils._pytree", "tree_flatten", CALLABLE,
+    "the drop-in finds a module's input tensors in any nesting, as torch's ModTracker does",
+)))  # fmt: skip
+
+
+# --- dynamo (imported only when asked: ≈0.8 s) ----------------------------------------------
+
+_declare(Symbol(
+    "set_code_exec_strategy", "torch._dynamo.eval_frame", "set_code_exec_strategy", CALLABLE,
+    "mark a kernel's code to be skipped by dynamo, recursively, at no cost per call",
+    fallback="torch.compiler.disable(fn, recursive=True), ≈5 µs a call",
+))  # fmt: skip
+_declare(Symbol(
+    "FrameExecStrategy", "torch._dynamo.eval_frame", "FrameExecStrategy", CLASS,
+    "the strategy `set_code_exec_strategy` takes", fallback="as for set_code_exec_strategy",
+))  # fmt: skip
+_declare(Symbol(
+    "FrameAction", "torch._dynamo.eval_frame", "FrameAction", CLASS,
+    "SKIP, for this frame and the frames it calls", fallback="as for set_code_exec_strategy",
+))  # fmt: skip
+_declare(Symbol(
+    "dynamo_tls", "torch._dynamo.eval_frame", "dynamo_tls", ATTRIBUTE,
+    "dynamo's record of the frames it ran eagerly under a dispatch mode (`skip_reasons`): the graph-mode warning",
+    fallback="no warning that compiled code ran eagerly", member="skip_reasons",
+))  # fmt: skip
+
+
+def hide_from_dynamo(fn: Any) -> Any:
+    """`fn`, never compiled by dynamo nor anything it calls (our kernels run inside compiled graphs).
+
+    Marks its code skipped (no cost per call); without that on this torch, the public
+    `torch.compiler.disable` wrapper (≈5 µs a call); without dynamo, `fn` itself."""
+    try:
+        strategy = require("FrameExecStrategy")
+        action = require("FrameAction")
+        require("set_code_exec_strategy")(fn.__code__, strategy(action.SKIP, action.SKIP))
+        return fn
+    except Exception:  # another torch: the public way
+        pass
+    try:
+        return torch.compiler.disable(fn, recursive=True)
+    except Exception:  # no dynamo in this build: nothing to hide from
+        return fn
+
+
+def loaded_dynamo_tls() -> Any:
+    """dynamo's thread-local state if dynamo is imported and keeps `skip_reasons`, else None (never imports it)."""
+    eval_frame = _loaded(SYMBOLS["dynamo_tls"].module)
+    tls = getattr(eval_frame, "dynamo_tls", None)
+    return tls if tls is not None and hasattr(tls, "skip_reasons") else None
+
+
+# --- torch.distributed: Work, process groups, functional collectives, DTensor, FSDP2 ----------
+
+unbox_work: Callable[[Any], Any] = resolve(_declare(Symbol(
+    "unbox_work", "torch._C._distributed_c10d", "Work.unbox", CALLABLE,
+    "an eager c10d op returns its Work boxed as a TorchScript object: unbox it to ask when it is done",
+)))  # fmt: skip
+
+
+class _NoInstances:
+    """Stands for a class this torch lacks: nothing is an instance of it."""
+
+
+FakeWork: type = resolve(_declare(Symbol(
+    "FakeWork", "torch._C._distributed_c10d", "FakeWork", CLASS,
+    "the fake process group's Work never reports completion: the watchdog treats it as done",
+    fallback="no Work is treated as fake",
+), fallback=_NoInstances))  # fmt: skip
+resolve_process_group: Callable[[str], Any] = resolve(_declare(Symbol(
+    "resolve_process_group", "torch.distributed.distributed_c10d", "_resolve_process_group", CALLABLE,
+    "functional collectives name their group by string: its size and ranks",
+)))  # fmt: skip
+AsyncCollectiveTensor: type = resolve(_declare(Symbol(
+    "AsyncCollectiveTensor", "torch.distributed._functional_collectives", "AsyncCollectiveTensor", CLASS,
+    "an op that reads one waits for its collective inside: when that collective completes",
+    fallback="no such tensors: functional collectives complete at their wait_tensor",
+), fallback=_NoInstances))  # fmt: skip
+_declare(Symbol(
+    "dtensor_spec", "torch.distributed.tensor", "DTensor", ATTRIBUTE,
+    "a DTensor's spec (shape, placements, mesh): hashed once, shared by every step's infos", member="_spec",
+))  # fmt: skip
+# `dtensor_spec(t)` is `t._spec` (attrgetter: no Python frame per tensor).
+dtensor_spec: Callable[[Any], Any] = operator.attrgetter("_spec")
+
+# Every DTensor module that imports `redistribute_local_tensor` by name (the redistribute wrapper patches each).
+REDISTRIBUTE_MODULES = (
+    "torch.distributed.tensor._redistribute",
+    "torch.distributed.tensor._dispatch",
+    "torch.distributed.tensor._api",
+)
+REDISTRIBUTE_FUNCTION = "redistribute_local_tensor"
+for _module in REDISTRIBUTE_MODULES:
+    _declare(Symbol(
+        f"redistribute_local_tensor:{_module}", _module, REDISTRIBUTE_FUNCTION, CALLABLE,
+        "every redistribute of a DTensor goes through it (redistribute spans)",
+    ))  # fmt: skip
+
+
+def redistribute_modules() -> list[ModuleType]:
+    """The DTensor modules that hold `redistribute_local_tensor` (imported: DTensor is)."""
+    for module in REDISTRIBUTE_MODULES:
+        require(f"redistribute_local_tensor:{module}")
+    return [sys.modules[name] for name in REDISTRIBUTE_MODULES]
+
+
+_declare(Symbol(
+    "FSDPParamGroup", "torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup", CLASS,
+    "FSDP2 issues a parameter group's collectives in its `unshard` and `post_backward`: which module they move",
+    fallback="collectives carry no FSDP parameter module",
+))  # fmt: skip
+FSDP_GROUP_METHODS = ("unshard", "post_backward")  # where FSDP2 issues every collective of a parameter group
+
+
+def loaded_fsdp_param_group() -> type | None:
+    """FSDP2's parameter group class if FSDP2 is imported (nobody uses it otherwise), else None."""
+    group = getattr(_loaded(SYMBOLS["FSDPParamGroup"].module), "FSDPParamGroup", None)
+    return group if isinstance(group, type) else None
+
+
+def fsdp_module_fqn(group: Any) -> str:
+    """The fqn of the module a parameter group belongs to (`group._module_fqn`; "" if it has none)."""
+    return getattr(group, "_module_fqn", "") or ""
+
+
+_declare(Symbol(
+    "ModTracker", "torch.distributed._tools.mod_tracker", "ModTracker", CLASS,
+    "the drop-in's module tracker is torch's, with its fqn scheme and parents",
+))  # fmt: skip
+# ModTracker's private methods the drop-in overrides or calls (probed by the tests).
+MOD_TRACKER_MEMBERS = (
+    "_get_append_fn",
+    "_get_pop_fn",
+    "_fw_pre_hook",
+    "_fw_post_hook",
+    "_get_mod_name",
+    "_active_module_cnt",
+)
+
+
+def mod_tracker_class() -> type:
+    """torch's `ModTracker` (imported when the drop-in is)."""
+    tracker: type = resolve("ModTracker")
+    return tracker
+
+
+def mod_tracker_markers_take_module(tracker: type) -> bool:
+    """torch 2.13's ModTracker markers take a weakref to the module first; older releases do not."""
+    try:
+        return "w_mod" in inspect.signature(tracker._get_append_fn).parameters  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+_declare(Symbol(
+    "storage_key", "torch", "UntypedStorage", ATTRIBUTE,
+    "a functional collective's output is matched with its wait by storage, as torch's own work registry does",
+    member="_cdata",
+))  # fmt: skip
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """What identifies the tensor's storage (shared by its views): `untyped_storage()._cdata`."""
+    return tensor.untyped_storage()._cdata  # type: ignore[no-any-return]
+
+
+# --- the CLI's benchmark --------------------------------------------------------------------
+
+_declare(Symbol(
+    "FakeProcessGroup", "torch._C._distributed_c10d", "FakeProcessGroup._create_internal", CALLABLE,
+    "`hp-otel bench` runs a 2-rank world in one process whose collectives return at once",
+))  # fmt: skip
+_declare(Symbol(
+    "DebugMode", "torch.utils._debug_mode", "DebugMode", CLASS,
+    "`hp-otel bench` compares with torch's DebugMode", fallback="that benchmark variant is skipped",
+))  # fmt: skip
+
+
+def register_fake_backend() -> None:
+    """Register torch's fake process group as backend "fake" without torch.testing (which the
+    shipped CLI must not import): `init_process_group("fake", store=dist.HashStore(), ...)` then works."""
+    import torch.distributed as dist
+
+    create = require("FakeProcessGroup")
+
+    def make(common_opts: Any, backend_opts: Any) -> Any:
+        return create(common_opts.group_rank, common_opts.group_size, backend_opts)
+
+    dist.Backend.register_backend("fake", make, extended_api=True, devices=["cpu", "cuda"])
+
+
+def debug_mode_class() -> type:
+    """torch's `DebugMode` (TorchCompatError if this torch has none)."""
+    mode: type = require("DebugMode")
+    return mode
