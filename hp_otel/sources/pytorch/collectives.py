@@ -61,6 +61,7 @@ _NORMALISED: dict[str, str] = {
     "c10d.recv_": "recv",
     "c10d.recv_any_source_": "recv",
     "c10d.gather_": "gather",
+    "c10d.gather_into_tensor_": "gather",  # torch 2.14's dist.gather_single (absent before: skipped)
     "c10d.scatter_": "scatter",
     "c10d.reduce_": "reduce",
 }

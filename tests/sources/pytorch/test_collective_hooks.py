@@ -259,3 +259,37 @@ def test_compiled_inside_a_window_counts_the_run_not_the_trace(fake_world, monke
     assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 1}
     assert mode.get_callback_error_counts() == {}
     torch._dynamo.reset()
+
+
+# Ops of the collective namespaces that move no data between ranks.
+_NOT_COLLECTIVES = {
+    "c10d.check_for_nan",
+    "_c10d_functional.wait_tensor",
+    "_c10d_functional._wrap_tensor_autograd",
+    "_dtensor.mesh_get_process_group",
+}
+
+
+def test_every_collective_op_of_this_torch_is_known() -> None:
+    """A collective op a new torch release adds (2.14: `c10d.gather_into_tensor_`) would go unseen."""
+    import hp_otel.sources.pytorch.collectives as collectives
+
+    namespaces = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor")
+    registered = {
+        schema.name.replace("::", ".")
+        for schema in torch._C._jit_get_all_schemas()
+        if schema.name.split("::")[0] in namespaces
+    }
+    known = {spec.name for spec in collectives.collective_specs().values()}
+    assert registered - _NOT_COLLECTIVES - known == set()
+    assert "c10d.allreduce_" in known and "_c10d_functional.all_reduce" in known
+
+
+@pytest.mark.skipif(not hasattr(dist, "gather_single"), reason="dist.gather_single is new in torch 2.14")
+def test_gather_single_is_counted(fake_world, hook) -> None:
+    """torch 2.14's `gather_single` runs `c10d.gather_into_tensor_`; neither gloo nor the fake group
+    implement it, so the call raises — after the hook saw it."""
+    inp = torch.ones(2, 3)
+    with CommDebugMode() as mode, pytest.raises(RuntimeError, match="does not support gather_single"):
+        dist.gather_single(inp, None, 1)
+    assert mode.get_comm_counts() == {"c10d.gather_into_tensor_": 1}
