@@ -23,7 +23,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
-from hp_otel.always_on.watchdog import HangWatchdog
 from hp_otel.common.files import check_path, write_text_atomically
 from hp_otel.export.providers import (
     default_meter_provider,
@@ -38,6 +37,7 @@ from hp_otel.record.recorder import WindowRecorder
 from hp_otel.record.signal_guard import GUARD
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import CollectiveHook, ModuleHook, OpHook, UserHooks
+from hp_otel.record.watchdog import HangWatchdog
 from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
@@ -507,7 +507,7 @@ class CommDebugMode:
         spans marked `hp.collective.in_flight` (start = issue time, end = now). The
         file's resource names this rank (`hp.rank`) even when no launcher variable does.
         """
-        from hp_otel.always_on.steps import current_rank
+        from hp_otel.common.launcher_env import current_rank
         from hp_otel.spans import schema
         from hp_otel.spans.otlp_json import write_spans
 

@@ -189,7 +189,7 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": BASE | {"spans"},
     "export": BASE | {"spans"},
     "sources": BASE | {"spans", "record"},
-    "mode": BASE | {"spans", "record", "sources", "render", "export", "always_on"},
+    "mode": BASE | {"spans", "record", "sources", "render", "export"},
     "always_on": BASE | {"spans", "record", "sources", "export", "mode"},
     "testing": BASE | {"spans", "record", "mode", "hp_otel"},
     "torch": BASE | {"spans", "record", "sources", "render", "mode"},

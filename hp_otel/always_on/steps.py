@@ -104,19 +104,6 @@ def _sampled(tracer: Any, trace_id: int, attributes: dict[str, Any]) -> bool:
     return bool(result.decision.is_sampled())
 
 
-def current_rank() -> int:
-    """The rank from the launcher's environment, else torch.distributed's, else 0."""
-    rank = launcher_env.global_rank()
-    if rank is not None:
-        return rank
-    import sys
-
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return 0
-
-
 _process_run_id: str | None = None
 
 
@@ -216,7 +203,9 @@ def begin_step(
         from hp_otel.export.providers import default_tracer_provider
 
         tracer_provider = default_tracer_provider()
-    spans = StepSpans(step, resolve_run_id(run_id), current_rank() if rank is None else rank, tracer_provider)
+    spans = StepSpans(
+        step, resolve_run_id(run_id), launcher_env.current_rank() if rank is None else rank, tracer_provider
+    )
     spans.begin()
     return spans
 

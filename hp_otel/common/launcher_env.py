@@ -127,3 +127,14 @@ def is_launcher_process(argv: Sequence[str] | None = None) -> bool:
 
 def _is_python(program: str) -> bool:
     return os.path.basename(program).startswith("python")
+
+
+def current_rank() -> int:
+    """The rank from the launcher's environment, else torch.distributed's, else 0."""
+    rank = global_rank()
+    if rank is not None:
+        return rank
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0

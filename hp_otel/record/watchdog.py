@@ -96,7 +96,7 @@ class HangWatchdog:
 
     @property
     def path(self) -> str:
-        from hp_otel.always_on.steps import current_rank
+        from hp_otel.common.launcher_env import current_rank
 
         return os.path.abspath(self.path_template.replace("{rank}", str(current_rank())))
 
