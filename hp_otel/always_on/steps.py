@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, TracerProvider
 
 from hp_otel.common import launcher_env
+from hp_otel.common.int_range import check_attribute_count
 from hp_otel.record import matching
 from hp_otel.record.span_builder import mark_error
 from hp_otel.spans import schema as s
@@ -187,6 +188,17 @@ class StepSpans:
         self.rank_span = self.root = None
 
 
+def check_step_arguments(step: Any, rank: Any) -> None:
+    """`step` and `rank` become the `hp.step` / `hp.rank` attributes: refused here, named, when
+    an exporter could not encode them (OTLP ints are int64)."""
+    if isinstance(step, bool) or not isinstance(step, (int, str)) or (isinstance(step, str) and not step):
+        raise TypeError(f"step must be an int or a non-empty str, got {step!r}")
+    if isinstance(step, int):
+        check_attribute_count(step, "step", " or a non-empty str")
+    if rank is not None:
+        check_attribute_count(rank, "rank", " or None")
+
+
 def begin_step(
     step: int | str,
     *,
@@ -195,10 +207,7 @@ def begin_step(
     tracer_provider: TracerProvider | None = None,
 ) -> StepSpans:
     """Start the spans of a step (see `step()`); the caller ends them with `.end()`."""
-    if isinstance(step, bool) or not isinstance(step, (int, str)) or (isinstance(step, str) and not step):
-        raise TypeError(f"step must be an int or a non-empty str, got {step!r}")
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-        raise ValueError(f"rank must be a non-negative int or None, got {rank!r}")
+    check_step_arguments(step, rank)
     if tracer_provider is None:
         from hp_otel.export.providers import default_tracer_provider
 
@@ -251,6 +260,7 @@ def step(
     boundaries. Default provider: the one `hp_otel.configure()` installed, else
     hp_otel's in-memory one.
     """
+    check_step_arguments(step, rank)
     handler = _step_handler
     if handler is not None:
         with handler.explicit_step(step, run_id=run_id, rank=rank, module=module) as spans:

@@ -155,13 +155,12 @@ def _compare_group(
     members = [r for r in group_ranks if r in file_ranks] if group_ranks else sorted(per_rank)
     absent = [r for r in group_ranks if r not in file_ranks]
     report = GroupReport(window, group, group_ranks, members, absent_ranks=absent)
-    last_seq = max((seq for calls in per_rank.values() for seq in calls), default=-1)
+    # The seqs some rank issued, in order: a file's seq may be any int (2**63 - 1), not a count to walk.
+    seqs = sorted({seq for r in members for seq in per_rank.get(r, {})})
     reported_missing: set[int] = set()
-    for seq in range(last_seq + 1):
+    for seq in seqs:
         present = {r: per_rank[r][seq] for r in members if seq in per_rank.get(r, {})}
         absent = [r for r in members if r not in present]
-        if not present:
-            continue
         if report.divergence is None and len({c.signature() for c in present.values()}) > 1:
             report.divergence = Divergence(seq, present)
         for rank in absent:

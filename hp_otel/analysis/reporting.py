@@ -6,6 +6,7 @@ from typing import Any
 
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
 from hp_otel.analysis.comparing import RanksReport
+from hp_otel.common.safe_text import printable
 from hp_otel.spans import schema as s
 
 
@@ -27,7 +28,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
             lines.append(f"note: {f.path} has {f.unsequenced} collectives without {s.COLLECTIVE_SEQ} (not compared)")
     for g in report.groups:
         verdict = "agree" if g.agree else "DIVERGE" if g.divergence is not None else "INCOMPLETE"
-        lines.append(f"\n{g.title()}: {verdict} ({g.compared} collectives reached by every rank)")
+        lines += ["", f"{g.title()}: {verdict} ({g.compared} collectives reached by every rank)"]
         if g.absent_ranks:
             lines.append(f"  no file for ranks {','.join(map(str, g.absent_ranks))} (not compared)")
         if g.divergence is not None:
@@ -44,7 +45,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
             )
         for seq in g.stuck_together:
             lines.append(f"  every rank is waiting in seq #{seq}: the collective itself does not complete")
-    lines.append("\nstragglers (arrival skew = last issue - first issue, over collectives every rank reached):")
+    lines += ["", "stragglers (arrival skew = last issue - first issue, over collectives every rank reached):"]
     lines.append(f"  {'rank':>4}  {'last':>9}  {'others waited':>14}  {'mean skew when last':>20}  {'max skew':>12}")
     for row in report.stragglers:
         last = f"{row.last}/{row.compared}"
@@ -58,10 +59,12 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         for k, g in worst:
             where = f"Module({k.module})" if k.module else "no module"
             lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
-    lines.append(
-        "\nverdict: ranks agree" if report.agree else "\nverdict: ranks DIVERGE or miss collectives (exit status 3)"
-    )
-    return "\n".join(lines)
+    lines += [
+        "",
+        "verdict: ranks agree" if report.agree else "verdict: ranks DIVERGE or miss collectives (exit status 3)",
+    ]
+    # Module, op and group names and paths come from the files: escaped, not acted on by the terminal.
+    return "\n".join(map(printable, lines))
 
 
 def report_to_json(report: RanksReport) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from hp_otel.cli import pictures, ranks
 from hp_otel.cli.arguments import NOISE_LEVEL_HELP, DefaultsFormatter, noise_level, port, positive
 from hp_otel.cli.progress import to_stderr
+from hp_otel.common.safe_text import printable
 from hp_otel.version import __version__
 
 
@@ -182,12 +183,12 @@ def _render(args: argparse.Namespace) -> int:
         spans = read_spans(args.file, max_bytes=args.max_bytes)
         check_attribute_types(build_call_tree(spans))
     except (SpanFileError, ValueError) as exc:
-        print(
-            f"hp-otel render: {args.file}: {exc}" if not isinstance(exc, SpanFileError) else f"hp-otel render: {exc}",
-            file=sys.stderr,
+        message = (
+            f"hp-otel render: {args.file}: {exc}" if not isinstance(exc, SpanFileError) else f"hp-otel render: {exc}"
         )
+        print(printable(message), file=sys.stderr)
         return 2
-    print(f"collective counts: {count_collectives(spans)}")
+    print(printable(f"collective counts: {count_collectives(spans)}"))
     print(render_table(spans, args.noise_level))
     return 0
 
@@ -273,5 +274,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = next(c for c in COMMANDS if args.command in (c.name, *c.deprecated_aliases))
     if args.command != command.name:
-        print(f"hp-otel: `{args.command}` is deprecated, use `hp-otel {command.name}`", file=sys.stderr)
+        print(printable(f"hp-otel: `{args.command}` is deprecated, use `hp-otel {command.name}`"), file=sys.stderr)
     return command.run(args)

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hp_otel.common.safe_text import printable
+
 PLOT_FORMATS = (".svg", ".html")
 
 
@@ -37,7 +39,7 @@ def _load(command: str, args: argparse.Namespace, every_step: bool) -> dict[int,
     try:
         spans_by_rank = load_rank_spans(args.files, args.step, every_step=every_step)
     except SpanFileError as exc:
-        print(f"hp-otel {command}: {exc}", file=sys.stderr)
+        print(printable(f"hp-otel {command}: {exc}"), file=sys.stderr)
         return None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     return spans_by_rank
@@ -48,7 +50,8 @@ def run_plot(args: argparse.Namespace) -> int:
     from hp_otel.render.timeline import render_html, render_svg
 
     if args.out.suffix.lower() not in PLOT_FORMATS:
-        print(f"hp-otel plot: --out must end in {' or '.join(PLOT_FORMATS)}, got {str(args.out)!r}", file=sys.stderr)
+        message = f"hp-otel plot: --out must end in {' or '.join(PLOT_FORMATS)}, got {str(args.out)!r}"
+        print(printable(message), file=sys.stderr)
         return 2
     spans_by_rank = _load("plot", args, every_step=False)
     if spans_by_rank is None:
@@ -58,7 +61,7 @@ def run_plot(args: argparse.Namespace) -> int:
     render = render_html if args.out.suffix.lower() == ".html" else render_svg
     text = render(spans_by_rank, title)
     write_text_atomically(args.out, lambda handle: handle.write(text), argument="--out")
-    print(f"wrote {args.out} ({len(spans_by_rank)} ranks)")
+    print(printable(f"wrote {args.out} ({len(spans_by_rank)} ranks)"))
     return 0
 
 
@@ -72,11 +75,11 @@ def run_chrome_trace(args: argparse.Namespace) -> int:
     try:
         profiler = read_profiler_trace(args.merge) if args.merge else None
     except ProfilerTraceError as exc:
-        print(f"hp-otel chrome-trace: {exc}", file=sys.stderr)
+        print(printable(f"hp-otel chrome-trace: {exc}"), file=sys.stderr)
         return 2
     document = chrome_trace(spans_by_rank, profiler)
     write_text_atomically(args.out, lambda handle: json.dump(document, handle), argument="--out")
     added = sum(1 for event in document["traceEvents"] if str(event.get("cat", "")).startswith("hp_otel."))
     merged = f", merged into {args.merge}'s {len(profiler['traceEvents'])} events" if profiler else ""
-    print(f"wrote {args.out}: {added} hp_otel events on {len(spans_by_rank)} rank track(s){merged}")
+    print(printable(f"wrote {args.out}: {added} hp_otel events on {len(spans_by_rank)} rank track(s){merged}"))
     return 0

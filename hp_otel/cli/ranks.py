@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hp_otel.cli.arguments import positive
+from hp_otel.common.safe_text import printable
 
 EXIT_AGREE = 0
 EXIT_BAD_INPUT = 2
@@ -37,7 +38,7 @@ def run_ranks(files: Sequence[Path], as_json: bool, top: int = 5) -> int:
     try:
         report = compare_files(files)
     except RankInputError as exc:
-        print(f"hp-otel ranks: {exc}", file=sys.stderr)
+        print(printable(f"hp-otel ranks: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
     if as_json:
         print(json.dumps(report_to_json(report), indent=2))

@@ -5,6 +5,8 @@ hp_otel hands the SDK what it reads on its own: the exporters read
 (per-signal winning, headers percent-decoded), the `BatchSpanProcessor` `OTEL_BSP_*`,
 the periodic metric reader `OTEL_METRIC_EXPORT_INTERVAL/TIMEOUT`, the `TracerProvider`
 `OTEL_TRACES_SAMPLER(_ARG)`, `Resource.create` `OTEL_SERVICE_NAME`/`OTEL_RESOURCE_ATTRIBUTES`.
+Their values are checked here (`SDK_NUMBERS`, the sampler, headers, endpoints), so a bad one is a
+`ConfigError` naming the variable rather than the SDK's bare ValueError or its silent default.
 What is decided here: whether and where to export (`OTEL_TRACES_EXPORTER` /
 `OTEL_METRICS_EXPORTER` names, looked up in the SDK's exporter entry points; OTLP only
 when an endpoint is set or `otlp` is named), the OTLP protocol (the exporter classes
@@ -14,6 +16,7 @@ Arguments to `hp_otel.configure(...)` win over the environment.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -231,6 +234,13 @@ class ExportConfig:
         # one is refused here with a clear error instead of being dropped with a warning.
         for variable in HEADER_VARIABLES:
             _parse_pairs(env_value(variable, environ) or "", variable)
+        given = {
+            "max_queue_size": max_queue_size,
+            "schedule_delay_ms": schedule_delay_ms,
+            "export_timeout_s": export_timeout_s,
+            "metric_export_interval_ms": metric_export_interval_ms,
+        }
+        _check_sdk_numbers(environ, {name for name, value in given.items() if value is not None})
         return cls(
             service_name=service_name,
             resource_attributes=dict(resource_attributes or {}),
@@ -310,6 +320,49 @@ def _plugin_samplers() -> tuple[str, ...]:
         return tuple(sorted(ep.name for ep in entry_points(group="opentelemetry_traces_sampler")))
     except Exception:  # broken package metadata must not break configuration
         return ()
+
+
+@dataclass(frozen=True)
+class _SdkNumber:
+    """A numeric variable the SDK reads itself: what it must be, and the argument that overrides it."""
+
+    variable: str
+    integer: bool  # the SDK parses it with int() (else float())
+    unit: str
+    argument: str | None = None  # the configure() argument that, when given, makes the SDK not read it
+    infinite_ok: bool = False
+
+
+# The SDK refuses some of these with a bare ValueError (`max_queue_size must be a positive integer.`),
+# others it logs and replaces by its default, or uses as is (a negative timeout): each is refused here, named.
+SDK_NUMBERS = (
+    _SdkNumber("OTEL_BSP_MAX_QUEUE_SIZE", True, "spans", "max_queue_size"),
+    _SdkNumber("OTEL_BSP_SCHEDULE_DELAY", True, "milliseconds", "schedule_delay_ms"),
+    _SdkNumber("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", True, "spans"),
+    _SdkNumber("OTEL_BSP_EXPORT_TIMEOUT", True, "milliseconds"),
+    # inf: no periodic export (the SDK starts no export thread)
+    _SdkNumber("OTEL_METRIC_EXPORT_INTERVAL", False, "milliseconds", "metric_export_interval_ms", infinite_ok=True),
+    _SdkNumber("OTEL_METRIC_EXPORT_TIMEOUT", False, "milliseconds", "export_timeout_s"),
+    _SdkNumber("OTEL_EXPORTER_OTLP_TIMEOUT", False, "seconds", "export_timeout_s"),
+    _SdkNumber("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", False, "seconds", "export_timeout_s"),
+    _SdkNumber("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", False, "seconds", "export_timeout_s"),
+)
+
+
+def _check_sdk_numbers(environ: Mapping[str, str], given: set[str]) -> None:
+    """Each of SDK_NUMBERS the SDK will read (no argument overrides it): a positive number, else ConfigError."""
+    for number in SDK_NUMBERS:
+        raw = env_value(number.variable, environ)
+        if raw is None or number.argument in given:
+            continue
+        try:
+            value = int(raw) if number.integer else float(raw)
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or (value == math.inf and not number.infinite_ok):
+            kind = "a positive integer" if number.integer else "a positive number"
+            unit = f"{number.unit}; inf: no periodic export" if number.infinite_ok else number.unit
+            raise ConfigError(f"{number.variable} must be {kind} ({unit}), got {raw!r}")
 
 
 def _positive(value: Any, name: str, default: Any, kind: type = float) -> Any:

@@ -52,6 +52,16 @@ class InFlightCollectives(Protocol):
         """The rest, oldest first; the watchdog marks the ones it wrote (`dumped_to`, `waited_s`)."""
 
 
+# The longest wait the watchdog's thread can take (threading's limit, about 292 years); inf, or an int
+# too large for a float, failed later: in float() here, or in the thread's Event.wait / int(timeout_s * 1e9).
+MAX_SECONDS = int(threading.TIMEOUT_MAX)
+
+
+def _is_seconds(value: Any) -> bool:
+    """A real number (not a bool) in (0, MAX_SECONDS]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS
+
+
 class HangWatchdog:
     """Writes every rank's spans so far when one of its collectives has not completed in `timeout_s`.
 
@@ -71,12 +81,16 @@ class HangWatchdog:
         on_signals: Iterable[int] = (),
         poll_s: float | None = None,
     ) -> None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not _is_seconds(timeout_s):
+            raise ValueError(
+                f"timeout_s must be a positive number of seconds, at most {MAX_SECONDS}, got {timeout_s!r}"
+            )
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
-        if poll_s is not None and (isinstance(poll_s, bool) or not isinstance(poll_s, (int, float)) or poll_s <= 0):
-            raise ValueError(f"poll_s must be a positive number of seconds or None, got {poll_s!r}")
+        if poll_s is not None and not _is_seconds(poll_s):
+            raise ValueError(
+                f"poll_s must be a positive number of seconds, at most {MAX_SECONDS}, or None, got {poll_s!r}"
+            )
         signals = tuple(on_signals)
         valid = set(signal.valid_signals())
         for sig in signals:

@@ -11,6 +11,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from hp_otel.common.safe_text import printable
 from hp_otel.render.levels import NoiseLevel, noise_level
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
@@ -111,13 +112,13 @@ def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None, 
             f"{dropped} span(s) were dropped by the max_spans cap and are not in this table "
             "(get_comm_counts() still counts every collective)",
         )
-    notes = [f"! {problem}" for problem in problems]
+    notes = [f"! {printable(problem)}" for problem in problems]
     if not roots:
         return "\n".join([EMPTY_TABLE, *notes])
     lines = [HEADER, RULE]
     for record, depth in visible(roots, flags):
         kind, detail = describe(record, flags)
         type_column = "  " * depth + kind
-        lines.append(type_column.ljust(_TYPE_COLUMN - 1) + " " + detail)
+        lines.append(type_column.ljust(_TYPE_COLUMN - 1) + " " + printable(detail))  # names: not for the terminal
     lines.extend(notes)
     return "\n".join(lines)

@@ -17,8 +17,16 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from hp_otel.common.safe_text import printable
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
+
+
+def _markup(text: str) -> str:
+    """Text from the spans (names, from users' models and others' files) for XML and HTML: control
+    characters (not even allowed as `&#...;` in XML 1.0) and bidi overrides written visibly, then `<&>"'`."""
+    return html.escape(printable(text))
+
 
 COLLECTIVE_COLOURS = {
     "all_reduce": "#d62728",
@@ -178,10 +186,10 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
         text = ""
         if bw > 7 * len(bar.label) + 4:
             fill = "#ffffff" if bar.kind == s.KIND_COLLECTIVE else "#1b1f24"
-            text = f'<text x="{bx + 3:.1f}" y="{by + ROW - 6:.1f}" fill="{fill}">{html.escape(bar.label)}</text>'
+            text = f'<text x="{bx + 3:.1f}" y="{by + ROW - 6:.1f}" fill="{fill}">{_markup(bar.label)}</text>'
         parts.append(
-            f'<g class="bar" data-rank="{bar.rank}" data-kind="{bar.kind}" data-op="{bar.op}" '
-            f'data-start-ns="{bar.start_ns}" data-end-ns="{bar.end_ns}"><title>{html.escape(tip)}</title>'
+            f'<g class="bar" data-rank="{bar.rank}" data-kind="{_markup(bar.kind)}" data-op="{_markup(bar.op)}" '
+            f'data-start-ns="{bar.start_ns}" data-end-ns="{bar.end_ns}"><title>{_markup(tip)}</title>'
             f'<rect x="{bx:.2f}" y="{by:.1f}" width="{bw:.2f}" height="{ROW - 3}" fill="{bar.colour}"/>{text}</g>'
         )
     matched: dict[tuple[str, int], list[Bar]] = {}
@@ -203,7 +211,7 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
         (op, COLLECTIVE_COLOURS[op]) for op in sorted({b.op for b in drawn if b.op in COLLECTIVE_COLOURS})
     ]:  # fmt: skip
         parts.append(f'<rect x="{legend_x}" y="27" width="10" height="10" fill="{colour}"/>')
-        parts.append(f'<text x="{legend_x + 14}" y="36" class="legend">{html.escape(name)}</text>')
+        parts.append(f'<text x="{legend_x + 14}" y="36" class="legend">{_markup(name)}</text>')
         legend_x += 14 + 7 * len(name) + 16
     return _svg(WIDTH, height, parts, title)
 
@@ -220,7 +228,7 @@ def _svg(width: int, height: int, parts: list[str], title: str) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="monospace"><style>{_STYLE}</style>'
         f'<rect width="{width}" height="{height}" fill="#ffffff"/>'
-        f'<text x="{LEFT}" y="18" class="title">{html.escape(title)}</text>' + "".join(parts) + "</svg>\n"
+        f'<text x="{LEFT}" y="18" class="title">{_markup(title)}</text>' + "".join(parts) + "</svg>\n"
     )
 
 
@@ -235,15 +243,15 @@ def render_html(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str 
         by_rank = sorted(group, key=lambda b: b.rank)
         durations = ", ".join(f"r{b.rank} {(b.end_ns - b.start_ns) / 1000:.1f}" for b in by_rank)
         rows.append(
-            f"<tr><td>{html.escape(op)} #{index}</td><td>{len(group)}</td>"
-            f"<td>{group[0].skew_ns / 1000:.1f}</td><td>{html.escape(durations)}</td></tr>"
+            f"<tr><td>{_markup(op)} #{index}</td><td>{len(group)}</td>"
+            f"<td>{group[0].skew_ns / 1000:.1f}</td><td>{_markup(durations)}</td></tr>"
         )
     return (
         '<!doctype html>\n<html><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title>"
+        f"<title>{_markup(title)}</title>"
         "<style>body{font-family:system-ui,sans-serif;margin:16px}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:2px 8px;font-family:monospace}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1><p>Hover a bar for the call, its duration and, for collectives, "
+        f"<h1>{_markup(title)}</h1><p>Hover a bar for the call, its duration and, for collectives, "
         "the start skew over ranks. Dashed lines join the same collective on each rank.</p>"
         + render_svg(spans_by_rank, title)
         + "<h2>Collectives</h2><table><tr><th>collective</th><th>ranks</th><th>start skew µs</th>"

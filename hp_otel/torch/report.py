@@ -1,9 +1,11 @@
 """torch's CommDebugMode table and JSON dump, from torch-shaped records.
 
 Same text as torch 2.13 prints (ANSI colours included), same JSON schema — the input of
-torch's comm-mode browser visualiser.  Noise levels as torch defines them:
-0 module-level collective counts; 1 + module type, parameter placements and DTensor ops
-that are not trivial; 2 + every non-trivial op; 3 + trivial ops too.
+torch's comm-mode browser visualiser. One difference: control characters and bidi overrides
+in a name (module, op, parameter) are written visibly (`\\x1b`), where torch prints them raw.
+Noise levels as torch defines them: 0 module-level collective counts; 1 + module type,
+parameter placements and DTensor ops that are not trivial; 2 + every non-trivial op;
+3 + trivial ops too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.common.safe_text import printable
 from hp_otel.render.levels import noise_level
 
 TORCH_DEFAULT_NOISE_LEVEL = 3
@@ -74,6 +77,12 @@ class Records:
         return forward, backward, recompute
 
 
+def _name(value: Any) -> str:
+    """A name from the model (module, op, parameter, placement): torch prints it raw; here control
+    characters and bidi overrides in it are escaped, so only the table's own colour codes reach the terminal."""
+    return printable(str(value))
+
+
 def _section(
     lines: list[str], title: str, depth: int, collectives: dict[Any, int], ops: list[dict[str, Any]], noise: Noise
 ) -> None:
@@ -81,15 +90,15 @@ def _section(
     count_indent = "  " * (2 * depth + 2)
     detail_indent = "  " * (2 * depth + 3)
     lines.append(f"{'  ' * (2 * depth)}  {title}")
-    lines.extend(f"{_YELLOW}{count_indent}*{key}: {n}{_RESET}" for key, n in collectives.items())
+    lines.extend(f"{_YELLOW}{count_indent}*{_name(key)}: {n}{_RESET}" for key, n in collectives.items())
     for op in ops:
         if not noise.keeps(op):
             continue
-        lines.append(f"{_YELLOW}{count_indent}**{op['name']}{_RESET}")
+        lines.append(f"{_YELLOW}{count_indent}**{_name(op['name'])}{_RESET}")
         if len(op["input_shape"]):
-            lines.append(f"{_RED}{detail_indent}shape: {op['input_shape']}{_RESET}")
-            lines.append(f"{_RED}{detail_indent}sharding: {op['input_sharding']}{_RESET}")
-            lines.append(f"{_RED}{detail_indent}device mesh: {op['device_mesh']}{_RESET}")
+            lines.append(f"{_RED}{detail_indent}shape: {_name(op['input_shape'])}{_RESET}")
+            lines.append(f"{_RED}{detail_indent}sharding: {_name(op['input_sharding'])}{_RESET}")
+            lines.append(f"{_RED}{detail_indent}device mesh: {_name(op['device_mesh'])}{_RESET}")
 
 
 def tracing_table(records: Records, noise_level: int) -> str:
@@ -98,13 +107,14 @@ def tracing_table(records: Records, noise_level: int) -> str:
     for fqn, helper in records.module_helper.items():
         depth = helper["depth"]
         indent = "  " * (2 * depth)
-        lines.append(f"{indent}{fqn}")
+        lines.append(f"{indent}{_name(fqn)}")
         if noise.module_data:
             if "module_type" in helper:
-                lines.append(f"{indent}*module type: {helper['module_type']}")
+                lines.append(f"{indent}*module type: {_name(helper['module_type'])}")
             if "parameters" in helper:
                 lines.append(f"{indent}*Parameter List")
-                lines.extend(f"{indent} *{name}: {placement}" for name, placement in helper["parameters"].items())
+                parameters = helper["parameters"].items()
+                lines.extend(f"{indent} *{_name(name)}: {_name(placement)}" for name, placement in parameters)
         counts = records.module_counts.get(fqn, {"forward": {}, "backward": {}})
         forward, backward, recompute = records.split_operations(fqn, noise)
         if counts["forward"] or forward:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 
 import pytest
@@ -78,6 +79,37 @@ def test_bad_step_arguments_are_rejected() -> None:
             pass
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"step": 2**64},
+            r"step must be a non-negative int of at most 2\*\*63 - 1 \(int64\) or a non-empty str, got 18446",
+        ),
+        ({"step": 2**63}, r"step must be a non-negative int of at most 2\*\*63 - 1"),
+        ({"step": -1}, r"step must be a non-negative int .*, got -1"),
+        ({"step": 1, "rank": 2**63}, r"rank must be a non-negative int of at most 2\*\*63 - 1 \(int64\) or None"),
+        ({"step": 1, "rank": True}, r"rank must be a non-negative int .* or None, got True"),
+    ],
+)
+def test_a_step_or_rank_no_exporter_can_encode_is_refused_by_name(kwargs, message) -> None:
+    """Not accepted, then dropped by the OTLP exporter (`Failed to encode key hp.step`, a traceback)."""
+    with pytest.raises(ValueError, match=message):
+        with hp_otel.step(**kwargs):
+            pass
+
+
+def test_the_largest_step_and_rank_reach_the_otlp_encoder_whole() -> None:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    provider, exporter = _rank_provider()
+    with hp_otel.step(2**63 - 1, run_id="run-a", rank=2**63 - 1, tracer_provider=provider):
+        pass
+    (span,) = encode_spans(exporter.get_finished_spans()).resource_spans[0].scope_spans[0].spans
+    values = {a.key: a.value.int_value for a in span.attributes}
+    assert values == {schema.STEP: 2**63 - 1, schema.RESOURCE_RANK: 2**63 - 1}
+
+
 def test_the_instrumentor_is_registered_as_an_entry_point() -> None:
     (entry,) = [e for e in importlib.metadata.entry_points(group="opentelemetry_instrumentor") if e.name == "hp_otel"]
     assert entry.load() is HpOtelInstrumentor
@@ -127,6 +159,14 @@ class TestAlwaysOn(TestBase):
 
         with suppress_instrumentation(), hp_otel.step(0, run_id="r", rank=0):
             assert mode_module._current_mode.get() is None
+        assert self.memory_exporter.get_finished_spans() == ()
+
+    def test_the_instrumentor_refuses_a_step_out_of_range_too(self) -> None:
+        for suppressed in (False, True):  # suppressed, the session once made its step spans unchecked
+            with suppress_instrumentation() if suppressed else contextlib.nullcontext():
+                with pytest.raises(ValueError, match=r"step must be a non-negative int of at most 2\*\*63 - 1"):
+                    with hp_otel.step(2**64, run_id="r", rank=0):
+                        pass
         assert self.memory_exporter.get_finished_spans() == ()
 
     def test_without_marked_steps_optimizer_steps_delimit_them(self) -> None:

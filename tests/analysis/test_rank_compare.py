@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -297,3 +300,30 @@ def test_send_and_recv_of_one_exchange_match(tmp_path, monkeypatch) -> None:
     assert report.agree and [g.compared for g in report.groups] == [2]
     other = _files(tmp_path, monkeypatch, _in_layers((send, 0)), _in_layers((ALL_REDUCE, 0)))
     assert compare_files(other).groups[0].divergence.seq == 0
+
+
+@pytest.mark.parametrize("big_seq", [10**7, 2**63 - 1])
+def test_a_huge_seq_is_compared_in_bounded_time(tmp_path, monkeypatch, big_seq) -> None:
+    """A file's seq may be any int64 (files others send): the comparison walks the seqs present,
+    not every number up to the largest (which ran forever for 2**63 - 1)."""
+    two = _in_layers((ALL_REDUCE, 0), (ALL_REDUCE, 0))
+    files = _files(tmp_path, monkeypatch, two, two)
+    # The default provider's resource keeps the rank of the first window in this process: name each file's own.
+    for rank, path in enumerate(map(Path, files)):
+        path.write_text(re.sub(r'("hp.rank", "value": \{"intValue": )"\d+"', rf'\1"{rank}"', path.read_text()))
+    rank0 = Path(files[0])
+    second = '"hp.collective.seq", "value": {"intValue": "1"}'
+    assert second in rank0.read_text()
+    rank0.write_text(rank0.read_text().replace(second, f'"hp.collective.seq", "value": {{"intValue": "{big_seq}"}}'))
+    command = [sys.executable, "-m", "hp_otel.cli", "ranks", *files]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hp-otel ranks with seq {big_seq} ran past 60 s")
+    assert time.monotonic() - started < 60
+    assert done.returncode == 3, done.stderr
+    assert "rank 0 never reached all_reduce #1 in Module(layers.1) (issued by rank 1)" in done.stdout
+    assert f"rank 1 never reached all_reduce #{big_seq} in Module(layers.1) (issued by rank 0)" in done.stdout
+    (group,) = compare_files(files).groups
+    assert group.compared == 1 and [m.seq for m in group.missing] == [1, big_seq]

@@ -205,3 +205,38 @@ def test_the_table_says_when_the_span_cap_dropped_spans() -> None:
         f"! {dropped} span(s) were dropped by the max_spans cap and are not in this table "
         "(get_comm_counts() still counts every collective)"
     )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "allowed"),
+    [
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "-1", "a positive integer (spans)"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "0", "a positive integer (spans)"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "lots", "a positive integer (spans)"),  # the SDK: a traceback, then 2048
+        ("OTEL_BSP_SCHEDULE_DELAY", "-5", "a positive integer (milliseconds)"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0", "a positive integer (spans)"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "-1", "a positive integer (milliseconds)"),  # the SDK: used as is
+        ("OTEL_METRIC_EXPORT_INTERVAL", "-1", "a positive number (milliseconds; inf: no periodic export)"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "0", "a positive number (milliseconds; inf: no periodic export)"),
+        ("OTEL_METRIC_EXPORT_TIMEOUT", "-700", "a positive number (milliseconds)"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "0", "a positive number (seconds)"),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "soon", "a positive number (seconds)"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "nan", "a positive number (seconds)"),
+    ],
+)
+def test_a_bad_number_the_sdk_reads_is_a_config_error_naming_it(monkeypatch, variable, value, allowed) -> None:
+    """Not the SDK's bare `ValueError: max_queue_size must be a positive integer.` (or its silent default)."""
+    monkeypatch.setenv(variable, value)
+    before = configured()
+    with pytest.raises(ConfigError) as caught:
+        configure(endpoint="http://127.0.0.1:9", prometheus_port=0, shutdown_timeout_s=1.0)
+    assert str(caught.value) == f"{variable} must be {allowed}, got {value!r}"
+    assert configured() is before  # refused before anything was replaced
+
+
+def test_an_argument_wins_over_a_bad_sdk_number_and_good_ones_pass() -> None:
+    environ = {"OTEL_BSP_MAX_QUEUE_SIZE": "-1", "OTEL_EXPORTER_OTLP_TIMEOUT": "0", "OTEL_METRIC_EXPORT_TIMEOUT": "0"}
+    assert ExportConfig.resolve(max_queue_size=64, export_timeout_s=2.5, environ=environ).max_queue_size == 64
+    good = {"OTEL_BSP_MAX_QUEUE_SIZE": " 64 ", "OTEL_METRIC_EXPORT_INTERVAL": "inf"}
+    good["OTEL_EXPORTER_OTLP_TIMEOUT"] = "2.5"
+    assert ExportConfig.resolve(environ=good).max_queue_size is None  # left to the SDK, which reads the same

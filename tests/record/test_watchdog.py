@@ -193,6 +193,11 @@ def test_opted_in_signals_write_the_file_then_run_the_previous_handler(tmp_path)
         ({"timeout_s": 1, "path": ""}, TypeError, "path must be a non-empty path"),
         ({"timeout_s": 1, "poll_s": -1}, ValueError, "poll_s must be a positive number"),
         ({"timeout_s": 1, "on_signals": (signal.SIGKILL,)}, ValueError, "is not a signal that can be caught"),
+        # beyond threading's longest wait: OverflowError in float() here, or later in the watchdog's thread
+        ({"timeout_s": 10**400}, ValueError, r"timeout_s must be a positive number of seconds, at most 9223372036"),
+        ({"timeout_s": float("inf")}, ValueError, r"timeout_s must be a positive number of seconds, at most"),
+        ({"timeout_s": float("nan")}, ValueError, r"timeout_s must be a positive number of seconds"),
+        ({"timeout_s": 1, "poll_s": 1e300}, ValueError, r"poll_s must be a positive number of seconds, at most"),
     ],
 )
 def test_bad_watchdog_arguments_are_named(kwargs, error, message) -> None:

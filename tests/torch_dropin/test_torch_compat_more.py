@@ -355,3 +355,39 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="file_name"):
         mode.log_comm_debug_tracing_table_to_file(str(tmp_path / "missing" / "log.txt"))
     assert repr(mode) == "CommDebugMode(get_total_counts()=0)"
+
+
+HOSTILE = "blk\x1b]0;owned\x07\x1b[2J\x1b[31mred\x1b[0m\n  *all_reduce: 9\u202eelbat_层ü🙂"
+
+
+class _HostileName(nn.Module):
+    """A TP MLP under an attribute name carrying terminal escapes, a forged table line and a bidi override."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.add_module(HOSTILE, _tp_mlp(mesh))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, HOSTILE)(x)
+
+
+def test_the_table_keeps_torchs_colours_and_escapes_the_names(mesh):
+    """torch's table byte for byte, except that a name's control characters are written visibly
+    (`\\x1b`, `\\n`, `\\u202e`): only the colour codes torch itself emits reach the terminal."""
+    from hp_otel.common.safe_text import printable
+
+    x = torch.rand(8, 10, requires_grad=True)
+    _HostileName(mesh)(x).sum().backward()  # warm DTensor's caches
+    tables = []
+    for cls in (TorchCommDebugMode, CommDebugMode):
+        model = _HostileName(mesh)
+        mode = cls()
+        with mode:
+            model(x).sum().backward()
+        tables.append([mode.generate_comm_debug_tracing_table(level) for level in range(4)])
+    theirs, ours = tables
+    assert any(HOSTILE in table for table in theirs)  # torch prints the name raw
+    for level, (torch_table, table) in enumerate(zip(theirs, ours, strict=True)):
+        assert table == torch_table.replace(HOSTILE, printable(HOSTILE)), level
+        assert "\n  *all_reduce: 9" not in table and "\u202e" not in table and "\x07" not in table
+    assert "\x1b[1;33m" in ours[0] and "层ü🙂" in ours[0]  # torch's own yellow, and ordinary Unicode, kept
