@@ -572,8 +572,8 @@ _warned_former_names: weakref.WeakSet[type] = weakref.WeakSet()
 
 def _attachable(source: Any) -> Source:
     """The source, or for one with only the former method names its adapter (warned once per class)."""
-    if _has_methods(source, "attach", "detach"):
-        return source
+    if callable(getattr(source, "attach", None)) and callable(getattr(source, "detach", None)):
+        return source  # every window asks, for every source: no generator here
     cls = type(source)
     if cls not in _warned_former_names:
         _warned_former_names.add(cls)

@@ -364,10 +364,17 @@ for _module in REDISTRIBUTE_MODULES:
     ))  # fmt: skip
 
 
+_redistribute_checked = False
+
+
 def redistribute_modules() -> list[ModuleType]:
-    """The DTensor modules that hold `redistribute_local_tensor` (imported: DTensor is)."""
-    for module in REDISTRIBUTE_MODULES:
-        require(f"redistribute_local_tensor:{module}")
+    """The DTensor modules that hold `redistribute_local_tensor` (imported: DTensor is); checked
+    once per process, as every window asks."""
+    global _redistribute_checked
+    if not _redistribute_checked:
+        for module in REDISTRIBUTE_MODULES:
+            require(f"redistribute_local_tensor:{module}")
+        _redistribute_checked = True
     return [sys.modules[name] for name in REDISTRIBUTE_MODULES]
 
 
