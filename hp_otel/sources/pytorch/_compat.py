@@ -197,6 +197,44 @@ def own_parameters(module: torch.nn.Module) -> Iterable[Any]:
     return module._parameters.values()
 
 
+# --- compiled modules: where a compiled call leaves eager Python ------------------------------
+
+_declare(Symbol(
+    "compiled_call_impl", "torch.nn", "Module", ATTRIBUTE,
+    "`nn.Module.compile()` keeps the compiled call here; its hooks run inside the graph, so the call is "
+    "noted around it", fallback="a compiled module's collectives count for the modules enclosing it",
+    member="_compiled_call_impl", sample=lambda: torch.nn.Linear(1, 1),
+))  # fmt: skip
+_COMPILED_CALL = "_compiled_call_impl"
+
+
+def compiled_call(module: torch.nn.Module) -> Any:
+    """What `nn.Module.compile()` put on this module (`module._compiled_call_impl`), None if not compiled so."""
+    return vars(module).get(_COMPILED_CALL)
+
+
+def set_compiled_call(module: torch.nn.Module, call: Any) -> None:
+    """Put `call` where `nn.Module.__call__` looks for the module's compiled call (bypassing `Module.__setattr__`)."""
+    object.__setattr__(module, _COMPILED_CALL, call)
+
+
+_declare(Symbol(
+    "OptimizedModule", "torch._dynamo.eval_frame", "OptimizedModule", CLASS,
+    "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names",
+    fallback="the wrapper is tracked as it is (names start with `_orig_mod.`)",
+))  # fmt: skip
+
+
+def compiled_module_original(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The model a `torch.compile(model)` wrapper wraps (`_orig_mod`), None for any other module
+    (never imports dynamo: a wrapper exists only once it is imported)."""
+    wrapper = getattr(_loaded(SYMBOLS["OptimizedModule"].module), "OptimizedModule", None)
+    if not isinstance(wrapper, type) or not isinstance(module, wrapper):
+        return None
+    original = vars(module).get("_modules", {}).get("_orig_mod")
+    return original if isinstance(original, torch.nn.Module) else None
+
+
 # --- the dispatcher: Python kernels on collective ops, op records ----------------------------
 
 DispatchKey: Any = resolve(_declare(Symbol(

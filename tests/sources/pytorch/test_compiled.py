@@ -1,0 +1,190 @@
+"""Compiled modules under a window (issue 19, item 1).
+
+torch.compile traces a compiled module's forward hooks — ours included — into its graph.
+For each way of compiling (`nn.Module.compile()` on the root or on each block,
+`torch.compile(model)`), backend, `fullgraph`, and when it is compiled (before, inside,
+after a window): the step does not raise, dynamo breaks the graph no more often and
+compiles no more graphs traced than untraced, the collectives are counted as an
+independent referee counts them in the same step run eagerly, and they belong to the
+module that was compiled (and those enclosing it) — never to its submodules, whose hooks
+run inside the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from referee import Referee
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import hp_otel
+from hp_otel import CommDebugMode
+
+pytestmark = pytest.mark.usefixtures("fake_world")
+
+
+class _Checkpointed(nn.Module):
+    """Activation checkpointing around a module (non-reentrant, as torchtitan's)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+def _mlp(ac: bool) -> tuple[nn.Module, Callable[[], torch.Tensor], tuple[str, ...]]:
+    from hp_otel.cli.tp_mlp import build_tp_mlp
+
+    model = build_tp_mlp(2)
+    if ac:
+        model = _Checkpointed(model)
+        return model, lambda: torch.randn(4, 16, requires_grad=True), ("inner.fc1", "inner.fc2")
+    return model, lambda: torch.randn(4, 16, requires_grad=True), ("fc1", "fc2")
+
+
+def _transformer(ac: bool) -> tuple[nn.Module, Callable[[], torch.Tensor], tuple[str, ...]]:
+    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+
+    model = build_tp_transformer(2)
+    if ac:  # torchtitan wraps each block
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = _Checkpointed(layer)
+    return model, demo_tokens, tuple(f"layers.{i}" for i in range(len(model.layers)))
+
+
+MODELS = {"mlp": _mlp, "transformer": _transformer}
+
+
+def _compile(model: nn.Module, blocks: tuple[str, ...], where: str, backend: str, fullgraph: bool) -> Any:
+    """Compile as torchtitan does ("blocks"), the whole model in place ("root") or wrapped ("wrapper");
+    returns what the step calls."""
+    if where == "root":
+        model.compile(backend=backend, fullgraph=fullgraph)
+    elif where == "blocks":
+        for name in blocks:
+            model.get_submodule(name).compile(backend=backend, fullgraph=fullgraph)
+    elif where == "wrapper":
+        return torch.compile(model, backend=backend, fullgraph=fullgraph)
+    return model
+
+
+def _compiled_fqns(where: str, blocks: tuple[str, ...]) -> tuple[str, ...]:
+    return blocks if where == "blocks" else ("(root)",)
+
+
+def _step(call: Any, make_input: Callable[[], torch.Tensor]) -> None:
+    torch.manual_seed(3)
+    call(make_input()).sum().backward()
+
+
+def _dynamo_stats() -> tuple[int, int]:
+    """(graph breaks, graphs compiled) since the last `_reset_dynamo()`."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+
+
+def _reset_dynamo() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def _referee(model_name: str, ac: bool) -> Referee:
+    """The step run eagerly on a fresh copy, under the referee."""
+    model, make_input, _blocks = MODELS[model_name](ac)
+    with Referee(model) as referee:
+        _step(model, make_input)
+    return referee
+
+
+def _expected_module_counts(referee: Referee, compiled: tuple[str, ...]) -> dict[str, Any]:
+    """The referee's module counts, less the submodules of the compiled modules (their hooks run in the graph)."""
+    inside = tuple(f"{fqn}." for fqn in compiled if fqn != "(root)")
+    counts = referee.module_counts_dict()
+    if "(root)" in compiled:
+        return {fqn: phases for fqn, phases in counts.items() if fqn == "(root)"}
+    return {fqn: phases for fqn, phases in counts.items() if not fqn.startswith(inside)}
+
+
+def _window(mode_kind: str, module: Any) -> CommDebugMode:
+    return CommDebugMode(module=module, record_spans=mode_kind != "counts_only")
+
+
+def _run(model_name: str, where: str, backend: str, fullgraph: bool, when: str, mode_kind: str, ac: bool) -> dict:
+    """Untraced, then traced: the dynamo stats of each, and the traced windows' counts."""
+    model, make_input, blocks = MODELS[model_name](ac)
+    _reset_dynamo()
+    call = _compile(model, blocks, where, backend, fullgraph)
+    for _ in range(2):
+        _step(call, make_input)
+    untraced = _dynamo_stats()
+
+    _reset_dynamo()
+    model, make_input, blocks = MODELS[model_name](ac)
+    window_module = None
+    results = []
+    if mode_kind == "installed":
+        hp_otel.install()
+    try:
+        if when == "before":  # compiled (and run) before any window
+            call = _compile(model, blocks, where, backend, fullgraph)
+            _step(call, make_input)
+        elif when == "after":  # a window on the eager model first
+            with _window(mode_kind, model):
+                _step(model, make_input)
+            call = _compile(model, blocks, where, backend, fullgraph)
+        for i in range(3):
+            if when == "inside" and i == 0:
+                with _window(mode_kind, model) as mode:
+                    call = _compile(model, blocks, where, backend, fullgraph)
+                    _step(call, make_input)
+            else:
+                window_module = call if where == "wrapper" else model
+                with _window(mode_kind, window_module) as mode:
+                    _step(call, make_input)
+            results.append((mode.get_comm_counts(), mode.get_comm_module_counts(), mode.get_callback_error_counts()))
+            if i == (1 if when == "inside" else 0):  # compiled inside: the next window drops our hooks from it, once
+                first = _dynamo_stats()
+        if when == "before":
+            _step(call, make_input)  # and after the windows
+    finally:
+        if mode_kind == "installed":
+            hp_otel.uninstall()
+    return {"untraced": untraced, "first": first, "traced": _dynamo_stats(), "windows": results, "blocks": blocks}
+
+
+def _check(model_name: str, where: str, backend: str, fullgraph: bool, when: str, mode_kind: str, ac: bool) -> None:
+    run = _run(model_name, where, backend, fullgraph, when, mode_kind, ac)
+    referee = _referee(model_name, ac)
+    assert run["traced"][0] == run["untraced"][0], "our hooks break the graph"
+    # A window with spans pushes the op mode: each compiled frame compiles once more, the first time
+    # (dynamo guards on the torch function mode stack); after that, no window recompiles anything.
+    assert run["traced"][1] <= run["untraced"][1] * (1 if mode_kind == "counts_only" else 2), "recompiles"
+    assert run["traced"] == run["first"], "a window recompiles"
+    expected = _expected_module_counts(referee, _compiled_fqns(where, run["blocks"]))
+    for counts, _module_counts, errors in run["windows"]:
+        assert counts == dict(referee.counts)
+        assert errors == {}
+    # the last window ran the compiled step with every compiled module known to it
+    assert run["windows"][-1][1] == expected
+
+
+@pytest.mark.parametrize("where", ["root", "blocks", "wrapper"])
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("mode_kind", ["spans", "counts_only", "installed"])
+def test_a_compiled_mlp_counts_for_the_compiled_module(where: str, fullgraph: bool, mode_kind: str) -> None:
+    _check("mlp", where, "eager", fullgraph, "before", mode_kind, ac=False)
+
+
+@pytest.mark.parametrize("when", ["inside", "after"])
+@pytest.mark.parametrize("where", ["root", "blocks"])
+def test_compiled_inside_or_after_a_window(when: str, where: str) -> None:
+    _check("mlp", where, "eager", True, when, "spans", ac=False)
