@@ -348,6 +348,27 @@ def hide_from_dynamo(fn: Any) -> Any:
         return fn
 
 
+def top_frame_compiled(fn: Any) -> bool:
+    """Whether dynamo has compiled `fn`'s code as a frame of its own (`torch.compile(model)` compiles
+    the model's `forward`); False if dynamo is not imported (then nothing is compiled)."""
+    eval_frame = _loaded(SYMBOLS["cache_entries"].module)
+    entries = getattr(eval_frame, "_debug_get_cache_entry_list", None)
+    code = getattr(fn, "__code__", None)
+    if entries is None or code is None:
+        return False
+    try:
+        return bool(entries(code))
+    except Exception:
+        return False
+
+
+_declare(Symbol(
+    "cache_entries", "torch._dynamo.eval_frame", "_debug_get_cache_entry_list", CALLABLE,
+    "whether `torch.compile(model)` compiled a module's forward: its submodules' hooks then run in the graph",
+    fallback="no module counts as compiled so: a window recompiles such a graph (its hooks' ids are guarded)",
+))  # fmt: skip
+
+
 def loaded_dynamo_tls() -> Any:
     """dynamo's thread-local state if dynamo is imported and keeps `skip_reasons`, else None (never imports it)."""
     eval_frame = _loaded(SYMBOLS["dynamo_tls"].module)

@@ -242,6 +242,20 @@ def _compiled_call(tracked: _TrackedModule, module: nn.Module, compiled: Callabl
     return compiled_call
 
 
+_hidden: list[bool] = []
+
+
+def _hide_hooks_from_dynamo() -> None:
+    """Our hooks run eagerly even when torch code that dynamo skips calls them while a compiled call
+    is starting (`torch.compile(model)` runs the model's own hooks so): dynamo would compile them as
+    frames of their own, to nothing.  Inlined into a graph they still do nothing (`_is_compiling`)."""
+    if _hidden or "torch._dynamo" not in sys.modules:  # no dynamo yet: nothing compiles
+        return
+    _hidden.append(True)
+    for hook in (_TrackedModule.forward_pre, _TrackedModule.forward_post):
+        _compat.hide_from_dynamo(hook)
+
+
 class _ModuleHooks:
     """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
 
@@ -295,9 +309,12 @@ class _ModuleHooks:
         """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
         would run in the graph (doing nothing there), so they get none: dynamo guards on an
         `always_call` hook's id, and a window's new hooks would then recompile the graph each window."""
+        _hide_hooks_from_dynamo()
         modules = list(root.named_modules())
         compiled = [fqn for fqn, module in modules if _compat.compiled_call(module) is not None]
-        structure = [(fqn, id(module)) for fqn, module in modules] + [(fqn, 0) for fqn in compiled]
+        # `torch.compile(model)` compiles model.forward: the model's own hooks run eagerly, its submodules' in the graph
+        inside = [f"{fqn}." for fqn, module in modules if _compat.top_frame_compiled(type(module).forward)]
+        structure = [(fqn, id(module)) for fqn, module in modules] + [(fqn, 0) for fqn in compiled + inside]
         if in_graph:
             structure.append(("", -1))
         if self._tracked and structure == self._structure:
@@ -314,6 +331,8 @@ class _ModuleHooks:
                 tracked = _TrackedModule(self, fqn, module)
                 self._tracked.append(tracked)
                 if in_graph or any(fqn == c or fqn.startswith(f"{c}.") or not c for c in compiled):
+                    continue
+                if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
                     continue
                 self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
