@@ -133,15 +133,15 @@ class _TrackedModule:
     Inside a compiled graph (`torch.compile`, `nn.Module.compile()`) dynamo traces the hooks:
     there they do nothing (anything more would break the graph, or fail it under
     `fullgraph=True`), and the call of the module that was compiled is noted eagerly around
-    its graph instead (`_CompiledCall`; `torch.compile(model)` runs the model's own hooks
-    eagerly already).
+    its graph instead (`_compiled_call`; `torch.compile(model)` runs the model's own hooks
+    eagerly, and a window given that wrapper hooks the wrapper).
     """
 
     __slots__ = ("compiled_calls", "fqn", "hooks", "info")
 
     def __init__(self, hooks: _ModuleHooks, fqn: str, module: nn.Module) -> None:
         self.hooks = hooks
-        self.compiled_calls = 0  # > 0 while `_CompiledCall` has noted this module's call
+        self.compiled_calls = 0  # > 0 while its compiled call, noted around the graph, runs
         self.fqn = fqn or s.ROOT_MODULE_FQN
         self.info = ModuleInfo(
             self.fqn, fqn or type(module).__name__, type(module).__qualname__, parameter_infos(module)
