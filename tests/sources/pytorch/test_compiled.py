@@ -286,3 +286,64 @@ def test_aot_eager_whole_model(ac: bool) -> None:
 @pytest.mark.parametrize("where", ["blocks", "wrapper"])
 def test_inductor(where: str) -> None:
     _check("mlp", where, "inductor", True, "before", "spans", ac=False)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Block() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module", "ignore:Full backward hook")
+def test_fsdp2_blocks_compiled_as_torchtitan_does(fake_world) -> None:
+    """fully_shard each block, then compile it fullgraph: counts are what ran, nothing recompiles per window."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        model, mesh = _Net(), init_device_mesh("cpu", (fake_world,))
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+            layer.compile(backend="eager", fullgraph=True)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def make_input() -> torch.Tensor:
+        return torch.randn(4, 16)
+
+    _reset_dynamo()
+    model = build()
+    for _ in range(3):
+        _step(model, make_input)
+    untraced = _dynamo_stats()
+    _reset_dynamo()
+    model = build()
+    _step(model, make_input)
+    for i in range(3):
+        with torch.profiler.profile() as prof, CommDebugMode(module=model) as mode:
+            _step(model, make_input)
+        if i == 0:
+            first = _dynamo_stats()
+    assert _dynamo_stats() == first and first[0] == untraced[0] == 0
+    assert mode.get_callback_error_counts() == {}
+    counts = mode.get_comm_counts()
+    assert counts == dict(collective_counts_from_profile(prof))
+    assert counts["c10d._allgather_base_"] >= 2 and counts["c10d._reduce_scatter_base_"] >= 2
+    module_counts = mode.get_comm_module_counts()
+    assert {"layers.0", "layers.1"} <= set(module_counts)  # the compiled blocks' calls are noted
+    assert not any(fqn.endswith(".fc") for fqn in module_counts)  # inside the graphs
