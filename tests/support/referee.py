@@ -204,3 +204,20 @@ def fsdp_collectives_from_profile(prof: Any) -> list[tuple[str, str]]:
             module = label[label.index("(") + 1 : label.index(")")] if "(" in label else "(root)"
         out.append((e.name.replace("c10d::", "c10d."), module))
     return out
+
+
+def collective_counts_from_profile(prof: Any) -> Counter[str]:
+    """The collective ops a torch profile saw run, by "namespace.op": an independent count of what a
+    compiled graph issued (the referee's dispatch mode would make dynamo run the graph eagerly).
+
+    Only outermost ones: a collective op running inside another (our kernel redispatching, a
+    functional collective calling its c10d op) is the same collective.
+    """
+    names = {f"{ns}::{op}" for ns, op in COLLECTIVES}
+    events = [e for e in prof.events() if e.name in names]
+
+    def inside(inner: Any, outer: Any) -> bool:
+        a, b = inner.time_range, outer.time_range
+        return inner is not outer and b.start <= a.start and a.end <= b.end and inner.thread == outer.thread
+
+    return Counter(e.name.replace("::", ".") for e in events if not any(inside(e, o) for o in events))

@@ -197,6 +197,44 @@ def own_parameters(module: torch.nn.Module) -> Iterable[Any]:
     return module._parameters.values()
 
 
+# --- compiled modules: where a compiled call leaves eager Python ------------------------------
+
+_declare(Symbol(
+    "compiled_call_impl", "torch.nn", "Module", ATTRIBUTE,
+    "`nn.Module.compile()` keeps the compiled call here; its hooks run inside the graph, so the call is "
+    "noted around it", fallback="a compiled module's collectives count for the modules enclosing it",
+    member="_compiled_call_impl", sample=lambda: torch.nn.Linear(1, 1),
+))  # fmt: skip
+_COMPILED_CALL = "_compiled_call_impl"
+
+
+def compiled_call(module: torch.nn.Module) -> Any:
+    """What `nn.Module.compile()` put on this module (`module._compiled_call_impl`), None if not compiled so."""
+    return vars(module).get(_COMPILED_CALL)
+
+
+def set_compiled_call(module: torch.nn.Module, call: Any) -> None:
+    """Put `call` where `nn.Module.__call__` looks for the module's compiled call (bypassing `Module.__setattr__`)."""
+    object.__setattr__(module, _COMPILED_CALL, call)
+
+
+_declare(Symbol(
+    "OptimizedModule", "torch._dynamo.eval_frame", "OptimizedModule", CLASS,
+    "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names",
+    fallback="the wrapper is tracked as it is (names start with `_orig_mod.`)",
+))  # fmt: skip
+
+
+def compiled_module_original(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The model a `torch.compile(model)` wrapper wraps (`_orig_mod`), None for any other module
+    (never imports dynamo: a wrapper exists only once it is imported)."""
+    wrapper = getattr(_loaded(SYMBOLS["OptimizedModule"].module), "OptimizedModule", None)
+    if not isinstance(wrapper, type) or not isinstance(module, wrapper):
+        return None
+    original = vars(module).get("_modules", {}).get("_orig_mod")
+    return original if isinstance(original, torch.nn.Module) else None
+
+
 # --- the dispatcher: Python kernels on collective ops, op records ----------------------------
 
 DispatchKey: Any = resolve(_declare(Symbol(
@@ -308,6 +346,27 @@ def hide_from_dynamo(fn: Any) -> Any:
         return torch.compiler.disable(fn, recursive=True)
     except Exception:  # no dynamo in this build: nothing to hide from
         return fn
+
+
+def top_frame_compiled(fn: Any) -> bool:
+    """Whether dynamo has compiled `fn`'s code as a frame of its own (`torch.compile(model)` compiles
+    the model's `forward`); False if dynamo is not imported (then nothing is compiled)."""
+    eval_frame = _loaded(SYMBOLS["cache_entries"].module)
+    entries = getattr(eval_frame, "_debug_get_cache_entry_list", None)
+    code = getattr(fn, "__code__", None)
+    if entries is None or code is None:
+        return False
+    try:
+        return bool(entries(code))
+    except Exception:
+        return False
+
+
+_declare(Symbol(
+    "cache_entries", "torch._dynamo.eval_frame", "_debug_get_cache_entry_list", CALLABLE,
+    "whether `torch.compile(model)` compiled a module's forward: its submodules' hooks then run in the graph",
+    fallback="no module counts as compiled so: a window recompiles such a graph (its hooks' ids are guarded)",
+))  # fmt: skip
 
 
 def loaded_dynamo_tls() -> Any:

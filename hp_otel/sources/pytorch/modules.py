@@ -40,6 +40,8 @@ from hp_otel.spans import schema as s
 from hp_otel.spans.codec import placements_text
 from hp_otel.spans.infos import ModuleCall, ModuleInfo, ParameterInfo
 
+# True while dynamo traces our hook into a graph (torch's constant there; ≈80 ns a call eagerly).
+_is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 _next_sequence_nr = _compat.next_sequence_nr  # this thread's next autograd node number
 _current_node = _compat.current_autograd_node
 _graph_task_id = _compat.current_graph_task_id  # -1 outside backward
@@ -126,12 +128,20 @@ class _ThreadState:
 
 
 class _TrackedModule:
-    """Hooks for one module; they report to the hook set's tracker while a window uses it."""
+    """Hooks for one module; they report to the hook set's tracker while a window uses it.
 
-    __slots__ = ("fqn", "hooks", "info")
+    Inside a compiled graph (`torch.compile`, `nn.Module.compile()`) dynamo traces the hooks:
+    there they do nothing (anything more would break the graph, or fail it under
+    `fullgraph=True`), and the call of the module that was compiled is noted eagerly around
+    its graph instead (`_compiled_call`; `torch.compile(model)` runs the model's own hooks
+    eagerly, and a window given that wrapper hooks the wrapper).
+    """
+
+    __slots__ = ("compiled_calls", "fqn", "hooks", "info")
 
     def __init__(self, hooks: _ModuleHooks, fqn: str, module: nn.Module) -> None:
         self.hooks = hooks
+        self.compiled_calls = 0  # > 0 while its compiled call, noted around the graph, runs
         self.fqn = fqn or s.ROOT_MODULE_FQN
         self.info = ModuleInfo(
             self.fqn, fqn or type(module).__name__, type(module).__qualname__, parameter_infos(module)
@@ -146,12 +156,14 @@ class _TrackedModule:
         return True
 
     def forward_pre(self, module: nn.Module, args: Any) -> None:
+        if _is_compiling():  # traced into a graph: first, so dynamo reads (and guards on) nothing of ours
+            return
         tracker = self.hooks.tracker
         if tracker is None:  # hooks kept between windows: nothing records
             return
         observer = tracker.observer
-        if observer is None or not observer.accepting:
-            return
+        if observer is None or not observer.accepting or self.compiled_calls:
+            return  # (compiled_calls: its compiled call was noted already, and dynamo ran the hooks eagerly)
         # A forward inside backward is activation checkpointing's recomputation.
         phase = s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD
         try:
@@ -161,11 +173,13 @@ class _TrackedModule:
         observer.on_module_enter(self.info, phase)
 
     def forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _is_compiling():
+            return
         tracker = self.hooks.tracker
         if tracker is None:
             return
         observer = tracker.observer
-        if observer is None or not observer.accepting:
+        if observer is None or not observer.accepting or self.compiled_calls:
             return
         error = sys.exc_info()[1]  # set when forward raised (always_call hooks run in its except block)
         if isinstance(error, _STOP_RECOMPUTATION):  # checkpointing ends a recompute early on purpose
@@ -197,6 +211,51 @@ class _TrackedModule:
             observer.on_fault("module_forward_post", exc)
 
 
+def _compiled_call(tracked: _TrackedModule, module: nn.Module, compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """What stands in for a module's `nn.Module.compile()`d call: the module's own hooks run inside
+    the graph (and do nothing there), so its call is noted here, eagerly, around the graph.
+
+    The graph's collectives then count for this module and the calls enclosing it (none for
+    its submodules: their hooks are in the graph too); the graph's autograd node is made
+    inside the call, so its backward collectives count for the module as well.
+    """
+
+    def compiled_call(*args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():  # an enclosing compiled region inlines this call
+            return compiled(*args, **kwargs)
+        tracker = tracked.hooks.tracker
+        if tracker is None or tracker.observer is None or not tracker.observer.accepting:
+            return compiled(*args, **kwargs)
+        tracked.forward_pre(module, args)
+        tracked.compiled_calls += 1
+        try:
+            output = compiled(*args, **kwargs)
+        except BaseException:
+            tracked.compiled_calls -= 1
+            tracked.forward_post(module, args, None)  # sees the error, as an always_call hook does
+            raise
+        tracked.compiled_calls -= 1
+        tracked.forward_post(module, args, output)
+        return output
+
+    compiled_call.__hp_otel_compiled__ = compiled  # type: ignore[attr-defined]
+    return compiled_call
+
+
+_hidden: list[bool] = []
+
+
+def _hide_hooks_from_dynamo() -> None:
+    """Our hooks run eagerly even when torch code that dynamo skips calls them while a compiled call
+    is starting (`torch.compile(model)` runs the model's own hooks so): dynamo would compile them as
+    frames of their own, to nothing.  Inlined into a graph they still do nothing (`_is_compiling`)."""
+    if _hidden or "torch._dynamo" not in sys.modules:  # no dynamo yet: nothing compiles
+        return
+    _hidden.append(True)
+    for hook in (_TrackedModule.forward_pre, _TrackedModule.forward_post):
+        _compat.hide_from_dynamo(hook)
+
+
 class _ModuleHooks:
     """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
 
@@ -211,15 +270,58 @@ class _ModuleHooks:
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
         self._handles: list[RemovableHandle] = []
+        self._compiled: list[tuple[nn.Module, Callable[..., Any]]] = []  # (module, our stand-in for its call)
+        self._wrapper: nn.Module | None = None  # the `torch.compile(root)` wrapper hooked too
+        self._wrapper_handles: list[RemovableHandle] = []
 
-    def attach(self, root: nn.Module) -> None:
-        """Hook every module of the tree, unless the hooks in place still match it."""
+    def attach(self, root: nn.Module, wrapper: nn.Module | None = None) -> None:
+        """Hook every module of the tree, unless the hooks in place still match it (and `wrapper`,
+        the `torch.compile(root)` the window was given, with hooks noting root's call)."""
+        self._attach_tree(root, in_graph=wrapper is not None)
+        if wrapper is not self._wrapper:
+            self._unhook_wrapper()
+            if wrapper is not None and self._tracked:
+                self._hook_wrapper(wrapper, self._tracked[0])
+
+    def _hook_wrapper(self, wrapper: nn.Module, tracked: _TrackedModule) -> None:
+        def pre(module: nn.Module, args: Any) -> None:
+            if _is_compiling():
+                return
+            tracked.forward_pre(module, args)
+            tracked.compiled_calls += 1
+
+        def post(module: nn.Module, args: Any, output: Any) -> None:
+            if _is_compiling():
+                return
+            tracked.compiled_calls = max(0, tracked.compiled_calls - 1)
+            tracked.forward_post(module, args, output)
+
+        self._wrapper = wrapper
+        self._wrapper_handles.append(wrapper.register_forward_pre_hook(pre, prepend=True))
+        self._wrapper_handles.append(wrapper.register_forward_hook(post, always_call=True))
+
+    def _unhook_wrapper(self) -> None:
+        handles, self._wrapper_handles, self._wrapper = self._wrapper_handles, [], None
+        for handle in handles:
+            handle.remove()
+
+    def _attach_tree(self, root: nn.Module, in_graph: bool) -> None:
+        """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
+        would run in the graph (doing nothing there), so they get none: dynamo guards on an
+        `always_call` hook's id, and a window's new hooks would then recompile the graph each window."""
+        _hide_hooks_from_dynamo()
         modules = list(root.named_modules())
-        structure = [(fqn, id(module)) for fqn, module in modules]
-        if self._handles and structure == self._structure:
+        compiled = [fqn for fqn, module in modules if _compat.compiled_call(module) is not None]
+        # `torch.compile(model)` compiles model.forward: the model's own hooks run eagerly, its submodules' in the graph
+        inside = [f"{fqn}." for fqn, module in modules if _compat.top_frame_compiled(type(module).forward)]
+        structure = [(fqn, id(module)) for fqn, module in modules] + [(fqn, 0) for fqn in compiled + inside]
+        if in_graph:
+            structure.append(("", -1))
+        if self._tracked and structure == self._structure:
             changed = False
             for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
                 changed |= tracked.refresh(module)
+            self._wrap_compiled(modules)  # a module may have been compiled since
             if not changed:  # the common case: same modules, same parameters
                 return
         else:
@@ -228,13 +330,36 @@ class _ModuleHooks:
             for fqn, module in modules:
                 tracked = _TrackedModule(self, fqn, module)
                 self._tracked.append(tracked)
+                if in_graph or any(fqn == c or fqn.startswith(f"{c}.") or not c for c in compiled):
+                    continue
+                if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
+                    continue
                 self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+            self._wrap_compiled(modules)
         self.param_owner = {}
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
             for param in _compat.own_parameters(module):
                 if param is not None:
                     self.param_owner.setdefault(id(param), tracked.info)
+
+    def _wrap_compiled(self, modules: list[tuple[str, nn.Module]]) -> None:
+        """Note the calls of modules compiled with `nn.Module.compile()` around their graphs (`_compiled_call`)."""
+        ours = {id(module): call for module, call in self._compiled}
+        for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
+            compiled = _compat.compiled_call(module)
+            if compiled is None or compiled is ours.get(id(module)):
+                continue
+            call = _compiled_call(tracked, module, compiled)
+            _compat.set_compiled_call(module, call)
+            self._compiled.append((module, call))
+
+    def _unwrap_compiled(self) -> None:
+        """Give each compiled module its own compiled call back (unless it was compiled anew since)."""
+        compiled, self._compiled = self._compiled, []
+        for module, call in reversed(compiled):
+            if _compat.compiled_call(module) is call:
+                _compat.set_compiled_call(module, call.__hp_otel_compiled__)  # type: ignore[attr-defined]
 
     def remove(self) -> None:
         """Take every hook out (a window still using them removes them when it closes)."""
@@ -244,8 +369,12 @@ class _ModuleHooks:
     def _detach(self) -> None:
         handles, self._handles = self._handles, []
         self._tracked, self._structure = [], []
-        for handle in handles:
-            handle.remove()
+        try:
+            self._unhook_wrapper()
+            self._unwrap_compiled()
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 # The hook set kept for each root module (weakly: a model that goes away takes its entry along).
@@ -284,7 +413,11 @@ class TorchModuleTracker:
     calls owning backward work (`running_chain`)."""
 
     def __init__(self, root: nn.Module) -> None:
-        self.root = root
+        # A `torch.compile(model)` wrapper: the model is tracked, under its own names, and its call
+        # is noted by hooks on the wrapper (the model's own hooks run inside the graph).
+        original = _compat.compiled_module_original(root)
+        self.root = original if original is not None else root
+        self._wrapper = root if original is not None else None
         self.observer: Observer | None = None
         self.backward_spans = True  # grad hooks open backward spans; counting needs none
         self._hooks: _ModuleHooks | None = None
@@ -317,7 +450,7 @@ class TorchModuleTracker:
         hooks.tracker = self
         self._hooks = hooks
         try:
-            hooks.attach(self.root)
+            hooks.attach(self.root, self._wrapper)
         finally:
             self._param_owner = hooks.param_owner
         observer.set_node_attribution(self.running_chain)
