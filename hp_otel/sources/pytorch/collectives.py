@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -90,9 +91,12 @@ def _total_bytes(value: Any) -> int:
     return 0
 
 
-# ProcessGroup (kept alive here, so its id cannot be reused) -> info.  Keyed by the group
-# object, not its name: names are reused when a process group is destroyed and re-created.
-_groups: dict[int, tuple[Any, GroupDetails]] = {}
+# id(ProcessGroup) -> (a weak reference to it, info).  Keyed by the group object, not its name:
+# names are reused when a process group is destroyed and re-created.  Weak, so that
+# `destroy_process_group()` really frees the group: one kept alive here until interpreter
+# shutdown has gloo's worker threads torn down there, which can abort the process
+# ("terminate called without an active exception", see pytorch/pytorch#179291).
+_groups: dict[int, tuple[weakref.ref[Any], GroupDetails]] = {}
 _resolve_process_group = _compat.resolve_process_group
 
 
@@ -104,16 +108,24 @@ def _group_info(group: Any) -> GroupDetails:
         pg = group
     else:  # eager c10d ops get the group boxed as a TorchScript object
         pg = dist.ProcessGroup.unbox(group)
-    cached = _groups.get(id(pg))
-    if cached is not None and cached[0] is pg:
+    key = id(pg)
+    cached = _groups.get(key)
+    if cached is not None and cached[0]() is pg:
         return cached[1]
     try:
         ranks = tuple(dist.get_process_group_ranks(pg))
     except Exception:  # a group the default-group registry does not know
         ranks = ()
     info = GroupDetails(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks)
-    _groups[id(pg)] = (pg, info)
+    _groups[key] = (weakref.ref(pg, functools.partial(_forget_group, key)), info)
     return info
+
+
+def _forget_group(key: int, reference: weakref.ref[Any]) -> None:
+    """A cached group was freed: drop its entry (unless a new group took its id meanwhile)."""
+    cached = _groups.get(key)
+    if cached is not None and cached[0] is reference:
+        del _groups[key]
 
 
 def _ints(value: Any) -> list[int]:
