@@ -38,6 +38,9 @@ class _Checkpointed(nn.Module):
         return checkpoint(self.inner, x, use_reentrant=False)
 
 
+_TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
 def _mlp(ac: bool) -> tuple[nn.Module, Callable[[], torch.Tensor], tuple[str, ...]]:
     from hp_otel.cli.tp_mlp import build_tp_mlp
 
@@ -214,7 +217,10 @@ def _check(model_name: str, where: str, backend: str, fullgraph: bool, when: str
     # (eager checkpointing stops a recomputation early; the compiled one recomputes the region).
     assert set(module_counts) == set(expected)
     for fqn, phases in module_counts.items():
-        assert "recompute" not in phases
+        # torch 2.13 recomputes inside the backward graph (no hook runs there: phase backward); 2.14
+        # under aot_eager runs the compiled call again in backward, which our wrapper notes as a
+        # recompute (the profiler then counts that collective too: the total check below).
+        assert "recompute" not in phases or _TORCH >= (2, 14), fqn
         assert phases.get("forward") == expected[fqn].get("forward"), fqn
     total = sum(run["profiled"][-1].values())
     assert sum(sum(c.values()) for c in module_counts["(root)"].values()) == total
