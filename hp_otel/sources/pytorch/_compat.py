@@ -497,6 +497,24 @@ def storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata  # type: ignore[no-any-return]
 
 
+# --- process exit -----------------------------------------------------------------------------
+
+_declare(Symbol(
+    "c10d_world", "torch.distributed.distributed_c10d", "_world", ATTRIBUTE,
+    "which process groups are still live (`pg_map`): a destroyed group pinned by a default argument is let go at exit",
+    fallback="nothing is released at exit", member="pg_map",
+))  # fmt: skip
+
+
+def live_process_groups() -> set[int]:
+    """ids of the process groups torch.distributed still has (none if torch has no `_world.pg_map`)."""
+    try:
+        world = require("c10d_world")
+    except TorchCompatError:
+        return set()
+    return {id(group) for group in world.pg_map}
+
+
 # --- the CLI's benchmark --------------------------------------------------------------------
 
 _declare(Symbol(

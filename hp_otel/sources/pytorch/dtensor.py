@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
-from hp_otel.sources.pytorch import _compat, kernels
+from hp_otel.sources.pytorch import _compat, kernels, teardown
 from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
@@ -228,6 +228,7 @@ class TorchDTensorSource:
     """
 
     def __init__(self) -> None:
+        teardown.register_once()
         self._specs = collective_specs()
         self._op_mode: _OpMode | None = None
         self._collective_mode: _CollectiveMode | None = None
