@@ -181,7 +181,7 @@ def test_the_span_hooks_example_runs_and_prints_what_it_says(tmp_path) -> None:
 
     root = Path(__file__).resolve().parents[2]
     code = (root / "examples" / "span_hooks.py").read_text()  # docs/guide/providers.md includes this file
-    assert '--8<-- "examples/span_hooks.py"' in (root / "docs" / "guide" / "providers.md").read_text()
+    assert "--8<--\nexamples/span_hooks.py\n--8<--" in (root / "docs" / "guide" / "providers.md").read_text()
     assert 'MASTER_PORT="29517"' in code
     code = code.replace('MASTER_PORT="29517"', f'MASTER_PORT="{free_port()}"')
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
