@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
@@ -38,6 +39,12 @@ def test_every_included_example_is_run_by_a_test() -> None:
         assert (ROOT / name).is_file(), f"{name} is included but missing"
         stem = Path(name).stem  # examples/x.py, or its printed output examples/output/x.txt
         assert (ROOT / "examples" / f"{stem}.py").is_file(), name
+        if stem.startswith("test_"):  # a test itself: pytest collects examples/ (pyproject's testpaths)
+            assert (
+                "examples"
+                in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+            )
+            continue
         assert f'"{stem}.py"' in tests or f'"{stem}"' in tests, f"{name} is shown but no test names it"
 
 
@@ -90,3 +97,18 @@ def test_the_settings_page_names_every_variable_the_package_reads() -> None:
     assert read >= {"HP_OTEL_RUN_ID", "HP_OTEL_TORCH_COLLECTIVE_HOOK"}
     page = (ROOT / "docs" / "reference" / "settings.md").read_text()
     assert sorted(v for v in read if f"`{v}`" not in page) == []
+
+
+def test_the_cli_reference_shows_every_subcommands_help() -> None:
+    import importlib.util
+
+    from hp_otel.cli import COMMANDS
+
+    spec = importlib.util.spec_from_file_location("cli_help", ROOT / "docs" / "hooks" / "cli_help.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    assert hook.MARKER in page
+    rendered = hook.on_page_markdown(page, page=None)
+    for command in COMMANDS:
+        assert f"## `hp-otel {command.name}`\n\n```text\nusage: hp-otel {command.name}" in rendered, command.name
