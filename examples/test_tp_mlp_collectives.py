@@ -9,9 +9,22 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from hp_otel.cli.tp_mlp import build_tp_mlp
 from hp_otel.testing import assert_collective_counts, assert_no_callback_errors, assert_span_tree
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +34,9 @@ def model():
     created = not dist.is_initialized()
     if created:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    yield build_tp_mlp(world_size=2)
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (2,))
+    yield parallelize_module(MLP(), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     if created:
         dist.destroy_process_group()
 

@@ -1,5 +1,9 @@
 """What a PyTorch DTensor user writes: trace one training step of a TP MLP.
 
+fc1 is column-sharded and fc2 row-sharded (torch's ColwiseParallel / RowwiseParallel), so
+one step issues exactly two all_reduce: fc2's forward output (Partial -> Replicate) and the
+gradient of fc1's replicated input in backward.
+
 Run on CPU with two processes (every rank writes hp_otel_out/comm_rank<r>.json; pass
 another folder as the first argument):
     .venv/bin/torchrun --nproc-per-node 2 examples/tp_mlp_comm_debug.py [OUT_DIR]
@@ -12,15 +16,29 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from hp_otel import CommDebugMode
-from hp_otel.cli.tp_mlp import build_tp_mlp
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int = 16, intermediate: int = 32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, intermediate)
+        self.fc2 = nn.Linear(intermediate, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
 
 
 def main(out_dir: Path) -> None:
-    dist.init_process_group("gloo")
-    world_size = dist.get_world_size()
-    model = build_tp_mlp(world_size)
+    dist.init_process_group("gloo")  # "nccl" on GPUs
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = parallelize_module(MLP(), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     x = torch.randn(4, 16, requires_grad=True)
 
     with CommDebugMode(module=model) as mode:

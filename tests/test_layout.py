@@ -1,5 +1,5 @@
 """The package's layout: hp_otel's modules import each other without cycles, each layer only
-the layers below it (ARCHITECTURE.md's picture), frameworks only where they belong.
+the layers below it (docs/how-it-works/architecture.md's picture), frameworks only where they belong.
 
 `import_graph` reads the source with `ast` (nothing is imported), so a rule about which
 module may import which can be checked here without torch or MindSpore installed.
@@ -176,7 +176,7 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
 
 # --- layers ---------------------------------------------------------------------------
 
-# What each layer may import of hp_otel (besides itself): the arrows of ARCHITECTURE.md's
+# What each layer may import of hp_otel (besides itself): the arrows of docs/how-it-works/architecture.md's
 # picture.  A layer is the first name under `hp_otel` (`hp_otel.record.recorder` is in
 # `record`; `hp_otel.mode` is its own layer; `hp_otel` is the package's face).
 BASE = {"common", "version"}
@@ -232,7 +232,9 @@ def external_imports(package_dir: Path = PACKAGE_DIR, package: str = PACKAGE) ->
 
 def test_each_layer_imports_only_the_layers_below_it() -> None:
     violations = layer_violations(import_graph())
-    assert violations == [], "imports across layers that ARCHITECTURE.md does not draw:\n" + "\n".join(violations)
+    assert violations == [], (
+        "imports across layers that docs/how-it-works/architecture.md does not draw:\n" + "\n".join(violations)
+    )
 
 
 def test_frameworks_only_in_sources_and_telemetry_never_in_sources() -> None:

@@ -58,7 +58,7 @@ class Observer(Protocol):
 
     def set_node_attribution(self, resolve: NodeAttribution | None) -> None:
         """A module source says which module calls own the running backward work; a backward
-        collective then counts for exactly those (see README "Semantics")."""
+        collective then counts for exactly those (see docs/reference/semantics.md)."""
 
     def on_op_enter(self, op_name: str, inputs: Sequence[TensorInfo]) -> None:
         """An op at the level the user wrote it (`linear`, `matmul`) starts; only while `ops_enabled`."""

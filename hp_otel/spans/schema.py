@@ -1,7 +1,7 @@
 """Every span, attribute and metric name hp_otel emits, in one place.
 
 Renderers read spans back through these names only, so a table can be rebuilt from
-spans saved to a file or pulled from a trace backend.  The README's schema table
+spans saved to a file or pulled from a trace backend.  The schema table in docs/reference/schema.md
 mirrors this module.
 """
 

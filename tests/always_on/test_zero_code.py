@@ -1,6 +1,6 @@
-"""The README's zero-code command, run verbatim against a real OTLP receiver (Arize Phoenix).
+"""The docs' zero-code command, run verbatim against a real OTLP receiver (Arize Phoenix).
 
-The block between `<!-- zero-code: begin/end -->` in README.md is run with bash from the
+The block between `<!-- zero-code: begin/end -->` in docs/guide/always-on.md is run with bash from the
 repository root; only the endpoint and the Prometheus port are replaced by free ones
 (and `.venv/bin/` by this interpreter's folder when the checkout has no `.venv`).
 Without `opentelemetry-distro` (hp_otel configures export from the variables) and with
@@ -30,10 +30,10 @@ LIST_DISTROS = (
 STEPS = 5  # examples/train_tp_mlp.py's default: 4 recorded steps (the one before the first optimizer.step() is not)
 
 
-def readme_command() -> str:
-    text = (ROOT / "README.md").read_text()
+def documented_command() -> str:
+    text = (ROOT / "docs" / "guide" / "always-on.md").read_text()
     block = re.search(r"<!-- zero-code: begin -->\s*```bash\n(.*?)```\s*<!-- zero-code: end -->", text, re.S)
-    assert block, "README.md has no zero-code block"
+    assert block, "docs/guide/always-on.md has no zero-code block"
     return block.group(1)
 
 
@@ -97,12 +97,12 @@ def _spans_of_run(http_port: int, service: str, run_id: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("distro", [False, True], ids=["sdk-only", "opentelemetry-distro"])
-def test_the_readmes_zero_code_command(phoenix, tmp_path, distro) -> None:
+def test_the_documented_zero_code_command(phoenix, tmp_path, distro) -> None:
     if distro and not (DISTRO / "opentelemetry").is_dir():
         servers.missing(f"opentelemetry-distro is not in {DISTRO} (pip install --no-deps --target, see .ci/run)")
     run_id = f"zero-code-{'distro' if distro else 'sdk'}-{os.getpid()}"
     base = servers.free_port_pair()
-    command = readme_command()
+    command = documented_command()
     command = command.replace("http://localhost:4318", f"http://127.0.0.1:{phoenix}")
     command = command.replace("HP_OTEL_RUN_ID=zero-code-1", f"HP_OTEL_RUN_ID={run_id}")
     command = command.replace("OTEL_EXPORTER_PROMETHEUS_PORT=9464", f"OTEL_EXPORTER_PROMETHEUS_PORT={base}")

@@ -20,7 +20,7 @@ class _Calls:
 
 
 class MySource(_Calls):
-    """A source as README documents it: reports one collective when attached."""
+    """A source as docs/guide/engines.md documents it: reports one collective when attached."""
 
     def attach(self, observer: Observer) -> None:
         self.calls.append("attach")

@@ -34,7 +34,7 @@ def source_dir() -> str | None:
 
 SKIP_REASON = (
     f"hyper-parallel source not found: set {ENV} to a checkout of github.com/mindspore-ai/hyper-parallel "
-    "(it is not on PyPI; see README 'hyper-parallel for real')"
+    "(it is not on PyPI; see docs/guide/engines.md, 'hyper-parallel for real')"
 )
 
 

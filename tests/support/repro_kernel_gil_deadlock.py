@@ -14,7 +14,7 @@ tensors drops their Python objects, which takes the GIL.
 
 A rank that hangs 45 s dumps its Python stacks (faulthandler) and exits; `py-spy dump
 --native` or `gdb -p PID -batch -ex "thread apply all bt"` on a hung rank shows both
-threads.  Measured on this machine: README, "How collectives are seen".
+threads.  Measured on this machine: docs/how-it-works/collective-hook.md.
 """
 
 from __future__ import annotations

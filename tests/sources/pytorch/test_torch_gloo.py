@@ -23,6 +23,6 @@ def test_eager_and_functional_collectives_on_two_ranks() -> None:
 
 @pytest.mark.parametrize("hook", ["kernels", "dispatch"])
 def test_hooks_survive_work_freed_on_the_gloo_thread(hook) -> None:
-    """The pattern that deadlocked kernels on the CPU key (README, "How collectives are seen")."""
+    """The pattern that deadlocked kernels on the CPU key (docs/how-it-works/collective-hook.md)."""
     args = (WORLD_SIZE, free_port(), 300, hook)
     mp.spawn(gloo_workers.work_freed_on_gloo_thread_worker, args=args, nprocs=WORLD_SIZE, join=True)
