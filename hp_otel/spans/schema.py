@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Final
 
 INSTRUMENTATION_NAME: Final = "hp_otel"
+# The instrumentation scope's schema URL: the semantic-conventions release the standard names
+# used here follow (error.type, host.name, process.pid, service.*; error.type is in it since 1.21).
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.26.0"
 
 # --- what a span is -------------------------------------------------------
 CALL_KIND: Final = "hp.call.kind"
