@@ -82,3 +82,27 @@ def test_scope_schema_url_and_the_duration_description() -> None:
     assert ours and all(sm.scope.schema_url == s.SCHEMA_URL for sm in ours)
     (duration,) = [m for sm in ours for m in sm.metrics if m.name == s.METRIC_DURATION]
     assert "issue to its completion" in duration.description and "launch time" not in duration.description
+
+
+def test_op_shapes_are_int_arrays_like_collective_shapes_and_old_files_still_read() -> None:
+    from hp_otel.spans import codec
+    from hp_otel.spans.infos import TensorInfo
+
+    infos = [
+        TensorInfo((4, 16), "torch.float32", True, ("Shard(dim=0)",), (2,)),
+        TensorInfo((), "torch.float32", False),  # a scalar
+        TensorInfo((32,), "torch.float32", True, ("Replicate()", "Shard(dim=0)"), (2, 4)),
+    ]
+    attrs = codec.encode_tensor_infos(infos, "input")
+    assert attrs[s.OP_INPUT_SHAPES] == (4, 16, 32) and attrs[s.OP_INPUT_NDIMS] == (2, 0, 1)
+    assert attrs[s.OP_INPUT_MESH_SHAPES] == (2, 2, 4) and attrs[s.OP_INPUT_MESH_NDIMS] == (1, 0, 2)
+    assert all(type(d) is int for d in attrs[s.OP_INPUT_SHAPES])
+    assert codec.decode_tensor_infos(attrs, "input") == infos
+    older = {  # what earlier versions wrote: one "4,16" string per tensor, no ndims
+        s.OP_INPUT_SHAPES: ("4,16", "", "32"),
+        s.OP_INPUT_DTYPES: ("torch.float32",) * 3,
+        s.OP_INPUT_IS_DTENSOR: (True, False, True),
+        s.OP_INPUT_PLACEMENTS: ("Shard(dim=0)", "", "Replicate();Shard(dim=0)"),
+        s.OP_INPUT_MESH_SHAPES: ("2", "", "2,4"),
+    }
+    assert codec.decode_tensor_infos(older, "input") == infos
