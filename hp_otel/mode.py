@@ -55,6 +55,16 @@ _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.Contex
 _install_lock = threading.RLock()
 
 
+# What a window says once per process (`_say_once`): kinds already said.
+_said_once: set[str] = set()
+
+
+def _say_once(kind: str, message: str, *args: Any) -> None:
+    if kind not in _said_once:
+        _said_once.add(kind)
+        logger.warning(message, *args)
+
+
 # Windows open on each thread (with the asyncio task that opened them), and the modules
 # traced now (id -> (thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
 _thread_state = threading.local()
@@ -156,6 +166,8 @@ class CommDebugMode:
             in-flight spans. A hook that raises is counted in `get_callback_error_counts()`
             (`user_collective_hook`, ...), logged once, and the span is still exported.
     """
+
+    _warns_partial_view = True  # the torch drop-in reads its window inside it, as torch allows: False there
 
     def __init__(
         self,
@@ -361,6 +373,8 @@ class CommDebugMode:
             self._recorder.stop(exc)
             if self._build_on_exit:
                 self._recorder.materialise()
+            if exc is None and not self._recorder.comm_counts and "empty window" not in _said_once:
+                self._say_why_empty()
         outer, self._outer = self._outer, None
         if outer is not None:
             outer._recorder.suspended -= 1
@@ -376,6 +390,45 @@ class CommDebugMode:
             signal_guard.release()
         if interrupted:
             raise interrupted[0]
+
+    def _say_why_empty(self) -> None:
+        """A window that counted nothing says why, once per process: empty counts alone do not tell
+        "nothing to see" from "nothing was watched"."""
+        try:
+            hints = (getattr(src, "why_no_collectives", lambda: None)() for src in self._sources)
+            reason = next(filter(None, hints), None)
+            if reason is None:
+                reason = self._why_empty_from_spans()
+        except Exception as exc:  # a hint must never break the window's exit
+            self._recorder.on_fault("why_empty", exc)
+            return
+        _say_once(
+            "empty window",
+            "hp_otel: a CommDebugMode window saw no collective: %s (said once per process)",
+            reason,
+        )
+
+    def _why_empty_from_spans(self) -> str:
+        from hp_otel.spans import schema as s
+
+        if not self._recorder.spans_enabled:
+            return "nothing inside it issued a collective (counts-only window: no spans to say more)"
+        kinds = {(span.attributes or {}).get(s.CALL_KIND) for span in self.get_finished_spans()}
+        if self.module is not None and s.KIND_MODULE not in kinds:
+            return f"the module= given ({type(self.module).__name__}) was not called inside the window"
+        if s.KIND_OP not in kinds:
+            return "no DTensor op ran inside it (plain tensors need no collective)"
+        return "its DTensor ops needed no collective (their inputs were already laid out as the ops need)"
+
+    def _partial_view(self, what: str) -> None:
+        """Read inside the open window: what is not finished yet is not in it (said once per process)."""
+        if self.active and self._warns_partial_view:
+            _say_once(
+                "partial view",
+                "hp_otel: %s read inside an open CommDebugMode window is a partial view: calls still running and "
+                "what comes later are not in it; read after the `with` block for the whole window (said once)",
+                what,
+            )
 
     def _detach_one(self, name: str, source: Source) -> None:
         try:
@@ -406,6 +459,7 @@ class CommDebugMode:
         """
         if not isinstance(normalized, bool):
             raise TypeError(f"normalized must be True or False, got {normalized!r}")
+        self._partial_view("get_comm_counts()")
         counts = self._recorder.comm_counts
         if not normalized:
             return dict(counts)
@@ -420,6 +474,7 @@ class CommDebugMode:
 
     def get_comm_module_counts(self) -> dict[str, dict[str, dict[str, int]]]:
         """`{fqn: {"forward": {name: n}, "backward": {name: n}}}`; a collective counts for every enclosing module."""
+        self._partial_view("get_comm_module_counts()")
         return {
             fqn: {phase: dict(counts) for phase, counts in phases.items()}
             for fqn, phases in self._recorder.module_counts.items()
@@ -464,6 +519,7 @@ class CommDebugMode:
     def generate_comm_debug_tracing_table(self, noise_level: int | None = None) -> str:
         """The call tree as text: 0 collectives, 1 (default) + ops, 2 + modules, 3 + redistributes and backward."""
         level = parse_noise_level(noise_level)
+        self._partial_view("the tracing table")
         if level.forward_modules and self.module is None:
             warnings.warn(
                 f"noise_level={level.level} shows module boundaries, which needs CommDebugMode(module=...); "
@@ -489,6 +545,7 @@ class CommDebugMode:
         """Write the design's JSON structure (counts, sharding info, nested records) to a file, atomically."""
         check_path(file_name, "file_name")
         level = parse_noise_level(noise_level)
+        self._partial_view("the JSON dump")
         json_dump.write_json_dump(
             file_name,
             argument="file_name",

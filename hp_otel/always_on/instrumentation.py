@@ -29,6 +29,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from hp_otel.always_on.model_tracker import ModelTracker
+from hp_otel.always_on.package import _instruments, _instruments_any
 from hp_otel.always_on.steps import StepSpans, begin_step, running, set_step_handler
 from hp_otel.common import launcher_env
 from hp_otel.record import installation
@@ -208,7 +209,18 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        return ()  # works with any installed framework; torch adds the optimizer-step default
+        """The installed framework it instruments (contrib's `instruments-any`: torch or MindSpore), as
+        `BaseInstrumentor.instrument()` checks them all: torch if installed, else MindSpore, else
+        torch's requirement (none installed: nothing to instrument, the SDK says so)."""
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        for requirement in _instruments_any:
+            try:
+                distribution(requirement.split()[0])
+            except PackageNotFoundError:
+                continue
+            return (*_instruments, requirement)
+        return (*_instruments, _instruments_any[0])
 
     def _instrument(self, **kwargs: Any) -> None:
         global _session

@@ -80,11 +80,26 @@ class RanksReport:
 
     @property
     def agree(self) -> bool:
+        """Every group agrees, over the ranks that have a file (see `missing_ranks` for the others)."""
         return all(g.agree for g in self.groups)
 
     @property
     def ranks(self) -> list[int]:
         return sorted(f.rank for f in self.files)
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks the files say exist (their `hp.world_size`, their groups' members) without a file of their own:
+        nothing about them was compared, so "the ranks agree" cannot be said."""
+        expected = {r for g in self.groups for r in g.group_ranks}
+        sizes = [f.world_size for f in self.files if f.world_size]
+        if sizes:
+            expected.update(range(max(sizes)))
+        return sorted(expected - set(self.ranks))
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_ranks
 
 
 def compare_files(paths: Iterable[str | os.PathLike[str]]) -> RanksReport:

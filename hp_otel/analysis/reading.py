@@ -91,6 +91,7 @@ class RankFile:
     rank: int
     calls: list[RankCall]
     unsequenced: int = 0  # collective spans without a seq (written by an older hp_otel)
+    world_size: int | None = None  # the resource's hp.world_size (None: the file does not say)
 
 
 def _rank_of(path: str, resources: Sequence[Mapping[str, Any]]) -> int:
@@ -103,6 +104,16 @@ def _rank_of(path: str, resources: Sequence[Mapping[str, Any]]) -> int:
     if found:
         return int(found.group(1))
     raise RankInputError(f"{path}: names no rank (no {s.RESOURCE_RANK} resource attribute, no 'rank<N>' in its name)")
+
+
+def _world_size_of(resources: Sequence[Mapping[str, Any]]) -> int | None:
+    sizes = []
+    for r in resources:
+        try:
+            sizes.append(int(r[s.RESOURCE_WORLD_SIZE]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return max(sizes, default=None)
 
 
 def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
@@ -135,7 +146,7 @@ def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
             unsequenced += 1
         else:
             calls.append(call)
-    return RankFile(text_path, rank, calls, unsequenced)
+    return RankFile(text_path, rank, calls, unsequenced, _world_size_of(resources))
 
 
 def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall | None:

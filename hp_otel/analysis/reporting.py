@@ -14,6 +14,47 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
+def _ranks_text(ranks: list[int]) -> str:
+    """`0-3,6`: runs of ranks shortened (a 1024-rank job missing half its files stays one line)."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _expected_text(report: RanksReport) -> str:
+    sizes = [f.world_size for f in report.files if f.world_size]
+    return f"world size {max(sizes)}" if sizes else "the ranks their groups name"
+
+
+# Exit statuses of `hp-otel ranks` (cli.ranks returns them; the verdict line names them).
+EXIT_AGREE = 0
+EXIT_BAD_INPUT = 2
+EXIT_DIVERGE = 3
+EXIT_INCOMPLETE = 4
+
+
+def exit_status(report: RanksReport) -> int:
+    """3 when the compared ranks part (whatever else is missing), 4 when they agree but ranks have no file, else 0."""
+    if not report.agree:
+        return EXIT_DIVERGE
+    return EXIT_INCOMPLETE if report.missing_ranks else EXIT_AGREE
+
+
+def verdict_line(report: RanksReport) -> str:
+    if not report.agree:
+        return f"verdict: ranks DIVERGE or miss collectives (exit status {EXIT_DIVERGE})"
+    if report.missing_ranks:
+        return (
+            f"verdict: INCOMPLETE: the {len(report.ranks)} ranks given agree, but ranks "
+            f"{_ranks_text(report.missing_ranks)} have no file (exit status {EXIT_INCOMPLETE})"
+        )
+    return "verdict: ranks agree"
+
+
 def format_report(report: RanksReport, top: int = 5) -> str:
     lines = []
     total = sum(len(f.calls) for f in report.files)
@@ -23,6 +64,10 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     )
     for note in report.notes:
         lines.append(f"note: {note}")
+    missing = report.missing_ranks
+    if missing:
+        expected = _expected_text(report)
+        lines.append(f"note: no file for ranks {_ranks_text(missing)} of {expected}: they are not compared")
     for f in report.files:
         if f.unsequenced:
             lines.append(f"note: {f.path} has {f.unsequenced} collectives without {s.COLLECTIVE_SEQ} (not compared)")
@@ -59,10 +104,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         for k, g in worst:
             where = f"Module({k.module})" if k.module else "no module"
             lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
-    lines += [
-        "",
-        "verdict: ranks agree" if report.agree else "verdict: ranks DIVERGE or miss collectives (exit status 3)",
-    ]
+    lines += ["", verdict_line(report)]
     # Module, op and group names and paths come from the files: escaped, not acted on by the terminal.
     return "\n".join(map(printable, lines))
 
@@ -70,7 +112,10 @@ def format_report(report: RanksReport, top: int = 5) -> str:
 def report_to_json(report: RanksReport) -> dict[str, Any]:
     return {
         "agree": report.agree,
+        "complete": report.complete,
+        "exit_status": exit_status(report),
         "ranks": report.ranks,
+        "missing_ranks": report.missing_ranks,
         "notes": report.notes,
         "files": [{"path": f.path, "rank": f.rank, "collectives": len(f.calls)} for f in report.files],
         "groups": [

@@ -198,7 +198,7 @@ def _render(args: argparse.Namespace) -> int:
 COMMANDS: tuple[Command, ...] = (
     Command(
         "demo",
-        "2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode (about 10 s)",
+        "2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode (15-45 s on 2 cores)",
         _demo_arguments,
         _demo,
         description="A real 2-process CPU (gloo) tensor-parallel forward+backward under CommDebugMode "
@@ -226,7 +226,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "ranks",
-        "compare per-rank spans files: first divergence, hang suspects, stragglers (exit 0 agree, 3 not, 2 bad input)",
+        "compare per-rank spans files: first divergence, hang suspects, stragglers "
+        "(exit 0 agree, 3 not, 4 ranks without a file, 2 bad input)",
         ranks.add_arguments,
         ranks.run,
     ),
@@ -270,9 +271,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a program that SIGPIPE ended (`hp-otel ranks --json ... | head`).
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    command = next(c for c in COMMANDS if args.command in (c.name, *c.deprecated_aliases))
-    if args.command != command.name:
-        print(printable(f"hp-otel: `{args.command}` is deprecated, use `hp-otel {command.name}`"), file=sys.stderr)
-    return command.run(args)
+    try:
+        args = build_parser().parse_args(argv)
+        command = next(c for c in COMMANDS if args.command in (c.name, *c.deprecated_aliases))
+        if args.command != command.name:
+            print(printable(f"hp-otel: `{args.command}` is deprecated, use `hp-otel {command.name}`"), file=sys.stderr)
+        status = command.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _quiet_stdout() -> None:
+    """The reader went away (`| head`): stop quietly, as Unix tools do, with no traceback and no
+    "Exception ignored" from the interpreter's final flush (Python's documented recipe: stdout to devnull)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (captured): nothing left to flush into the pipe
+        pass

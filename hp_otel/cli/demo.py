@@ -117,12 +117,26 @@ def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
     print("; ".join(parts), flush=True)
 
 
+# What each --model is and how it is split, for the demo's first line (the plans are in cli/tp_*.py).
+WHAT_RAN = {
+    "mlp": "a 2-layer MLP, tensor parallel (fc1 ColwiseParallel, fc2 RowwiseParallel)",
+    "transformer": "a 2-layer transformer, tensor + sequence parallel (attention and feed-forward "
+    "ColwiseParallel -> RowwiseParallel, norms SequenceParallel)",
+}
+
+
+def what_ran(config: DemoConfig) -> str:
+    """The demo's first line: the model, its plan, the ranks, the steps (not hp_otel's internals)."""
+    steps = f"{config.steps} training step{'s' if config.steps > 1 else ''} (forward + backward)"
+    return f"ran {WHAT_RAN[config.model]} on {config.world_size} CPU ranks (gloo), {steps}"
+
+
 def _report(mode: object, config: DemoConfig, out: TextIO) -> None:
     from hp_otel import CommDebugMode
     from hp_otel.sources.pytorch.dtensor import HOOK_ENV, collective_hook
 
     assert isinstance(mode, CommDebugMode)
-    print(f"collective hook: {collective_hook()} (choose with {HOOK_ENV}=dispatch|kernels)", file=out)
+    print(what_ran(config), file=out)
     print(f"collective counts (rank 0): {mode.get_comm_counts()}", file=out)
     print(f"by op: {mode.get_comm_counts(normalized=True)}", file=out)
     print("by module (forward: every enclosing module; backward: the module whose forward made the node):", file=out)
@@ -137,6 +151,7 @@ def _report(mode: object, config: DemoConfig, out: TextIO) -> None:
         f"\nwrote {config.out_dir}/comm_rank<r>.json (JSON dump) and {config.out_dir}/spans_rank<r>.json (OTLP/JSON)",
         file=out,
     )
+    print(f"(collectives seen through torch's {collective_hook()} hook; {HOOK_ENV}=dispatch|kernels)", file=out)
     out.flush()
 
 

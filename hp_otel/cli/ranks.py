@@ -1,7 +1,8 @@
 """`hp-otel ranks FILE...`: compare the ranks' collective sequences (see `hp_otel.analysis`).
 
-Exit status: 0 the ranks agree, 3 they diverge or one misses collectives, 2 bad input
-(one line on stderr, no traceback).
+Exit status: 0 the ranks agree, 3 they diverge or one misses collectives, 4 the ranks given
+agree but the files name ranks that have no file (not compared), 2 bad input (one line on
+stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ from pathlib import Path
 
 from hp_otel.cli.arguments import positive
 from hp_otel.common.safe_text import printable
-
-EXIT_AGREE = 0
-EXIT_BAD_INPUT = 2
-EXIT_DIVERGE = 3
 
 
 def add_arguments(ranks: argparse.ArgumentParser) -> None:
@@ -34,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_ranks(files: Sequence[Path], as_json: bool, top: int = 5) -> int:
     from hp_otel.analysis import RankInputError, compare_files, format_report, report_to_json
+    from hp_otel.analysis.reporting import EXIT_BAD_INPUT, exit_status
 
     try:
         report = compare_files(files)
@@ -44,4 +42,4 @@ def run_ranks(files: Sequence[Path], as_json: bool, top: int = 5) -> int:
         print(json.dumps(report_to_json(report), indent=2))
     else:
         print(format_report(report, top=top))
-    return EXIT_AGREE if report.agree else EXIT_DIVERGE
+    return exit_status(report)

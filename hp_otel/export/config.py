@@ -298,7 +298,8 @@ def _check_sampler_environment(sampler: str | None, sampler_arg: float | None, e
     name = env_value("OTEL_TRACES_SAMPLER", environ)
     if sampler is None and name is not None:
         name = name.lower()
-        allowed = (*SAMPLERS, *_plugin_samplers())
+        # The SDK registers its own samplers under the entry point group too: each name once.
+        allowed = tuple(dict.fromkeys((*SAMPLERS, *_plugin_samplers())))
         if name not in allowed:
             raise ConfigError(f"OTEL_TRACES_SAMPLER must be one of {', '.join(allowed)}, got {name!r}")
     arg = env_value("OTEL_TRACES_SAMPLER_ARG", environ)

@@ -15,12 +15,12 @@ from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import Tracer, TracerProvider
 
 from hp_otel.common.per_provider import PerProvider
-from hp_otel.export.resource_detector import RankResourceDetector
+from hp_otel.export.resource_detector import SERVICE_INSTANCE_ID, RankResourceDetector, service_instance_id
 from hp_otel.spans import schema as s
 from hp_otel.version import __version__
 
@@ -41,7 +41,15 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
     resource = RankResourceDetector().detect().merge(Resource.create())
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "hp_otel"}))
-    return resource.merge(Resource(dict(extra or {})))
+    resource = resource.merge(Resource(dict(extra or {})))
+    # service.instance.id: stable per run and rank, over the SDK's random UUID (Resource.create() puts
+    # it last), unless the user names one (OTEL_RESOURCE_ATTRIBUTES, configure()'s resource attributes).
+    attrs = resource.attributes
+    instance = service_instance_id(attrs.get(s.RESOURCE_RUN_ID), attrs.get(s.RESOURCE_RANK))
+    named = SERVICE_INSTANCE_ID in OTELResourceDetector().detect().attributes or SERVICE_INSTANCE_ID in (extra or {})
+    if instance is not None and not named:
+        resource = resource.merge(Resource({SERVICE_INSTANCE_ID: instance}))
+    return resource
 
 
 # Providers installed by `hp_otel.configure()` (export.py); they replace the in-memory defaults.
@@ -90,4 +98,7 @@ _tracers: PerProvider[Tracer] = PerProvider()
 
 def get_tracer(tracer_provider: TracerProvider | None) -> Tracer:
     """hp_otel's tracer on a provider, made once per provider."""
-    return _tracers.get(tracer_provider, lambda: trace.get_tracer(s.INSTRUMENTATION_NAME, __version__, tracer_provider))
+    return _tracers.get(
+        tracer_provider,
+        lambda: trace.get_tracer(s.INSTRUMENTATION_NAME, __version__, tracer_provider, schema_url=s.SCHEMA_URL),
+    )

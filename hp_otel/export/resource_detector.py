@@ -1,8 +1,11 @@
 """Rank identity as an OpenTelemetry resource detector, for any provider.
 
 `hp.rank`, `hp.local_rank`, `hp.world_size` and `hp.run.id` (read by `launcher_env`
-from torchrun, SLURM, Open MPI, msrun or Kubeflow variables), with `host.name` and
-`process.pid`. hp_otel's own providers use it; the SDK's `Resource.create()` runs it
+from torchrun, SLURM, Open MPI, msrun or Kubeflow variables), with `host.name`,
+`process.pid`, and `service.instance.id` = `<run id>/rank<r>` when both are known: stable
+for a run and rank (the SDK's own is a random UUID per process: a restarted rank would look
+like a new instance, and one rank's series could not be named in advance).
+hp_otel's own providers use it; the SDK's `Resource.create()` runs it
 for everyone else — `opentelemetry-instrument`, the distro, a provider you build —
 when `OTEL_EXPERIMENTAL_RESOURCE_DETECTORS` names `hp_otel` (entry point
 `opentelemetry_resource_detector: hp_otel`).
@@ -32,7 +35,20 @@ def rank_attributes(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     ):
         if value is not None:
             attrs[key] = value
+    instance = service_instance_id(attrs.get(s.RESOURCE_RUN_ID), attrs.get(s.RESOURCE_RANK))
+    if instance is not None:
+        attrs[SERVICE_INSTANCE_ID] = instance
     return attrs
+
+
+SERVICE_INSTANCE_ID = "service.instance.id"
+
+
+def service_instance_id(run_id: Any, rank: Any) -> str | None:
+    """`<run id>/rank<r>`: the same for a rank of a run on every start, unique within the run."""
+    if run_id is None or rank is None or str(run_id) == "":
+        return None
+    return f"{run_id}/rank{rank}"
 
 
 class RankResourceDetector(ResourceDetector):

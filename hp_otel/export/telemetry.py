@@ -375,12 +375,17 @@ class Telemetry:
 def _bounded(work: Any, timeout_s: float, what: str) -> bool:
     """Run `work` on a daemon thread and wait at most `timeout_s`; past that, give up on it (logged)."""
     result: list[bool] = []
+    gave_up = threading.Event()
 
     def run() -> None:
         try:
             result.append(bool(work()))
         except Exception as exc:
-            logger.warning("hp_otel: %s failed", what, exc_info=exc)
+            # One line (the SDK's MeterProvider raises one exception naming every failed reader); the
+            # traceback at debug. After the timeout was reported, the late failure adds nothing new.
+            if not gave_up.is_set():
+                logger.warning("hp_otel: telemetry %s failed: %s", what, _one_line(exc))
+            logger.debug("hp_otel: telemetry %s failed", what, exc_info=exc)
             result.append(False)
 
     thread = threading.Thread(target=run, name=f"hp_otel-{what}", daemon=True)
@@ -388,12 +393,17 @@ def _bounded(work: Any, timeout_s: float, what: str) -> bool:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
+        gave_up.set()
         logger.warning(
             "hp_otel: telemetry %s did not finish within %.1f s (endpoint down?); not waiting longer", what, timeout_s
         )
         return False
     logger.debug("hp_otel: telemetry %s took %.3f s", what, time.monotonic() - started)
     return bool(result and result[0])
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split()) if str(exc) else type(exc).__name__
 
 
 def build_telemetry(config: ExportConfig) -> Telemetry:

@@ -125,7 +125,8 @@ class Instruments:
         histogram = meter.create_histogram(
             s.METRIC_DURATION,
             unit=s.METRIC_DURATION_UNIT,
-            description="Wall time of the collective call (launch time for async collectives).",
+            description="Time from a collective's issue to its completion (the call's return for a synchronous "
+            "one; the wait_tensor or Work completion for an async one).",
             explicit_bucket_boundaries_advisory=list(s.DURATION_BUCKETS_S),
         )
         durations = DeferredDurations(histogram)
@@ -165,5 +166,7 @@ def get_instruments(meter_provider: MeterProvider | None) -> Instruments:
     """Instruments for a provider, made once per provider (creating them is not free)."""
     return _instruments.get(
         meter_provider,
-        lambda: Instruments.create(metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider)),
+        lambda: Instruments.create(
+            metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=s.SCHEMA_URL)
+        ),
     )

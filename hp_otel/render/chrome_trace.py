@@ -1,7 +1,13 @@
 """Spans as Chrome / Perfetto trace-event JSON, optionally merged with a torch.profiler trace.
 
-Each hp_otel call becomes a complete event (`"ph": "X"`) on a process track of its own
-per rank ("hp_otel rank r"), with its span attributes as `args`. torch.profiler's chrome
+Each hp_otel call becomes a complete event (`"ph": "X"`) in a process of its own per rank
+("hp_otel rank r"), with its span attributes as `args`. Complete events on one thread track
+must nest (Perfetto does not support partial overlap and mis-nests it), and a collective
+ends at its completion, often after the op that issued it returned; so modules, ops and
+redistributes go on the "calls" thread, and each rank's collectives on a thread per process
+group ("collectives tp [0,1]"), as Kineto shows a communication stream. Anything that
+would still overlap partially (async collectives of one group in flight together) moves to
+the next thread of its kind ("calls (2)", "collectives tp [0,1] (2)"). torch.profiler's chrome
 traces put `ts` in µs after `baseTimeNanoseconds` (Unix epoch); hp_otel's spans carry
 Unix-epoch nanoseconds, so merged events line up on the profiler's clock: hp_otel's
 collectives sit next to the kernels and CPU ops they launched.
@@ -16,6 +22,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 PID_BASE = 1_000_000  # hp_otel's process tracks: PID_BASE + rank, apart from real pids
@@ -29,25 +36,85 @@ def _args(record: CallRecord) -> dict[str, Any]:
     return {key: list(value) if isinstance(value, tuple) else value for key, value in record.attributes.items()}
 
 
+CALLS_TID = 1
+COLLECTIVES_TID = 100  # the first collectives track of a rank; groups (and their overflow tracks) count up
+
+
+def _group_track(attrs: Any) -> str:
+    ranks = attrs.get(s.COLLECTIVE_GROUP_RANKS)
+    members = f" [{','.join(map(str, ranks))}]" if isinstance(ranks, (tuple, list)) else ""
+    return f"collectives {attrs.get(s.COLLECTIVE_GROUP, '') or '?'}{members}"
+
+
+def nesting_lanes(intervals: Sequence[tuple[int, int]]) -> list[int]:
+    """A lane per interval such that two intervals of one lane are disjoint or one contains the other.
+
+    Greedy, in start order (longest first on ties): an interval joins the first lane whose
+    innermost still-open interval contains it, or that has nothing open.
+    """
+    order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], -intervals[i][1]))
+    open_stacks: list[list[int]] = []  # per lane: the ends of the intervals open at the current start
+    lanes = [0] * len(intervals)
+    for i in order:
+        start, end = intervals[i]
+        for stack in open_stacks:
+            while stack and stack[-1] <= start:
+                stack.pop()
+        lane = next((k for k, st in enumerate(open_stacks) if not st or end <= st[-1]), len(open_stacks))
+        if lane == len(open_stacks):
+            open_stacks.append([])
+        open_stacks[lane].append(end)
+        lanes[i] = lane
+    return lanes
+
+
 def trace_events(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], base_ns: int) -> list[dict[str, Any]]:
-    """Metadata naming each rank's track, then one complete event per call (µs after `base_ns`)."""
+    """Metadata naming each rank's process and threads, then one complete event per call (µs after `base_ns`)."""
     events: list[dict[str, Any]] = []
     for rank in sorted(spans_by_rank):
         pid = PID_BASE + rank
         track = (("process_name", {"name": f"hp_otel rank {rank}"}), ("process_sort_index", {"sort_index": -1}))
         for name, args in track:
             events.append({"ph": "M", "name": name, "pid": pid, "tid": 0, "args": args})
-        for root in build_call_tree(spans_by_rank[rank]):
-            for record in root.walk():
+        records = [record for root in build_call_tree(spans_by_rank[rank]) for record in root.walk()]
+        by_track: dict[str, list[CallRecord]] = {}
+        for record in records:
+            kind = _group_track(record.attributes) if record.kind == s.KIND_COLLECTIVE else "calls"
+            by_track.setdefault(kind, []).append(record)
+        next_tid = COLLECTIVES_TID
+        for kind in sorted(by_track, key=lambda k: (k != "calls", k)):
+            members = by_track[kind]
+            lanes = nesting_lanes([(r.start_ns, max(r.end_ns, r.start_ns)) for r in members])
+            tids: dict[int, int] = {}
+            for lane in sorted(set(lanes)):
+                if kind == "calls" and lane == 0:
+                    tids[lane] = CALLS_TID
+                elif kind == "calls":
+                    tids[lane] = CALLS_TID + lane
+                else:
+                    tids[lane] = next_tid
+                    next_tid += 1
+                name = kind if lane == 0 else f"{kind} ({lane + 1})"
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tids[lane], "args": {"name": name}})
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_sort_index",
+                        "pid": pid,
+                        "tid": tids[lane],
+                        "args": {"sort_index": tids[lane]},
+                    }
+                )
+            for record, lane in zip(members, lanes, strict=True):
                 events.append(
                     {
                         "ph": "X",
                         "cat": f"hp_otel.{record.kind}",
                         "name": record.name,
                         "pid": pid,
-                        "tid": 1,
+                        "tid": tids[lane],
                         "ts": (record.start_ns - base_ns) / 1000,
-                        "dur": record.duration_ns / 1000,
+                        "dur": max(record.duration_ns, 0) / 1000,
                         "args": _args(record),
                     }
                 )

@@ -1,10 +1,13 @@
 """One step across ranks as a timeline picture: SVG, or an HTML page that opens without a server.
 
 A lane per rank on one time axis (the spans' own wall-clock times, so ranks on one host
-share the clock); inside a lane a row per call depth: modules, ops and redistributes as
-grey/blue bars, collectives coloured by op. The k-th collective of an op on each rank is
-joined by a dashed line from start to start, so skew between ranks shows as a slanted
-line; each bar's tooltip names the call, its duration, and for collectives the skew.
+share the clock). Inside a lane, a row per call depth for modules, ops and redistributes
+(grey/blue bars), then one row per process group for that rank's collectives, coloured by
+op. The same collective on each rank — the same `hp.collective.match_id` in the same group,
+which every rank derives alike — is joined by a dashed line from start to start, so skew
+between ranks shows as a slanted line (on a 2-D mesh, a TP collective is never joined to a
+DP one). Ticks share one unit; a bar is labelled when a few characters fit; each bar's
+tooltip names the call, its duration, and for collectives bytes, module and skew.
 No dependencies: the SVG is written by hand.
 """
 
@@ -13,13 +16,17 @@ from __future__ import annotations
 import html
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.safe_text import printable
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
+
+# Another part of hp_otel may add a bus-bandwidth attribute to collective spans; shown when present.
+BUSBW_ATTRIBUTE = "hp.collective.busbw"
 
 
 def _markup(text: str) -> str:
@@ -45,11 +52,13 @@ KIND_COLOURS = {s.KIND_MODULE: "#b0b7c0", s.KIND_OP: "#6baed6", s.KIND_REDISTRIB
 OTHER_COLLECTIVE = "#000000"
 
 WIDTH = 1200
-LEFT = 90  # lane labels
-RIGHT = 20
+LEFT = 110  # lane and row labels
+RIGHT = 40  # room for the last tick's label
 ROW = 18
 LANE_GAP = 14
 TOP = 72  # title, legend and axis
+CHAR_W = 6.7  # an 11px monospace character
+LABEL_MIN_CHARS = 3  # a bar narrower than this many characters carries no label
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,7 @@ class Bar:
     """One call drawn on a rank's lane."""
 
     rank: int
-    depth: int
+    depth: int  # the row in the rank's lane: call depth, then one row per group for collectives
     kind: str
     label: str
     start_ns: int
@@ -65,8 +74,11 @@ class Bar:
     colour: str
     detail: str
     op: str = ""  # collectives: the normalised op
-    index: int = -1  # collectives: the how-many-th of this op on this rank
-    skew_ns: int = 0  # collectives: latest minus earliest start of this op's index over ranks
+    index: int = -1  # collectives: the how-many-th of this op on this rank (when spans carry no match id)
+    skew_ns: int = 0  # collectives: latest minus earliest start of this collective over ranks
+    group: str = ""  # collectives: the process group, as the spans name it
+    match: tuple[Any, ...] = ()  # collectives: the same on every rank for the same collective
+    attributes: Mapping[str, Any] | None = None
 
 
 def colour_of(record: CallRecord) -> str:
@@ -90,56 +102,137 @@ def _detail(record: CallRecord) -> str:
         parts.append(f"{attrs.get(s.COLLECTIVE_NAME, '')} group_size={attrs.get(s.COLLECTIVE_GROUP_SIZE, '?')}")
         if s.COLLECTIVE_BYTES in attrs:
             parts.append(f"{attrs[s.COLLECTIVE_BYTES]} bytes")
+        if attrs.get(s.COLLECTIVE_MODULE):
+            parts.append(f"in {attrs[s.COLLECTIVE_MODULE]}")
+        if BUSBW_ATTRIBUTE in attrs:
+            parts.append(f"busbw {attrs[BUSBW_ATTRIBUTE]}")
     if record.error:
         parts.append(f"error: {record.error}")
     return "; ".join(parts)
 
 
+def _group_of(attrs: Mapping[str, Any]) -> str:
+    ranks = attrs.get(s.COLLECTIVE_GROUP_RANKS)
+    group = str(attrs.get(s.COLLECTIVE_GROUP, ""))
+    members = ",".join(map(str, ranks)) if isinstance(ranks, (tuple, list)) else ""
+    return f"{group} [{members}]" if members else group or "?"
+
+
 def bars(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> list[Bar]:
-    """Every call of every rank as a bar, collectives matched across ranks by op and order."""
+    """Every call of every rank as a bar; collectives on one row per group, matched across ranks by match id."""
     out: list[Bar] = []
     for rank, spans in spans_by_rank.items():
-        counters: dict[str, int] = {}
+        counters: dict[tuple[str, str], int] = {}
+        mine: list[Bar] = []
 
-        def visit(record: CallRecord, depth: int, rank: int = rank, counters: dict[str, int] = counters) -> None:
-            op = str(record.attributes.get(s.COLLECTIVE_OP, "")) if record.kind == s.KIND_COLLECTIVE else ""
-            index = -1
-            if op:
-                index = counters[op] = counters.get(op, -1) + 1
-            out.append(
-                Bar(rank, depth, record.kind, _label(record), record.start_ns, record.end_ns, colour_of(record),
-                    _detail(record), op, index)
-            )  # fmt: skip
+        def visit(
+            record: CallRecord,
+            depth: int,
+            rank: int = rank,
+            mine: list[Bar] = mine,
+            counters: dict[tuple[str, str], int] = counters,
+        ) -> None:
+            attrs = record.attributes
+            if record.kind == s.KIND_COLLECTIVE:
+                op = str(attrs.get(s.COLLECTIVE_OP, "")) or record.name
+                group = _group_of(attrs)
+                index = counters[(group, op)] = counters.get((group, op), -1) + 1
+                match_id = attrs.get(s.COLLECTIVE_MATCH_ID)
+                # The match id every rank derives alike; spans of an older hp_otel: the k-th of its op in its group.
+                match = (group, "id", str(match_id)) if match_id else (group, "op", op, index)
+                mine.append(
+                    Bar(rank, -1, record.kind, _label(record), record.start_ns, record.end_ns, colour_of(record),
+                        _detail(record), op, index, group=group, match=match, attributes=attrs)
+                )  # fmt: skip
+            else:
+                mine.append(
+                    Bar(rank, depth, record.kind, _label(record), record.start_ns, record.end_ns, colour_of(record),
+                        _detail(record), attributes=attrs)
+                )  # fmt: skip
             for child in record.children:
                 visit(child, depth + 1)
 
         for root in build_call_tree(spans):
             visit(root, 0)
-    starts: dict[tuple[str, int], list[int]] = {}
+        calls_depth = max((b.depth for b in mine if b.kind != s.KIND_COLLECTIVE), default=-1) + 1
+        groups = sorted({b.group for b in mine if b.kind == s.KIND_COLLECTIVE})
+        row_of = {group: calls_depth + i for i, group in enumerate(groups)}
+        out += [replace(b, depth=row_of[b.group]) if b.kind == s.KIND_COLLECTIVE else b for b in mine]
+    starts: dict[tuple[Any, ...], list[int]] = {}
     for bar in out:
-        if bar.op:
-            starts.setdefault((bar.op, bar.index), []).append(bar.start_ns)
-    return [
-        Bar(**{**bar.__dict__, "skew_ns": max(starts[(bar.op, bar.index)]) - min(starts[(bar.op, bar.index)])})
-        if bar.op
-        else bar
-        for bar in out
-    ]
+        if bar.match:
+            starts.setdefault(bar.match, []).append(bar.start_ns)
+    return [replace(bar, skew_ns=max(starts[bar.match]) - min(starts[bar.match])) if bar.match else bar for bar in out]
 
 
-def _nice_step(span_ns: float) -> float:
-    raw = span_ns / 8
-    magnitude = 10 ** (len(str(int(raw))) - 1) if raw >= 1 else 1
+def matched_collectives(drawn: Sequence[Bar]) -> dict[tuple[Any, ...], list[Bar]]:
+    """The same collective on each rank, by its match key, ranks in order."""
+    matched: dict[tuple[Any, ...], list[Bar]] = {}
+    for bar in drawn:
+        if bar.match:
+            matched.setdefault(bar.match, []).append(bar)
+    for group in matched.values():
+        group.sort(key=lambda b: b.rank)
+    return matched
+
+
+def _nice_step(span: float) -> float:
+    """A 1-2-5 step giving about 8 ticks over `span` (any unit)."""
+    raw = span / 8
+    magnitude = 10.0 ** _floor_log10(raw)
     for factor in (1, 2, 5, 10):
         if raw <= factor * magnitude:
-            return float(factor * magnitude)
-    return float(10 * magnitude)
+            return factor * magnitude
+    return 10 * magnitude
 
 
-def _time_text(ns: float) -> str:
-    if ns >= 1e6:
-        return f"{ns / 1e6:g} ms"
-    return f"{ns / 1e3:g} µs"
+def _floor_log10(value: float) -> int:
+    exponent = 0
+    if value <= 0:
+        return 0
+    while value >= 10:
+        value /= 10
+        exponent += 1
+    while value < 1:
+        value *= 10
+        exponent -= 1
+    return exponent
+
+
+def axis_unit(span_ns: float) -> tuple[str, float]:
+    """One unit for every tick of an axis this long: (name, ns per unit)."""
+    if span_ns >= 2e9:
+        return "s", 1e9
+    if span_ns >= 2e6:
+        return "ms", 1e6
+    return "µs", 1e3
+
+
+def ticks(span_ns: float) -> list[tuple[float, str]]:
+    """(ns from the start, label) for each tick, every label in the same unit."""
+    unit, per = axis_unit(span_ns)
+    step = _nice_step(span_ns / per)
+    out = []
+    k = 0
+    while k * step * per <= span_ns * (1 + 1e-9):
+        value = k * step
+        out.append((value * per, f"{round(value, 6):g} {unit}"))
+        k += 1
+    return out
+
+
+def _fitted(label: str, width_px: float) -> str:
+    """The label, shortened with an ellipsis to fit the bar; "" when too few characters fit."""
+    chars = int((width_px - 4) / CHAR_W)
+    if chars >= len(label):
+        return label
+    if chars < LABEL_MIN_CHARS:
+        return ""
+    return label[: chars - 1] + "…"
+
+
+def _lane_rows(drawn: Sequence[Bar], rank: int) -> int:
+    return max((b.depth for b in drawn if b.rank == rank), default=0) + 1
 
 
 def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str = "hp_otel timeline") -> str:
@@ -153,57 +246,58 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
     span_ns = max(t1 - t0, 1)
     scale = (WIDTH - LEFT - RIGHT) / span_ns
 
-    def x(ns: int) -> float:
+    def x(ns: float) -> float:
         return LEFT + (ns - t0) * scale
 
     lane_top: dict[int, float] = {}
     y = float(TOP)
     for rank in ranks:
         lane_top[rank] = y
-        depth = max((b.depth for b in drawn if b.rank == rank), default=0)
-        y += (depth + 1) * ROW + LANE_GAP
+        y += _lane_rows(drawn, rank) * ROW + LANE_GAP
     height = int(y + 10)
     parts: list[str] = []
-    step = _nice_step(span_ns)
-    tick = 0.0
-    while tick <= span_ns:
-        tx = x(int(t0 + tick))
+    for offset, text in ticks(span_ns):
+        tx = x(t0 + offset)
         parts.append(f'<line x1="{tx:.1f}" y1="{TOP - 8}" x2="{tx:.1f}" y2="{height - 10}" class="grid"/>')
-        parts.append(f'<text x="{tx + 2:.1f}" y="{TOP - 12}" class="tick">{_time_text(tick)}</text>')
-        tick += step
+        parts.append(f'<text x="{tx:.1f}" y="{TOP - 12}" class="tick" text-anchor="middle">{_markup(text)}</text>')
     for rank in ranks:
         top = lane_top[rank]
-        depth = max((b.depth for b in drawn if b.rank == rank), default=0)
+        rows = _lane_rows(drawn, rank)
         parts.append(
             f'<g class="lane" data-rank="{rank}"><rect x="0" y="{top - 3:.1f}" width="{WIDTH}" '
-            f'height="{(depth + 1) * ROW + 6}" class="lane-bg"/>'
+            f'height="{rows * ROW + 6}" class="lane-bg"/>'
             f'<text x="8" y="{top + ROW - 5:.1f}" class="rank">rank {rank}</text></g>'
         )
+        rows_of_groups = sorted({(b.depth, b.group) for b in drawn if b.rank == rank and b.kind == s.KIND_COLLECTIVE})
+        for depth, group in rows_of_groups:
+            row_y = top + depth * ROW + ROW - 5
+            label = _fitted(group, LEFT - 12)
+            parts.append(
+                f'<text x="8" y="{row_y:.1f}" class="group" data-rank="{rank}" data-group="{_markup(group)}">'
+                f"{_markup(label)}</text>"
+            )
     for bar in drawn:
         bx, bw = x(bar.start_ns), max((bar.end_ns - bar.start_ns) * scale, 1.0)
         by = lane_top[bar.rank] + bar.depth * ROW
         tip = bar.detail + (f"; start skew over ranks {bar.skew_ns / 1000:.1f} µs" if bar.op else "")
         text = ""
-        if bw > 7 * len(bar.label) + 4:
+        label = _fitted(bar.label, bw)
+        if label:
             fill = "#ffffff" if bar.kind == s.KIND_COLLECTIVE else "#1b1f24"
-            text = f'<text x="{bx + 3:.1f}" y="{by + ROW - 6:.1f}" fill="{fill}">{_markup(bar.label)}</text>'
+            text = f'<text x="{bx + 2:.1f}" y="{by + ROW - 6:.1f}" fill="{fill}">{_markup(label)}</text>'
         parts.append(
             f'<g class="bar" data-rank="{bar.rank}" data-kind="{_markup(bar.kind)}" data-op="{_markup(bar.op)}" '
+            f'data-group="{_markup(bar.group)}" data-row="{bar.depth}" '
             f'data-start-ns="{bar.start_ns}" data-end-ns="{bar.end_ns}"><title>{_markup(tip)}</title>'
             f'<rect x="{bx:.2f}" y="{by:.1f}" width="{bw:.2f}" height="{ROW - 3}" fill="{bar.colour}"/>{text}</g>'
         )
-    matched: dict[tuple[str, int], list[Bar]] = {}
-    for bar in drawn:
-        if bar.op:
-            matched.setdefault((bar.op, bar.index), []).append(bar)
-    for group in matched.values():
-        group.sort(key=lambda b: b.rank)
+    for match, group in matched_collectives(drawn).items():
         for a, b in itertools.pairwise(group):
             ya = lane_top[a.rank] + a.depth * ROW + ROW - 3
             yb = lane_top[b.rank] + b.depth * ROW
             parts.append(
                 f'<line x1="{x(a.start_ns):.2f}" y1="{ya:.1f}" x2="{x(b.start_ns):.2f}" y2="{yb:.1f}" '
-                f'stroke="{a.colour}" class="skew"/>'
+                f'stroke="{a.colour}" class="skew" data-match="{_markup(str(match[2]))}"/>'
             )
     legend_x = LEFT
     for name, colour in [("module", KIND_COLOURS[s.KIND_MODULE]), ("op", KIND_COLOURS[s.KIND_OP]),
@@ -219,6 +313,7 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
 _STYLE = (
     "text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px}"
     ".title{font-size:14px;font-weight:bold}.tick{fill:#555;font-size:10px}.rank{font-weight:bold}"
+    ".group{fill:#555;font-size:10px}"
     ".grid{stroke:#e3e6ea;stroke-width:1}.lane-bg{fill:#f6f8fa}.skew{stroke-width:1;stroke-dasharray:3,2}"
 )
 
@@ -232,28 +327,57 @@ def _svg(width: int, height: int, parts: list[str], title: str) -> str:
     )
 
 
+def _cell(value: Any) -> str:
+    return f"<td>{_markup(str(value))}</td>"
+
+
+def collective_rows(drawn: Sequence[Bar]) -> tuple[list[str], list[list[str]]]:
+    """The HTML table's header and rows: one row per collective matched across ranks, in start order."""
+    matched = matched_collectives(drawn)
+    busbw = any(BUSBW_ATTRIBUTE in (b.attributes or {}) for group in matched.values() for b in group)
+    header = ["collective", "group", "ranks", "start skew µs", "duration µs per rank", "bytes", "module"]
+    header += ["busbw per rank"] if busbw else []
+    rows = []
+    for group in sorted(matched.values(), key=lambda g: min(b.start_ns for b in g)):
+        first = group[0]
+        attrs = first.attributes or {}
+        durations = ", ".join(f"r{b.rank} {(b.end_ns - b.start_ns) / 1000:.1f}" for b in group)
+        row = [
+            f"{first.op} #{first.index}",
+            first.group,
+            str(len(group)),
+            f"{first.skew_ns / 1000:.1f}",
+            durations,
+            str(attrs.get(s.COLLECTIVE_BYTES, "")),
+            str(attrs.get(s.COLLECTIVE_MODULE, "")),
+        ]
+        if busbw:
+            row.append(", ".join(f"r{b.rank} {(b.attributes or {}).get(BUSBW_ATTRIBUTE, '')}" for b in group))
+        rows.append(row)
+    return header, rows
+
+
 def render_html(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str = "hp_otel timeline") -> str:
     """A page with the SVG inline and a table of the collectives and their skew: opens from disk, no server."""
-    rows = []
-    matched: dict[tuple[str, int], list[Bar]] = {}
-    for bar in bars(spans_by_rank):
-        if bar.op:
-            matched.setdefault((bar.op, bar.index), []).append(bar)
-    for (op, index), group in sorted(matched.items(), key=lambda item: min(b.start_ns for b in item[1])):
-        by_rank = sorted(group, key=lambda b: b.rank)
-        durations = ", ".join(f"r{b.rank} {(b.end_ns - b.start_ns) / 1000:.1f}" for b in by_rank)
-        rows.append(
-            f"<tr><td>{_markup(op)} #{index}</td><td>{len(group)}</td>"
-            f"<td>{group[0].skew_ns / 1000:.1f}</td><td>{_markup(durations)}</td></tr>"
-        )
+    header, rows = collective_rows(bars(spans_by_rank))
+    table = (
+        "<tr>"
+        + "".join(f"<th>{_markup(h)}</th>" for h in header)
+        + "</tr>"
+        + "".join("<tr>" + "".join(map(_cell, row)) + "</tr>" for row in rows)
+    )
     return (
         '<!doctype html>\n<html><head><meta charset="utf-8">'
         f"<title>{_markup(title)}</title>"
-        "<style>body{font-family:system-ui,sans-serif;margin:16px}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 8px;font-family:monospace}</style></head><body>"
+        "<style>body{font-family:system-ui,sans-serif;margin:16px}svg{max-width:100%;height:auto}"
+        "table{border-collapse:collapse;max-width:100%}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;font-family:monospace;overflow-wrap:anywhere}</style>"
+        "</head><body>"
         f"<h1>{_markup(title)}</h1><p>Hover a bar for the call, its duration and, for collectives, "
-        "the start skew over ranks. Dashed lines join the same collective on each rank.</p>"
+        "bytes, module and the start skew over ranks. Each rank's collectives sit on one row per process group; "
+        "dashed lines join the same collective (same match id) on each rank.</p>"
         + render_svg(spans_by_rank, title)
-        + "<h2>Collectives</h2><table><tr><th>collective</th><th>ranks</th><th>start skew µs</th>"
-        "<th>duration µs per rank</th></tr>" + "".join(rows) + "</table></body></html>\n"
+        + '<h2>Collectives</h2><table class="collectives">'
+        + table
+        + "</table></body></html>\n"
     )

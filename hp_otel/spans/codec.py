@@ -1,7 +1,9 @@
 """The one place that turns typed infos into span attributes and span attributes back.
 
 Span attribute values must be primitives or homogeneous arrays of them, so tensors
-and parameters travel as parallel arrays (index i = tensor i) of strings like `"4,16"`.
+and parameters travel as parallel arrays (index i = tensor i); an op's shapes as one int
+array of every tensor's dims with the dims per tensor beside it (the form of collective
+spans' shapes), a module's parameter shapes as strings like `"4,16"`.
 Everything that writes or reads those arrays goes through this module; the keys come
 from `hp_otel.spans.schema`.  Renderers decode spans saved to a file or pulled from a backend
 the same way, so they cache what repeats every step.
@@ -16,14 +18,16 @@ from typing import Any, NamedTuple
 from hp_otel.spans import schema as s
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
 
-# Attribute keys of op inputs / outputs, in the order of TensorInfo's fields.
-_TENSOR_KEYS: dict[str, tuple[str, str, str, str, str]] = {
+# Attribute keys of op inputs / outputs: TensorInfo's fields in order, then the dims per shape.
+_TENSOR_KEYS: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "input": (
         s.OP_INPUT_SHAPES,
         s.OP_INPUT_DTYPES,
         s.OP_INPUT_IS_DTENSOR,
         s.OP_INPUT_PLACEMENTS,
         s.OP_INPUT_MESH_SHAPES,
+        s.OP_INPUT_NDIMS,
+        s.OP_INPUT_MESH_NDIMS,
     ),
     "output": (
         s.OP_OUTPUT_SHAPES,
@@ -31,6 +35,8 @@ _TENSOR_KEYS: dict[str, tuple[str, str, str, str, str]] = {
         s.OP_OUTPUT_IS_DTENSOR,
         s.OP_OUTPUT_PLACEMENTS,
         s.OP_OUTPUT_MESH_SHAPES,
+        s.OP_OUTPUT_NDIMS,
+        s.OP_OUTPUT_MESH_NDIMS,
     ),
 }
 PLACEMENT_SEPARATOR = ";"  # between mesh dims in one placements string
@@ -76,11 +82,13 @@ def encode_tensor_infos(infos: Sequence[TensorInfo], direction: str) -> dict[str
     """Parallel attribute arrays for op inputs or outputs (`direction` is "input" or "output")."""
     keys = _TENSOR_KEYS[direction]
     return {
-        keys[0]: tuple(shape_text(i.shape) for i in infos),
+        keys[0]: tuple(int(d) for i in infos for d in i.shape),
+        keys[5]: tuple(len(i.shape) for i in infos),
         keys[1]: tuple(i.dtype for i in infos),
         keys[2]: tuple(i.is_dtensor for i in infos),
         keys[3]: tuple(PLACEMENT_SEPARATOR.join(i.placements or ()) for i in infos),
-        keys[4]: tuple(shape_text(i.mesh_shape or ()) for i in infos),
+        keys[4]: tuple(int(d) for i in infos for d in i.mesh_shape or ()),
+        keys[6]: tuple(len(i.mesh_shape or ()) for i in infos),
     }
 
 
@@ -165,7 +173,15 @@ def tensor_info_key(attrs: Mapping[str, Any], direction: str) -> tuple[Any, ...]
     """The attribute arrays that describe an op's inputs or outputs (hashable: a cache key)."""
     get = attrs.get
     k = _TENSOR_KEYS[direction]
-    return (get(k[0], ()), get(k[1], ()), get(k[2], ()), get(k[3], ()), get(k[4], ()))
+    return (
+        get(k[0], ()),
+        get(k[1], ()),
+        get(k[2], ()),
+        get(k[3], ()),
+        get(k[4], ()),
+        get(k[5]),
+        get(k[6]),
+    )
 
 
 def decode_tensor_infos(attrs: Mapping[str, Any], direction: str) -> list[TensorInfo]:
@@ -181,25 +197,45 @@ def decode_tensor_infos(attrs: Mapping[str, Any], direction: str) -> list[Tensor
     return list(infos)
 
 
+def _split_dims(flat: Sequence[Any], ndims: Sequence[Any]) -> list[tuple[int, ...]]:
+    """(4, 16, 32) with ndims (2, 1) -> [(4, 16), (32,)]."""
+    out, at = [], 0
+    for n in ndims:
+        out.append(tuple(int(d) for d in flat[at : at + int(n)]))
+        at += int(n)
+    return out
+
+
+def _per_tensor(values: Sequence[Any], ndims: Sequence[Any] | None) -> list[tuple[int, ...]]:
+    """One shape per tensor from the int form (with its ndims) or an older file's "4,16" strings."""
+    if ndims is None:
+        return [shape_from_text(str(v)) for v in values]
+    return _split_dims(values, ndims)
+
+
 def _decode_tensor_infos(
-    shapes: Sequence[str],
+    flat_shapes: Sequence[Any],
     dtypes: Sequence[str],
     is_dt: Sequence[bool],
     placements: Sequence[str],
-    meshes: Sequence[str],
+    flat_meshes: Sequence[Any],
+    ndims: Sequence[int] | None = None,
+    mesh_ndims: Sequence[int] | None = None,
 ) -> list[TensorInfo]:
+    shapes = _per_tensor(flat_shapes, ndims)
+    meshes = _per_tensor(flat_meshes, mesh_ndims if ndims is not None else None)
     out = []
     for i, shape in enumerate(shapes):
         dtensor = bool(is_dt[i]) if i < len(is_dt) else False
         out.append(
             TensorInfo(
-                shape=shape_from_text(shape),
+                shape=shape,
                 dtype=dtypes[i] if i < len(dtypes) else "",
                 is_dtensor=dtensor,
                 placements=tuple(placements[i].split(PLACEMENT_SEPARATOR))
                 if dtensor and i < len(placements) and placements[i]
                 else None,
-                mesh_shape=shape_from_text(meshes[i]) if dtensor and i < len(meshes) else None,
+                mesh_shape=meshes[i] if dtensor and i < len(meshes) else None,
             )
         )
     return out

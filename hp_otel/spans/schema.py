@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Final
 
 INSTRUMENTATION_NAME: Final = "hp_otel"
+# The instrumentation scope's schema URL: the semantic-conventions release the standard names
+# used here follow (error.type, host.name, process.pid, service.*; error.type is in it since 1.21).
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.26.0"
 
 # --- what a span is -------------------------------------------------------
 CALL_KIND: Final = "hp.call.kind"
@@ -36,17 +39,25 @@ MODULE_PARAM_PLACEMENTS: Final = "hp.module.param_placements"
 ROOT_MODULE_FQN: Final = "(root)"  # the root module's fqn in spans, counts and tables
 
 # --- op spans: inputs and outputs as parallel arrays, index i = tensor i ---
+# Shapes are int arrays, as on collective spans; an attribute cannot hold an array per tensor, so
+# the dims of every tensor follow each other and `*_ndims` says how many are each tensor's
+# (`input_shapes` (4, 16, 32, 16, 32) with `input_ndims` (2, 2, 1): shapes (4, 16), (32, 16), (32,);
+# 0 for a scalar). Files of earlier hp_otel versions wrote one "4,16" string per tensor and no ndims.
 OP_NAME: Final = "hp.op.name"
-OP_INPUT_SHAPES: Final = "hp.op.input_shapes"  # "4,16"; "" for a scalar
+OP_INPUT_SHAPES: Final = "hp.op.input_shapes"  # int[]: every input's dims, one tensor after the other
+OP_INPUT_NDIMS: Final = "hp.op.input_ndims"  # int[]: dims per input (the number of inputs is its length)
 OP_INPUT_DTYPES: Final = "hp.op.input_dtypes"  # "torch.float32"
 OP_INPUT_IS_DTENSOR: Final = "hp.op.input_is_dtensor"
 OP_INPUT_PLACEMENTS: Final = "hp.op.input_placements"  # "Shard(dim=0)", mesh dims joined by ";"
-OP_INPUT_MESH_SHAPES: Final = "hp.op.input_mesh_shapes"  # "2" or "2,4"; "" for a plain tensor
+OP_INPUT_MESH_SHAPES: Final = "hp.op.input_mesh_shapes"  # int[]: each input's mesh shape, one after the other
+OP_INPUT_MESH_NDIMS: Final = "hp.op.input_mesh_ndims"  # int[]: mesh dims per input; 0 for a plain tensor
 OP_OUTPUT_SHAPES: Final = "hp.op.output_shapes"
+OP_OUTPUT_NDIMS: Final = "hp.op.output_ndims"
 OP_OUTPUT_DTYPES: Final = "hp.op.output_dtypes"
 OP_OUTPUT_IS_DTENSOR: Final = "hp.op.output_is_dtensor"
 OP_OUTPUT_PLACEMENTS: Final = "hp.op.output_placements"
 OP_OUTPUT_MESH_SHAPES: Final = "hp.op.output_mesh_shapes"
+OP_OUTPUT_MESH_NDIMS: Final = "hp.op.output_mesh_ndims"
 
 # --- collective spans -----------------------------------------------------
 COLLECTIVE_NAME: Final = "hp.collective.name"  # as the framework calls it

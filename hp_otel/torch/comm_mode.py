@@ -57,6 +57,7 @@ class CommDebugMode(TorchRecordMode):
             live_spans=live_spans,
             extra_sources=[TorchCompatSource(self)],
         )
+        self._otel._warns_partial_view = False  # torch's API reads counts inside the window without a word
 
     # --- window ---------------------------------------------------------------------
     def __enter__(self) -> CommDebugMode:

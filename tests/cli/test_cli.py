@@ -29,7 +29,12 @@ def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
     out, result = demo_run
     assert result.returncode == 0, result.stderr[-3000:]
     assert "collective counts (rank 0): {'_c10d_functional.all_reduce': 2}" in result.stdout
-    assert "collective hook: kernels (choose with HP_OTEL_TORCH_COLLECTIVE_HOOK" in result.stdout
+    first = result.stdout.splitlines()[0]
+    assert (
+        first == "ran a 2-layer MLP, tensor parallel (fc1 ColwiseParallel, fc2 RowwiseParallel) on 2 CPU ranks "
+        "(gloo), 1 training step (forward + backward)"
+    )
+    assert "(collectives seen through torch's kernels hook; HP_OTEL_TORCH_COLLECTIVE_HOOK" in result.stdout
     assert "Module((root)) [enter]" in result.stdout
     assert "Collective(_c10d_functional.all_reduce) group_size=2" in result.stdout
     for rank in (0, 1):

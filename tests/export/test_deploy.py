@@ -142,3 +142,21 @@ def test_duration_exemplars_flow_from_the_collector_to_grafana() -> None:
     dashboard = json.loads((DEPLOY / "grafana/dashboards/hp_otel_collectives.json").read_text())
     durations = [t for p in dashboard["panels"] if "duration" in p["title"] for t in p["targets"]]
     assert durations and all(t.get("exemplar") is True for t in durations)
+
+
+def test_the_node_collector_adds_the_pods_k8s_attributes_with_the_rights_it_needs() -> None:
+    docs = _yaml(DEPLOY / "k8s/otel-collector-daemonset.yaml")
+    config = yaml.safe_load(docs[0]["data"]["config.yaml"])
+    k8s = config["processors"]["k8sattributes"]
+    assert {"k8s.pod.name", "k8s.namespace.name", "k8s.node.name"} <= set(k8s["extract"]["metadata"])
+    for pipeline in config["service"]["pipelines"].values():
+        # after the memory limiter, before batching (the collector's documented order)
+        assert pipeline["processors"] == ["memory_limiter", "k8sattributes", "batch"]
+    by_kind = {doc["kind"]: doc for doc in docs}
+    pod = by_kind["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == by_kind["ServiceAccount"]["metadata"]["name"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env[k8s["filter"]["node_from_env_var"]]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    rules = {r: set(rule["verbs"]) for rule in by_kind["ClusterRole"]["rules"] for r in rule["resources"]}
+    assert all(rules[r] >= {"get", "watch", "list"} for r in ("pods", "namespaces", "replicasets"))
+    assert by_kind["ClusterRoleBinding"]["subjects"][0]["name"] == by_kind["ServiceAccount"]["metadata"]["name"]

@@ -65,8 +65,8 @@ def test_attributes_a_hook_adds_reach_the_exporter(tp_mlp, live: bool) -> None:
         assert span.attributes["user.module"] == span.attributes[schema.MODULE_FQN]
     for span in ops:
         name = span.attributes[schema.OP_NAME]
-        assert span.attributes["user.op"] == f"{name} {len(span.attributes[schema.OP_INPUT_SHAPES])}->" + str(
-            len(span.attributes.get(schema.OP_OUTPUT_SHAPES, ()))
+        assert span.attributes["user.op"] == f"{name} {len(span.attributes[schema.OP_INPUT_NDIMS])}->" + str(
+            len(span.attributes.get(schema.OP_OUTPUT_NDIMS, ()))
         )
     # one call per span, with the info the source reported
     assert sum(isinstance(i, CollectiveInfo) for i in seen) == len(collectives)

@@ -81,7 +81,7 @@ def test_the_html_page_is_self_contained_and_lists_the_skew(rank_files, tmp_path
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "<svg" in page
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)  # nothing fetched: opens from disk
-    assert re.search(r"<td>all_reduce #0</td><td>2</td><td>500.0</td>", page)
+    assert re.search(r"<td>all_reduce #0</td><td>tp \[0,1\]</td><td>2</td><td>500.0</td>", page)
 
 
 def test_bad_plot_and_chrome_trace_input_says_what_is_wrong(rank_files, tmp_path, capsys) -> None:

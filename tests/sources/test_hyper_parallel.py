@@ -81,7 +81,7 @@ def test_design_mlp_tables_at_each_noise_level(hp) -> None:
     linear = [s for s in mode.get_finished_spans() if s.name == "linear"]
     assert linear[0].attributes[schema.OP_INPUT_PLACEMENTS] == ("Replicate()", "Shard(dim=0)")
     assert linear[1].attributes[schema.OP_OUTPUT_PLACEMENTS] == ("Partial(reduce_op='sum')",)
-    assert linear[1].attributes[schema.OP_INPUT_MESH_SHAPES] == ("2", "2")
+    assert linear[1].attributes[schema.OP_INPUT_MESH_SHAPES] == (2, 2)  # int arrays, as on collective spans
 
 
 def test_op_events_come_from_the_observer_slot_where_the_release_has_one(hp) -> None:

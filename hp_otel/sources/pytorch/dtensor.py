@@ -261,6 +261,16 @@ class TorchDTensorSource:
         """Undo attach in reverse order; every step runs even if an earlier one fails."""
         run_every((self._exit_op_mode, self._exit_collective_mode, self._unpatch))
 
+    def why_no_collectives(self) -> str | None:
+        """Why a window saw no collective, if torch can tell (CommDebugMode says it once)."""
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return "this torch has no torch.distributed"
+        if not dist.is_initialized():
+            return "torch.distributed has no process group (call dist.init_process_group() or init_device_mesh() first)"
+        return None
+
     def _exit_op_mode(self) -> None:
         mode, self._op_mode = self._op_mode, None
         if mode is not None:

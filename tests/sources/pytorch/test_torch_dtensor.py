@@ -82,10 +82,11 @@ def test_op_spans_carry_dtensor_metadata(tp_mlp) -> None:
     assert len(linear) == 2
     fc1_linear = min(linear, key=lambda s: s.start_time)
     a = fc1_linear.attributes
-    assert a[schema.OP_INPUT_SHAPES] == ("4,16", "32,16", "32")
+    # int arrays, as on collective spans: every input's dims in turn, and the dims per input
+    assert a[schema.OP_INPUT_SHAPES] == (4, 16, 32, 16, 32) and a[schema.OP_INPUT_NDIMS] == (2, 2, 1)
     assert a[schema.OP_INPUT_IS_DTENSOR] == (True, True, True)
     assert a[schema.OP_INPUT_PLACEMENTS] == ("Replicate()", "Shard(dim=0)", "Shard(dim=0)")
-    assert a[schema.OP_INPUT_MESH_SHAPES] == ("2", "2", "2")
+    assert a[schema.OP_INPUT_MESH_SHAPES] == (2, 2, 2) and a[schema.OP_INPUT_MESH_NDIMS] == (1, 1, 1)
     assert a[schema.OP_OUTPUT_PLACEMENTS] == ("Shard(dim=1)",)
     assert a[schema.OP_INPUT_DTYPES][0] == "torch.float32"
     assert mode.get_sharding_info() == {

@@ -1,0 +1,108 @@
+"""Ecosystem conventions (issue 22, item 5): the instrumentor's declared frameworks, a stable
+service.instance.id, the duration histogram's description, the scope's schema URL."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+
+from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from hp_otel import CommDebugMode
+from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+from hp_otel.always_on.package import _instruments, _instruments_any
+from hp_otel.export.providers import build_resource
+from hp_otel.spans import schema as s
+
+
+def test_the_instrumentor_declares_the_frameworks_it_instruments_as_contrib_does() -> None:
+    (entry,) = [e for e in metadata.entry_points(group="opentelemetry_instrumentor") if e.name == "hp_otel"]
+    requires = entry.dist.requires or []
+    from packaging.requirements import Requirement
+
+    def key(text: str) -> tuple[str, object]:
+        requirement = Requirement(text.split(";")[0])
+        return requirement.name, requirement.specifier
+
+    declared_any = {key(r) for r in requires if 'extra == "instruments-any"' in r}
+    assert declared_any == {key(r) for r in _instruments_any}  # pyproject.toml repeats package.py
+    assert _instruments == () and not any('extra == "instruments"' in r for r in requires)
+    # what opentelemetry-instrument checks before loading it: torch is installed here, no conflict
+    assert get_dist_dependency_conflicts(entry.dist) is None
+    deps = HpOtelInstrumentor().instrumentation_dependencies()
+    assert deps == ("torch >= 2.13, < 2.15",) and HpOtelInstrumentor()._check_dependency_conflicts() is None
+
+
+def test_service_instance_id_is_the_run_and_rank_and_the_same_each_time(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("HP_OTEL_RUN_ID", "run-42")
+    first, again = build_resource(), build_resource()
+    assert first.attributes["service.instance.id"] == again.attributes["service.instance.id"] == "run-42/rank3"
+    assert build_resource({s.RESOURCE_RUN_ID: "other"}).attributes["service.instance.id"] == "other/rank3"
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=mine")  # a user's own wins
+    assert build_resource().attributes["service.instance.id"] == "mine"
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
+    monkeypatch.setenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "hp_otel")  # any provider, through the SDK
+    assert Resource.create().attributes["service.instance.id"] == "run-42/rank3"
+
+
+def test_without_a_run_the_sdk_keeps_its_own_instance_id(monkeypatch) -> None:
+    for name in (
+        "RANK",
+        "HP_OTEL_RUN_ID",
+        "TORCHELASTIC_RUN_ID",
+        "MASTER_ADDR",
+        "SLURM_JOB_ID",
+        "OMPI_COMM_WORLD_RANK",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    instance = build_resource().attributes.get("service.instance.id", "")
+    assert "/rank" not in instance
+
+
+def test_scope_schema_url_and_the_duration_description() -> None:
+    from events import collective
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    with CommDebugMode(tracer_provider=tracer_provider, meter_provider=meter_provider) as mode:
+        collective(mode.observer)
+    (span,) = exporter.get_finished_spans()
+    assert span.instrumentation_scope.schema_url == s.SCHEMA_URL
+    scopes = reader.get_metrics_data().resource_metrics[0].scope_metrics
+    ours = [sm for sm in scopes if sm.scope.name == s.INSTRUMENTATION_NAME]
+    assert ours and all(sm.scope.schema_url == s.SCHEMA_URL for sm in ours)
+    (duration,) = [m for sm in ours for m in sm.metrics if m.name == s.METRIC_DURATION]
+    assert "issue to its completion" in duration.description and "launch time" not in duration.description
+
+
+def test_op_shapes_are_int_arrays_like_collective_shapes_and_old_files_still_read() -> None:
+    from hp_otel.spans import codec
+    from hp_otel.spans.infos import TensorInfo
+
+    infos = [
+        TensorInfo((4, 16), "torch.float32", True, ("Shard(dim=0)",), (2,)),
+        TensorInfo((), "torch.float32", False),  # a scalar
+        TensorInfo((32,), "torch.float32", True, ("Replicate()", "Shard(dim=0)"), (2, 4)),
+    ]
+    attrs = codec.encode_tensor_infos(infos, "input")
+    assert attrs[s.OP_INPUT_SHAPES] == (4, 16, 32) and attrs[s.OP_INPUT_NDIMS] == (2, 0, 1)
+    assert attrs[s.OP_INPUT_MESH_SHAPES] == (2, 2, 4) and attrs[s.OP_INPUT_MESH_NDIMS] == (1, 0, 2)
+    assert all(type(d) is int for d in attrs[s.OP_INPUT_SHAPES])
+    assert codec.decode_tensor_infos(attrs, "input") == infos
+    older = {  # what earlier versions wrote: one "4,16" string per tensor, no ndims
+        s.OP_INPUT_SHAPES: ("4,16", "", "32"),
+        s.OP_INPUT_DTYPES: ("torch.float32",) * 3,
+        s.OP_INPUT_IS_DTENSOR: (True, False, True),
+        s.OP_INPUT_PLACEMENTS: ("Shard(dim=0)", "", "Replicate();Shard(dim=0)"),
+        s.OP_INPUT_MESH_SHAPES: ("2", "", "2,4"),
+    }
+    assert codec.decode_tensor_infos(older, "input") == infos
