@@ -56,7 +56,7 @@ _install_lock = threading.RLock()
 
 
 # Windows open on each thread (with the asyncio task that opened them), and the modules
-# traced now (id -> (thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
+# traced now, each submodule too (id -> (thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
 _thread_state = threading.local()
 _traced_modules: dict[int, tuple[int, int]] = {}
 
@@ -86,6 +86,21 @@ def _thread_name(ident: int) -> str:
         if thread.ident == ident:
             return f"thread {thread.name!r}"
     return f"thread {ident}"
+
+
+def _module_tree(module: Any) -> list[Any]:
+    """The module and every submodule (torch `modules()`, MindSpore `cells_and_names()`), each once."""
+    from hp_otel.sources import is_torch_module
+
+    if is_torch_module(module):
+        return list(module.modules())
+    cells = getattr(module, "cells_and_names", None)
+    if callable(cells):
+        seen: dict[int, Any] = {id(module): module}
+        for _name, cell in cells():
+            seen.setdefault(id(cell), cell)
+        return list(seen.values())
+    return [module]
 
 
 def _check_module(module: Any, engine: str) -> None:
@@ -222,7 +237,7 @@ class CommDebugMode:
         self._token: contextvars.Token[CommDebugMode | None] | None = None
         self._outer: CommDebugMode | None = None
         self._guarded = False  # this window holds the signal guard (entered on the main thread)
-        self._claimed_module = False  # this window counts in _traced_modules
+        self._claimed_ids: list[int] = []  # the ids of its module tree this window counts in _traced_modules
         self._window_stack: list[tuple[Any, Any]] = []  # the windows of the thread that entered it
         self._watchdog_started = False
 
@@ -257,7 +272,9 @@ class CommDebugMode:
     @signal_guard.protect
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         GUARD.critical += 1  # first: see __enter__
+        later: list[CommDebugMode] = []
         try:
+            later = self._close_later_windows()
             self._deactivate(exc)
         except BaseException:
             self._deactivate(exc)  # finish what the interruption left, then let it propagate
@@ -265,6 +282,24 @@ class CommDebugMode:
         finally:
             GUARD.critical -= 1
             signal_guard.send_held()  # a Ctrl-C that came meanwhile is raised here, after uninstalling
+        if later:
+            raise RuntimeError(
+                f"CommDebugMode: this window was closed while {len(later)} window(s) opened after it on the same "
+                "thread were still open (a window left open across a generator's yield, or __exit__ called out "
+                "of order). Windows must close in the reverse order they opened, since torch's modes are a stack: "
+                "the later window(s) were closed first (their records so far are kept, and their own exit does "
+                "nothing now), then this one, and every hook was removed"
+            ) from exc
+
+    def _close_later_windows(self) -> list[CommDebugMode]:
+        """Close the windows entered after this one on its thread that are still open, innermost first."""
+        with _install_lock:
+            stack = self._window_stack
+            mine = next((i for i, (mode, _task) in enumerate(stack) if mode is self), None)
+            later = [] if mine is None else [mode for mode, _task in stack[mine + 1 :]]
+        for mode in reversed(later):
+            mode._deactivate(None)
+        return later
 
     def _activate(self) -> None:
         self._claim_thread_and_module()
@@ -311,16 +346,28 @@ class CommDebugMode:
                     "time (e.g. under an asyncio.Lock) or run each task's traced work in its own thread"
                 )
             if self.module is not None:
-                owner, windows = _traced_modules.get(id(self.module), (None, 0))
-                if owner is not None and owner != threading.get_ident():
-                    raise RuntimeError(
-                        f"CommDebugMode: module {type(self.module).__name__} is already traced by a window on "
-                        f"another thread ({_thread_name(owner)}). Module hooks belong to the module, not the thread, "
-                        "so two threads tracing one model would mix their module spans: trace it on one thread "
-                        "at a time, or give each thread its own model (or module=None)"
-                    )
-                _traced_modules[id(self.module)] = (threading.get_ident(), windows + 1)
-                self._claimed_module = True
+                tree = _module_tree(self.module)
+                me = threading.get_ident()
+                for i, module in enumerate(tree):  # the module itself first, then its submodules
+                    owner, _windows = _traced_modules.get(id(module), (None, 0))
+                    if owner is not None and owner != me:
+                        name = type(self.module).__name__
+                        what = (
+                            f"module {name} is"
+                            if i == 0
+                            else f"module {name} has a submodule ({type(module).__name__}) that is"
+                        )
+                        raise RuntimeError(
+                            f"CommDebugMode: {what} already traced by a window on another thread "
+                            f"({_thread_name(owner)}). Module hooks belong to the module, not the thread, so two "
+                            "threads tracing one model (or a model and one of its submodules) would mix their module "
+                            "spans: trace it on one thread at a time, or give each thread its own model "
+                            "(or module=None)"
+                        )
+                for module in tree:
+                    _owner, windows = _traced_modules.get(id(module), (None, 0))
+                    _traced_modules[id(module)] = (me, windows + 1)
+                self._claimed_ids = [id(module) for module in tree]
             stack.append((self, task))
             self._window_stack = stack  # exiting on another thread still removes it from this one
 
@@ -331,13 +378,13 @@ class CommDebugMode:
                 if stack[i][0] is self:
                     del stack[i]
                     break
-            if self._claimed_module:
-                self._claimed_module = False
-                owner, windows = _traced_modules.get(id(self.module), (None, 1))
+            claimed, self._claimed_ids = self._claimed_ids, []
+            for key in claimed:
+                owner, windows = _traced_modules.get(key, (None, 1))
                 if windows <= 1:
-                    _traced_modules.pop(id(self.module), None)
+                    _traced_modules.pop(key, None)
                 else:
-                    _traced_modules[id(self.module)] = (owner, windows - 1)
+                    _traced_modules[key] = (owner, windows - 1)
 
     def _deactivate(self, exc: BaseException | None) -> None:
         """Undo `_activate` (or the part of it that ran); safe to call again."""
