@@ -32,6 +32,7 @@ from hp_otel.export.providers import (
 )
 from hp_otel.record import signal_guard
 from hp_otel.record.instruments import get_instruments
+from hp_otel.record.memory import return_freed_memory
 from hp_otel.record.observer import Observer, Source
 from hp_otel.record.recorder import WindowRecorder
 from hp_otel.record.signal_guard import GUARD
@@ -45,8 +46,11 @@ from hp_otel.spans.call_tree import CallRecord, build_call_tree
 logger = logging.getLogger("hp_otel")
 
 DEFAULT_MAX_SPANS = 100_000
-# Deferred spans are built once this many events wait, so unbuilt events stay bounded too.
+# Deferred spans are built once this many events wait, so unbuilt events stay bounded too:
+# at most this, and at most about two events per span `max_spans` keeps (an enter and an exit).
 _MAX_PENDING_EVENTS = 20_000
+_MIN_PENDING_EVENTS = 256
+_LARGE_WINDOW_SPANS = 10_000  # clear() of a window this large hands the freed memory back to the system
 # The innermost active mode of this context: a mode entered inside another suspends it.
 _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.ContextVar(
     "hp_otel_current_mode", default=None
@@ -225,8 +229,14 @@ class CommDebugMode:
         self._build_on_exit = not live and not is_internal_tracer_provider(tracer_provider)
         self._store = LocalSpanStore(max_spans)
         self._recorder = WindowRecorder(
-            get_tracer(tracer_provider), get_instruments(meter_provider), self._store, live, _MAX_PENDING_EVENTS
+            get_tracer(tracer_provider),
+            get_instruments(meter_provider),
+            self._store,
+            live,
+            min(_MAX_PENDING_EVENTS, max(_MIN_PENDING_EVENTS, 2 * max_spans)),
         )
+        # Only the local store sees the spans: past max_spans they are counted, not built.
+        self._recorder.store_only = is_internal_tracer_provider(tracer_provider)
         self._recorder.spans_enabled = record_spans
         self._recorder.ops_enabled = ops
         self._recorder.hooks = hooks
@@ -303,7 +313,8 @@ class CommDebugMode:
 
     def _activate(self) -> None:
         self._claim_thread_and_module()
-        self.clear()
+        self._recorder.reset()
+        self._store.clear()
         self._token = _current_mode.set(self)
         outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
         if outer is not None:
@@ -570,9 +581,15 @@ class CommDebugMode:
         write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()})
 
     def clear(self) -> None:
-        """Forget every record and count (the OTel counters, being cumulative, keep theirs)."""
+        """Forget every record and count (the OTel counters, being cumulative, keep theirs).
+
+        After a large window the memory they held goes back to the system where it can
+        (`hp_otel.record.memory`; a small one is not worth a garbage collection)."""
+        large = len(self._store.get_finished_spans()) + len(self._recorder._pending) >= _LARGE_WINDOW_SPANS
         self._recorder.reset()
         self._store.clear()
+        if large:
+            return_freed_memory()
 
     def __repr__(self) -> str:
         state = "active" if self._token is not None else "inactive"
