@@ -15,7 +15,7 @@ import time
 import warnings
 import weakref
 from asyncio import events as asyncio_events
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
@@ -333,7 +333,8 @@ class CommDebugMode:
         if self._watchdog is not None:
             self._recorder.wants_completion = True  # sources attach a done-probe to returned collectives
             try:
-                self._watchdog.start(self._recorder, self.write_spans)
+                watchdog = self._watchdog
+                self._watchdog.start(self._recorder, lambda path: self.write_spans(path, pause=watchdog.pause))
                 self._watchdog_started = True
             except Exception as exc:  # a watchdog that cannot start must not stop training
                 self._recorder.wants_completion = False
@@ -557,13 +558,16 @@ class CommDebugMode:
             dropped_records=self.get_dropped_record_count(),
         )
 
-    def write_spans(self, path: str | os.PathLike[str], *, in_flight: bool = True) -> None:
+    def write_spans(
+        self, path: str | os.PathLike[str], *, in_flight: bool = True, pause: Callable[[], None] | None = None
+    ) -> None:
         """Write the window's spans as OTLP/JSON (what `hp-otel render` and `hp-otel ranks` read), atomically.
 
         Safe from another thread while the window records (the hang watchdog writes from
         its own). `in_flight`: also the collectives issued and not completed yet, as
         spans marked `hp.collective.in_flight` (start = issue time, end = now). The
         file's resource names this rank (`hp.rank`) even when no launcher variable does.
+        `pause`: called between pieces of the encoding (the watchdog's thread yields there).
         """
         from hp_otel.common.launcher_env import current_rank
         from hp_otel.spans import schema
@@ -578,7 +582,7 @@ class CommDebugMode:
                 waiting = {span.attributes.get(match) for span in pending}
                 spans = [span for span in spans if (span.attributes or {}).get(match) not in waiting]
                 spans.extend(pending)
-        write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()})
+        write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()}, pause=pause)
 
     def clear(self) -> None:
         """Forget every record and count (the OTel counters, being cumulative, keep theirs).
