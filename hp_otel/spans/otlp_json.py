@@ -96,7 +96,7 @@ def write_spans(
     write_text_atomically(path, lambda handle: handle.write(text), argument=argument)
 
 
-_PIECE_SPANS = 256
+_PIECE_SPANS = 64
 
 
 def _write_spans_in_pieces(

@@ -325,7 +325,7 @@ def test_spans_written_in_pieces_read_back_the_same(tmp_path) -> None:
     otlp_json.write_spans(
         tmp_path / "pieces.json", spans, resource_defaults={schema.RESOURCE_RANK: 3}, pause=lambda: pauses.append(1)
     )
-    assert len(pauses) == 2  # 300 spans, 256 a piece
+    assert len(pauses) == 5  # 300 spans, 64 a piece
     whole, pieces = read_spans(tmp_path / "whole.json"), read_spans(tmp_path / "pieces.json")
     key = lambda s: (s.context.span_id, s.name, dict(s.attributes), s.resource.attributes[schema.RESOURCE_RANK])  # noqa: E731
     assert sorted(map(key, whole)) == sorted(map(key, pieces)) and len(pieces) == 300
