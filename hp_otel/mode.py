@@ -15,7 +15,7 @@ import time
 import warnings
 import weakref
 from asyncio import events as asyncio_events
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
@@ -32,6 +32,7 @@ from hp_otel.export.providers import (
 )
 from hp_otel.record import signal_guard
 from hp_otel.record.instruments import get_instruments
+from hp_otel.record.memory import return_freed_memory
 from hp_otel.record.observer import Observer, Source
 from hp_otel.record.recorder import WindowRecorder
 from hp_otel.record.signal_guard import GUARD
@@ -45,8 +46,11 @@ from hp_otel.spans.call_tree import CallRecord, build_call_tree
 logger = logging.getLogger("hp_otel")
 
 DEFAULT_MAX_SPANS = 100_000
-# Deferred spans are built once this many events wait, so unbuilt events stay bounded too.
+# Deferred spans are built once this many events wait, so unbuilt events stay bounded too:
+# at most this, and at most about two events per span `max_spans` keeps (an enter and an exit).
 _MAX_PENDING_EVENTS = 20_000
+_MIN_PENDING_EVENTS = 256
+_LARGE_WINDOW_SPANS = 10_000  # clear() of a window this large hands the freed memory back to the system
 # The innermost active mode of this context: a mode entered inside another suspends it.
 _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.ContextVar(
     "hp_otel_current_mode", default=None
@@ -66,7 +70,7 @@ def _say_once(kind: str, message: str, *args: Any) -> None:
 
 
 # Windows open on each thread (with the asyncio task that opened them), and the modules
-# traced now (id -> (thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
+# traced now, each submodule too (id -> (thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
 _thread_state = threading.local()
 _traced_modules: dict[int, tuple[int, int]] = {}
 
@@ -96,6 +100,21 @@ def _thread_name(ident: int) -> str:
         if thread.ident == ident:
             return f"thread {thread.name!r}"
     return f"thread {ident}"
+
+
+def _module_tree(module: Any) -> list[Any]:
+    """The module and every submodule (torch `modules()`, MindSpore `cells_and_names()`), each once."""
+    from hp_otel.sources import is_torch_module
+
+    if is_torch_module(module):
+        return list(module.modules())
+    cells = getattr(module, "cells_and_names", None)
+    if callable(cells):
+        seen: dict[int, Any] = {id(module): module}
+        for _name, cell in cells():
+            seen.setdefault(id(cell), cell)
+        return list(seen.values())
+    return [module]
 
 
 def _check_module(module: Any, engine: str) -> None:
@@ -222,8 +241,14 @@ class CommDebugMode:
         self._build_on_exit = not live and not is_internal_tracer_provider(tracer_provider)
         self._store = LocalSpanStore(max_spans)
         self._recorder = WindowRecorder(
-            get_tracer(tracer_provider), get_instruments(meter_provider), self._store, live, _MAX_PENDING_EVENTS
+            get_tracer(tracer_provider),
+            get_instruments(meter_provider),
+            self._store,
+            live,
+            min(_MAX_PENDING_EVENTS, max(_MIN_PENDING_EVENTS, 2 * max_spans)),
         )
+        # Only the local store sees the spans: past max_spans they are counted, not built.
+        self._recorder.store_only = is_internal_tracer_provider(tracer_provider)
         self._recorder.spans_enabled = record_spans
         self._recorder.ops_enabled = ops
         self._recorder.hooks = hooks
@@ -234,7 +259,7 @@ class CommDebugMode:
         self._token: contextvars.Token[CommDebugMode | None] | None = None
         self._outer: CommDebugMode | None = None
         self._guarded = False  # this window holds the signal guard (entered on the main thread)
-        self._claimed_module = False  # this window counts in _traced_modules
+        self._claimed_ids: list[int] = []  # the ids of its module tree this window counts in _traced_modules
         self._window_stack: list[tuple[Any, Any]] = []  # the windows of the thread that entered it
         self._watchdog_started = False
 
@@ -269,7 +294,9 @@ class CommDebugMode:
     @signal_guard.protect
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         GUARD.critical += 1  # first: see __enter__
+        later: list[CommDebugMode] = []
         try:
+            later = self._close_later_windows()
             self._deactivate(exc)
         except BaseException:
             self._deactivate(exc)  # finish what the interruption left, then let it propagate
@@ -277,10 +304,29 @@ class CommDebugMode:
         finally:
             GUARD.critical -= 1
             signal_guard.send_held()  # a Ctrl-C that came meanwhile is raised here, after uninstalling
+        if later:
+            raise RuntimeError(
+                f"CommDebugMode: this window was closed while {len(later)} window(s) opened after it on the same "
+                "thread were still open (a window left open across a generator's yield, or __exit__ called out "
+                "of order). Windows must close in the reverse order they opened, since torch's modes are a stack: "
+                "the later window(s) were closed first (their records so far are kept, and their own exit does "
+                "nothing now), then this one, and every hook was removed"
+            ) from exc
+
+    def _close_later_windows(self) -> list[CommDebugMode]:
+        """Close the windows entered after this one on its thread that are still open, innermost first."""
+        with _install_lock:
+            stack = self._window_stack
+            mine = next((i for i, (mode, _task) in enumerate(stack) if mode is self), None)
+            later = [] if mine is None else [mode for mode, _task in stack[mine + 1 :]]
+        for mode in reversed(later):
+            mode._deactivate(None)
+        return later
 
     def _activate(self) -> None:
         self._claim_thread_and_module()
-        self.clear()
+        self._recorder.reset()
+        self._store.clear()
         self._token = _current_mode.set(self)
         outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
         if outer is not None:
@@ -299,7 +345,8 @@ class CommDebugMode:
         if self._watchdog is not None:
             self._recorder.wants_completion = True  # sources attach a done-probe to returned collectives
             try:
-                self._watchdog.start(self._recorder, self.write_spans)
+                watchdog = self._watchdog
+                self._watchdog.start(self._recorder, lambda path: self.write_spans(path, pause=watchdog.pause))
                 self._watchdog_started = True
             except Exception as exc:  # a watchdog that cannot start must not stop training
                 self._recorder.wants_completion = False
@@ -323,16 +370,28 @@ class CommDebugMode:
                     "time (e.g. under an asyncio.Lock) or run each task's traced work in its own thread"
                 )
             if self.module is not None:
-                owner, windows = _traced_modules.get(id(self.module), (None, 0))
-                if owner is not None and owner != threading.get_ident():
-                    raise RuntimeError(
-                        f"CommDebugMode: module {type(self.module).__name__} is already traced by a window on "
-                        f"another thread ({_thread_name(owner)}). Module hooks belong to the module, not the thread, "
-                        "so two threads tracing one model would mix their module spans: trace it on one thread "
-                        "at a time, or give each thread its own model (or module=None)"
-                    )
-                _traced_modules[id(self.module)] = (threading.get_ident(), windows + 1)
-                self._claimed_module = True
+                tree = _module_tree(self.module)
+                me = threading.get_ident()
+                for i, module in enumerate(tree):  # the module itself first, then its submodules
+                    owner, _windows = _traced_modules.get(id(module), (None, 0))
+                    if owner is not None and owner != me:
+                        name = type(self.module).__name__
+                        what = (
+                            f"module {name} is"
+                            if i == 0
+                            else f"module {name} has a submodule ({type(module).__name__}) that is"
+                        )
+                        raise RuntimeError(
+                            f"CommDebugMode: {what} already traced by a window on another thread "
+                            f"({_thread_name(owner)}). Module hooks belong to the module, not the thread, so two "
+                            "threads tracing one model (or a model and one of its submodules) would mix their module "
+                            "spans: trace it on one thread at a time, or give each thread its own model "
+                            "(or module=None)"
+                        )
+                for module in tree:
+                    _owner, windows = _traced_modules.get(id(module), (None, 0))
+                    _traced_modules[id(module)] = (me, windows + 1)
+                self._claimed_ids = [id(module) for module in tree]
             stack.append((self, task))
             self._window_stack = stack  # exiting on another thread still removes it from this one
 
@@ -343,13 +402,13 @@ class CommDebugMode:
                 if stack[i][0] is self:
                     del stack[i]
                     break
-            if self._claimed_module:
-                self._claimed_module = False
-                owner, windows = _traced_modules.get(id(self.module), (None, 1))
+            claimed, self._claimed_ids = self._claimed_ids, []
+            for key in claimed:
+                owner, windows = _traced_modules.get(key, (None, 1))
                 if windows <= 1:
-                    _traced_modules.pop(id(self.module), None)
+                    _traced_modules.pop(key, None)
                 else:
-                    _traced_modules[id(self.module)] = (owner, windows - 1)
+                    _traced_modules[key] = (owner, windows - 1)
 
     def _deactivate(self, exc: BaseException | None) -> None:
         """Undo `_activate` (or the part of it that ran); safe to call again."""
@@ -556,13 +615,16 @@ class CommDebugMode:
             dropped_records=self.get_dropped_record_count(),
         )
 
-    def write_spans(self, path: str | os.PathLike[str], *, in_flight: bool = True) -> None:
+    def write_spans(
+        self, path: str | os.PathLike[str], *, in_flight: bool = True, pause: Callable[[], None] | None = None
+    ) -> None:
         """Write the window's spans as OTLP/JSON (what `hp-otel render` and `hp-otel ranks` read), atomically.
 
         Safe from another thread while the window records (the hang watchdog writes from
         its own). `in_flight`: also the collectives issued and not completed yet, as
         spans marked `hp.collective.in_flight` (start = issue time, end = now). The
         file's resource names this rank (`hp.rank`) even when no launcher variable does.
+        `pause`: called between pieces of the encoding (the watchdog's thread yields there).
         """
         from hp_otel.common.launcher_env import current_rank
         from hp_otel.spans import schema
@@ -577,12 +639,18 @@ class CommDebugMode:
                 waiting = {span.attributes.get(match) for span in pending}
                 spans = [span for span in spans if (span.attributes or {}).get(match) not in waiting]
                 spans.extend(pending)
-        write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()})
+        write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()}, pause=pause)
 
     def clear(self) -> None:
-        """Forget every record and count (the OTel counters, being cumulative, keep theirs)."""
+        """Forget every record and count (the OTel counters, being cumulative, keep theirs).
+
+        After a large window the memory they held goes back to the system where it can
+        (`hp_otel.record.memory`; a small one is not worth a garbage collection)."""
+        large = len(self._store.get_finished_spans()) + len(self._recorder._pending) >= _LARGE_WINDOW_SPANS
         self._recorder.reset()
         self._store.clear()
+        if large:
+            return_freed_memory()
 
     def __repr__(self) -> str:
         state = "active" if self._token is not None else "inactive"

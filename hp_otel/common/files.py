@@ -1,7 +1,9 @@
 """Writing output files: one path check and one writer for every writer in hp_otel.
 
 The table, the JSON dump and the spans file are written through a temporary file in
-the target's folder, then renamed, so a failure never leaves a partial file. What is
+the target's folder, then renamed, so a failure never leaves a partial file. On Linux the
+temporary file is unnamed while it is written (`O_TMPFILE`): a process killed meanwhile,
+by any signal, leaves the previous complete file and no temporary one. What is
 at the path is respected:
 
 - a symlink is followed: its target gets the output, the link stays a link;
@@ -16,7 +18,9 @@ at the path is respected:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import os
 import secrets
 import signal
@@ -94,22 +98,99 @@ def _create_temporary(folder: str, name: str) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, f"no free temporary name in {folder!r}")
 
 
+def _create_unnamed(folder: str) -> int | None:
+    """An unnamed file in `folder` (Linux `O_TMPFILE`): if the process dies while writing it, by
+    any signal (SIGKILL too), it vanishes with the process. None where the system or the file
+    system cannot make one (then a named temporary file is used)."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(folder, flag | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError:  # EOPNOTSUPP, EISDIR (an old kernel), EINVAL: this file system cannot
+        return None
+
+
+@functools.cache
+def _linkat() -> Any:
+    """libc's `linkat` (to name an unnamed file by its descriptor), None where there is none."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).linkat
+    except (AttributeError, OSError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int)
+    return function
+
+
+_AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
+
+
+def _link_unnamed(fd: int, tmp: str) -> None:
+    """Give the unnamed file of `fd` the name `tmp`: `linkat(fd, "", AT_EMPTY_PATH)`, else through /proc."""
+    linkat = _linkat()
+    if linkat is not None and linkat(fd, b"", _AT_FDCWD, os.fsencode(tmp), _AT_EMPTY_PATH) == 0:
+        return
+    os.link(f"/proc/self/fd/{fd}", tmp, follow_symlinks=True)
+
+
+def _name_unnamed(fd: int, folder: str, name: str) -> str:
+    """Give the finished unnamed file a temporary name next to the target (renamed over it next).
+
+    Where neither way of naming it is allowed, its text is copied into a named temporary file."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.hp_otel-{secrets.token_hex(4)}.tmp")
+        try:
+            _link_unnamed(fd, tmp)
+            return tmp
+        except FileExistsError:
+            continue
+        except OSError:
+            break
+    copy, tmp = _create_temporary(folder, name)
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        while chunk := os.read(fd, 1 << 20):
+            os.write(copy, chunk)
+        os.fchmod(copy, stat.S_IMODE(os.fstat(fd).st_mode))
+    except BaseException:
+        os.close(copy)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(copy)
+    return tmp
+
+
 def _write_and_rename(
     real: str, write: Callable[[IO[str]], Any], existing: os.stat_result | None, argument: str, target: str
 ) -> None:
+    """Write into an unnamed file where the system has them, else a named temporary one, then rename.
+
+    With an unnamed file, the name exists only between the link and the rename (two system
+    calls), so a process killed while writing leaves neither a partial nor a temporary file:
+    the target is the previous complete file or the new complete one."""
     folder, name = os.path.split(real)
     tmp = None
     try:
-        try:
-            fd, tmp = _create_temporary(folder, name)
-        except OSError as exc:
-            raise _error(exc, argument, target) from exc
+        fd = _create_unnamed(folder)
+        unnamed = fd is not None
+        if fd is None:
+            try:
+                fd, tmp = _create_temporary(folder, name)
+            except OSError as exc:
+                raise _error(exc, argument, target) from exc
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
             if existing is not None:  # the file keeps its permissions
                 os.fchmod(handle.fileno(), stat.S_IMODE(existing.st_mode))
+            if unnamed:
+                handle.flush()
+                try:
+                    tmp = _name_unnamed(handle.fileno(), folder, name)
+                except OSError as exc:
+                    raise _error(exc, argument, target) from exc
         try:
-            os.replace(tmp, real)
+            os.replace(tmp, real)  # type: ignore[arg-type]
         except OSError as exc:
             raise _error(exc, argument, target) from exc
         tmp = None

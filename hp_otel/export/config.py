@@ -22,12 +22,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from opentelemetry.sdk.trace import sampling
 
 from hp_otel.common.launcher_env import env_value
 from hp_otel.common.launcher_env import run_id as launcher_run_id
+from hp_otel.export.secrets import redact_url
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # OTEL_TRACES_SAMPLER's names and the SDK sampler each makes from the ratio argument.
@@ -251,7 +252,7 @@ class ExportConfig:
             metrics_endpoint=endpoints["metrics"],
             traces_protocol=protocols["traces"],
             metrics_protocol=protocols["metrics"],
-            headers=dict(headers or {}),
+            headers=check_headers(headers),
             prometheus_host=prometheus_host or env_value("OTEL_EXPORTER_PROMETHEUS_HOST", environ) or "localhost",
             prometheus_port=port,
             prometheus_port_source=port_source if port_value is not None else "prometheus_port",
@@ -274,9 +275,16 @@ def _endpoint(value: str | None, source: str) -> str | None:
     try:
         parts = urlsplit(value.strip())
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number 0-65535
-    except ValueError as exc:
+    except ValueError as exc:  # its text may quote a password taken for the port: not echoed
+        why = "its port is not a number 0-65535" if "port" in str(exc).lower() else "it cannot be parsed"
+        scheme, sep, rest = value.strip().partition("://")
+        authority = rest.split("/")[0].split("?")[0].split("#")[0]
+        port = authority.rpartition("@")[2].rpartition(":")[2]
+        shown = value  # a port that is not digits may be a misplaced password: the whole host part is masked
+        if not port.isdigit():
+            shown = f"{scheme}://***" + rest[len(authority) :] if sep else "***"
         raise ConfigError(
-            f"{source} must be a URL like http://host:4318, got {redacted_url(value)!r} ({exc})"
+            f"{source} must be a URL like http://host:4318, got {redacted_url(shown)!r} ({why})"
         ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(
@@ -390,18 +398,67 @@ def _parse_pairs(text: str, source: str) -> dict[str, str]:
             )
         if not key.strip():
             raise ConfigError(f"{source} must be comma-separated key=value pairs; entry {number} has an empty key")
+        _refuse_line_breaks(key.strip(), unquote(key.strip()), value, unquote(value), source, number)
         out[key.strip()] = value.strip()
     return out
 
 
+def _refuse_line_breaks(key: str, decoded_key: str, value: str, decoded_value: str, source: str, number: int) -> None:
+    """CR, LF or NUL in a header (also percent-encoded, as the exporters decode it) would inject lines
+    into the request: refused, naming the setting and the entry, never the value."""
+    for what, texts in (("name", (key, decoded_key)), ("value", (value, decoded_value))):
+        if any(c in text for text in texts for c in "\r\n\x00"):
+            where = f"entry {number}" + (f" ({printable_key(decoded_key)})" if what == "value" else "")
+            raise ConfigError(
+                f"{source}: the header {what} of {where} contains a line break (CR/LF, or %0D/%0A) or NUL, "
+                "which would inject lines into the request; remove it"
+            )
+
+
+def printable_key(key: str) -> str:
+    """A header name for a message: its line breaks written as escapes."""
+    return key.encode("unicode_escape").decode("ascii")
+
+
+def check_headers(headers: Any) -> dict[str, str]:
+    """The `headers=` argument: a mapping of text names to text values without line breaks."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise ConfigError(f"headers must be a mapping of header names to values, got {type(headers).__name__}")
+    for number, (key, value) in enumerate(headers.items(), start=1):
+        if not isinstance(key, str) or not key.strip() or not isinstance(value, str):
+            raise ConfigError(
+                f"headers: entry {number} must be a non-empty text name with a text value "
+                f"(got a {type(key).__name__} name and a {type(value).__name__} value)"
+            )
+        _refuse_line_breaks(key, key, value, value, "headers", number)
+    return dict(headers)
+
+
 def redacted_url(url: str | None) -> str | None:
-    """The URL without a password or token in its user part (`https://user:***@host`)."""
-    if not url or "@" not in url:
-        return url
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    userinfo, at, host = rest.partition("@")
-    if not at or "/" in userinfo:
-        return url
-    return f"{scheme}://***@{host}"
+    """The URL without a password or token in its user part, query or fragment (`https://***@host?***`)."""
+    return redact_url(url)
+
+
+ENDPOINT_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
+
+
+def known_secrets(config: ExportConfig, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """What must never appear in a log line: every header value the exporters will send (arguments and
+    variables, also percent-decoded) and the user part and query of every endpoint."""
+    values = [v for v in config.headers.values() if isinstance(v, str)]
+    for variable in HEADER_VARIABLES:
+        for value in _parse_pairs(env_value(variable, environ) or "", variable).values():
+            values.extend({value, unquote(value)})
+    endpoints = [config.traces_endpoint, config.metrics_endpoint]
+    endpoints += [env_value(variable, environ) for variable in ENDPOINT_VARIABLES]
+    for endpoint in filter(None, endpoints):
+        parts = urlsplit(endpoint)
+        values += [p for p in (parts.password, parts.username if parts.password is None else None) if p]
+        values += [parts.query, *(v for _k, _s, v in (q.partition("=") for q in parts.query.split("&")))]
+    return [v for v in values if v]

@@ -38,10 +38,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from hp_otel.common import _otel_compat
 from hp_otel.common.launcher_env import local_rank
 from hp_otel.export import providers
-from hp_otel.export.config import OTLP, SAMPLERS, ExportConfig
-from hp_otel.export.log_limits import limit_sdk_logs, unlimit_sdk_logs
+from hp_otel.export.config import OTLP, SAMPLERS, ExportConfig, known_secrets
+from hp_otel.export.log_limits import NOISY_LOGGERS, limit_sdk_logs, unlimit_sdk_logs
 from hp_otel.export.prometheus_sd import write_target
 from hp_otel.export.providers import build_resource
+from hp_otel.export.secrets import mask_sdk_logs, redact_url
 from hp_otel.spans import schema as s
 
 logger = logging.getLogger("hp_otel")
@@ -326,11 +327,12 @@ class Telemetry:
 
     @property
     def traces_endpoint(self) -> str | None:
-        """Where OTLP spans go, as the exporter resolved it (None without OTLP span export)."""
+        """Where OTLP spans go, as the exporter resolved it, its user part and query masked
+        (`http://***@host:4318/v1/traces`; None without OTLP span export)."""
         for processor in self.span_processors:
             endpoint = exporter_endpoint(processor.counting.exporter)
             if endpoint:
-                return endpoint
+                return redact_url(endpoint)
         return None
 
     @property
@@ -491,6 +493,7 @@ def configure(
         previous.shutdown()
     result = build_telemetry(config)
     limit_sdk_logs()  # a dead endpoint's retry and queue lines: one per kind per minute
+    mask_sdk_logs(NOISY_LOGGERS, known_secrets(config))  # their lines name endpoints and headers
     with _lock:
         _configured = result
     providers.set_default_providers(result.tracer_provider, result.meter_provider)

@@ -77,6 +77,7 @@ class WindowRecorder:
         self.spans_enabled = True  # False: counts and metrics only (an unsampled step)
         self.ops_enabled = True  # False: sources leave out op tracing (counts, modules and collectives only)
         self.hooks = NO_HOOKS  # the user's span hooks, run by the span builder as each span ends
+        self.store_only = False  # the local store is the spans' only consumer (see SpanBuilder)
         self.comm_counts: dict[str, int] = {}
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
@@ -116,7 +117,14 @@ class WindowRecorder:
         self._seqs.clear()
         self._in_flight.clear()
         self._builder = SpanBuilder(
-            self._tracer, self._store, parent_ctx, self.live, self.on_fault, self.window, self.hooks
+            self._tracer,
+            self._store,
+            parent_ctx,
+            self.live,
+            self.on_fault,
+            self.window,
+            self.hooks,
+            store_only=self.store_only and not self.live,
         )
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
@@ -140,9 +148,14 @@ class WindowRecorder:
         self._flush_metrics()
 
     def reset(self) -> None:
-        """Forget counts and unbuilt events (the OTel counters, being cumulative, keep theirs)."""
+        """Forget counts and unbuilt events (the OTel counters, being cumulative, keep theirs).
+
+        Between windows also the span builder (its per-window caches) and the in-flight records."""
         with self._build_lock:
-            self._pending.clear()
+            self._pending = []  # a new list: the old one's memory goes (clear() keeps its capacity)
+            if not self._active:
+                self._builder = None
+                self._in_flight.clear()
         self.comm_counts.clear()
         self.comm_ops.clear()
         self.module_counts.clear()

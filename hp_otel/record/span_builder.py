@@ -72,8 +72,14 @@ class SpanBuilder:
         on_fault: Callable[[str, BaseException], None] | None = None,
         window: Window | None = None,
         hooks: UserHooks = NO_HOOKS,
+        store_only: bool = False,
     ) -> None:
         self._tracer = tracer
+        # The local store is the spans' only consumer (no processor, no hook): once it is full, a new
+        # span would be built only to be dropped, so it is counted as dropped instead (time and memory
+        # stay bounded by max_spans). The calls not built, by (kind, key), with how many are open.
+        self._store_only = store_only and hooks == NO_HOOKS
+        self._skipped: dict[tuple[str, Any], int] = {}
         self._collective_hook = hooks.collective  # the user's span hooks (user_hooks.py); None: not set
         self._module_hook = hooks.module
         self._op_hook = hooks.op
@@ -105,7 +111,56 @@ class SpanBuilder:
         }
 
     def feed(self, event: ev.Event) -> None:
+        if self._store_only and (self._skipped or self._store.full) and self._skip(event):
+            return
         self._handlers[type(event)](event)
+
+    def _skip(self, event: ev.Event) -> bool:
+        """With the store full: True for an event whose span would only be dropped (counted as dropped)."""
+        kind = type(event)
+        if kind is ev.ModuleExit:
+            return self._unskip((s.KIND_MODULE, (event.fqn, event.phase)))  # type: ignore[union-attr]
+        if kind is ev.OpExit:
+            return self._unskip((s.KIND_OP, event.name))  # type: ignore[union-attr]
+        if kind is ev.RedistributeExit:
+            return self._unskip((s.KIND_REDISTRIBUTE, None))
+        if kind is ev.BackwardEnd:  # closes every backward module span: the skipped ones too
+            backward = [k for k in self._skipped if k[0] == s.KIND_MODULE and k[1][1] == s.PHASE_BACKWARD]
+            for k in backward:
+                del self._skipped[k]
+            return False
+        if kind is ev.WindowEnd:
+            self._skipped = {}
+            return False
+        if not self._store.full:
+            return False
+        if kind is ev.CollectiveIssue:
+            return True  # its span would be dropped: no parent to remember
+        if kind is ev.Collective:
+            if event.issue is not None:  # type: ignore[union-attr]
+                self._issued.pop(event.issue, None)  # type: ignore[union-attr]
+            self._store.count_dropped(1)
+            return True
+        if kind is ev.ModuleEnter:
+            key: tuple[str, Any] = (s.KIND_MODULE, (event.module.fqn, event.phase))  # type: ignore[union-attr]
+        elif kind is ev.OpEnter:
+            key = (s.KIND_OP, event.name)  # type: ignore[union-attr]
+        else:
+            key = (s.KIND_REDISTRIBUTE, None)
+        self._skipped[key] = self._skipped.get(key, 0) + 1
+        self._store.count_dropped(1)
+        return True
+
+    def _unskip(self, key: tuple[str, Any]) -> bool:
+        """The exit of a call: True if its enter was skipped (the innermost open call of that key was)."""
+        open_skipped = self._skipped.get(key, 0)
+        if not open_skipped:
+            return False
+        if open_skipped == 1:
+            del self._skipped[key]
+        else:
+            self._skipped[key] = open_skipped - 1
+        return True
 
     # --- stack ----------------------------------------------------------------
     def _push(

@@ -39,6 +39,16 @@ class LocalSpanStore(SpanExporter):
                 self.dropped_spans += len(spans) - room
         return SpanExportResult.SUCCESS
 
+    @property
+    def full(self) -> bool:
+        """True once `max_spans` are kept: every later span is dropped."""
+        return len(self._spans) >= self.max_spans
+
+    def count_dropped(self, spans: int) -> None:
+        """Spans not even built because they would have been dropped (see `SpanBuilder`)."""
+        with self._lock:
+            self.dropped_spans += spans
+
     def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
         with self._lock:
             return tuple(self._spans)

@@ -14,8 +14,14 @@ process).  Python runs signal handlers in the main thread between bytecodes, so 
 blocked inside a collective writes on the watchdog's timeout rather than on the signal:
 use both.
 
-The watchdog never kills, raises into or slows training: it only reads what the recorder
-already keeps and writes a file; a failure of its own is logged once and it goes on.
+The watchdog never kills, raises into or slows training much: it only reads what the recorder
+already keeps and writes a file; a failure of its own is logged once and it goes on. After
+a file that took W seconds to write it waits `QUIET_FACTOR` × W before writing again, so the
+training thread loses at most a tenth of its time to the writing, however large the file.
+
+The file is replaced atomically: while it is written it has no name (Linux `O_TMPFILE`), so a
+process killed meanwhile, by SIGTERM, SIGKILL or any other signal, leaves the previous
+complete file, never a partial or temporary one (see `hp_otel.common.files`).
 
 It knows the window through two things the mode hands it when the window opens
 (`start`): the window's in-flight collectives (`InFlightCollectives`, the recorder) and a
@@ -51,6 +57,12 @@ class InFlightCollectives(Protocol):
     def in_flight(self) -> list[CollectiveIssue]:
         """The rest, oldest first; the watchdog marks the ones it wrote (`dumped_to`, `waited_s`)."""
 
+
+# After writing a file that took W seconds, the thread writes again no sooner than QUIET_FACTOR * W later:
+# encoding the spans holds the interpreter, so the training thread loses at most 1 / (1 + QUIET_FACTOR)
+# of its time to the watchdog's writing, however large the file (collectives stuck meanwhile are
+# written with the next file).
+QUIET_FACTOR = 9.0
 
 # The longest wait the watchdog's thread can take (threading's limit, about 292 years); inf, or an int
 # too large for a float, failed later: in float() here, or in the thread's Event.wait / int(timeout_s * 1e9).
@@ -107,6 +119,9 @@ class HangWatchdog:
         self._stop = threading.Event()
         self._previous: dict[int, Any] = {}
         self._failed = False
+        self._quiet_until = 0.0  # time.monotonic() before which the thread does not write again
+        self.last_write_s = 0.0  # how long the last file took to write
+        self._piece_started: tuple[float | None, float] = (None, 0.0)  # see pause()
 
     @property
     def path(self) -> str:
@@ -158,6 +173,8 @@ class HangWatchdog:
         collectives, write_spans = self._collectives, self._write_spans
         if collectives is None or write_spans is None:
             return []
+        if time.monotonic() < self._quiet_until:  # bounded share of the interpreter: see QUIET_FACTOR
+            return []
         collectives.forget_completed()
         limit_ns = int(self.timeout_s * 1e9)
         stuck = [i for i in collectives.in_flight() if not i.dumped_to and now_ns - i.start_ns >= limit_ns]
@@ -167,7 +184,13 @@ class HangWatchdog:
         for issue in stuck:
             issue.waited_s = round((now_ns - issue.start_ns) / 1e9, 3)
             issue.dumped_to = path
-        write_spans(path)
+        started = time.monotonic()
+        self._piece_started = (time.perf_counter(), time.thread_time())
+        try:
+            write_spans(path)
+        finally:
+            self.last_write_s = time.monotonic() - started
+            self._quiet_until = time.monotonic() + QUIET_FACTOR * self.last_write_s
         self.written.append(path)
         for issue in stuck:
             info = issue.info
@@ -184,6 +207,25 @@ class HangWatchdog:
                 path,
             )
         return stuck
+
+    def pause(self) -> None:
+        """Between pieces of a file the watchdog's thread writes: yield to the training thread.
+
+        Sleeps `QUIET_FACTOR` times the CPU time the piece took when the piece took longer
+        than its CPU time (another thread — training — wanted the interpreter meanwhile); a
+        rank whose training thread is blocked in a collective is not slowed. Elsewhere
+        (a signal's write on the main thread) it does nothing."""
+        if threading.current_thread() is not self._thread:
+            return
+        wall, cpu = time.perf_counter(), time.thread_time()
+        last_wall, last_cpu = self._piece_started
+        self._piece_started = (wall, cpu)
+        if last_wall is None:
+            return
+        spent_wall, spent_cpu = wall - last_wall, cpu - last_cpu
+        if spent_wall > 1.25 * spent_cpu:
+            self._stop.wait(min(QUIET_FACTOR * spent_cpu, 1.0))
+            self._piece_started = (time.perf_counter(), time.thread_time())
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         previous = self._previous.get(signum, signal.SIG_DFL)

@@ -83,16 +83,22 @@ def record_to_json(record: CallRecord) -> dict[str, Any]:
 
 
 def records_to_json(roots: Iterable[CallRecord], level: NoiseLevel) -> list[dict[str, Any]]:
-    """The call tree as the design's nested records, keeping the nodes shown at this level."""
+    """The call tree as the design's nested records, keeping the nodes shown at this level.
+
+    Walked with a stack, not by recursion: a tree thousands of levels deep is fine."""
     out: list[dict[str, Any]] = []
-    for record in roots:
-        children = records_to_json(record.children, level)
-        if level.shows(record):
+    stack: list[tuple[Iterator[CallRecord], list[dict[str, Any]]]] = [(iter(roots), out)]
+    while stack:
+        records, target = stack[-1]
+        record = next(records, None)
+        if record is None:
+            stack.pop()
+        elif level.shows(record):
             node = record_to_json(record)
-            node["children"] = children
-            out.append(node)
-        else:
-            out.extend(children)
+            target.append(node)
+            stack.append((iter(record.children), node["children"]))
+        else:  # hidden: its children take its place
+            stack.append((iter(record.children), target))
     return out
 
 
@@ -197,7 +203,7 @@ class _Encoder:
         return head
 
     def record(self, record: CallRecord, depth: int) -> Iterator[str]:
-        """One record (a dict at `depth`), its children streamed after its own fields."""
+        """One record's own fields (a dict at `depth`), up to `"children": ` (`records` writes the rest)."""
         inner = "\n" + _INDENT * (depth + 1)
         text = self._head(record, depth) + int.__repr__(record.duration_ns)
         seq = record.attributes.get(s.COLLECTIVE_SEQ) if record.kind == s.KIND_COLLECTIVE else None
@@ -206,26 +212,42 @@ class _Encoder:
         if record.error:
             text += "," + inner + '"error": ' + _encode_str(record.error)
         yield text + "," + inner + '"children": '
-        yield from self.records(record.children, depth + 1)
-        yield "\n" + _INDENT * depth + "}"
 
     def records(self, records: Iterable[CallRecord], depth: int) -> Iterator[str]:
-        """A list of the records shown at this noise level (hidden ones give way to their children)."""
-        first = True
-        inner = "\n" + _INDENT * (depth + 1)
-        for record in _shown(records, self.level):
-            yield ("[" if first else ",") + inner
-            first = False
-            yield from self.record(record, depth + 1)
-        yield "[]" if first else "\n" + _INDENT * depth + "]"
+        """A list of the records shown at this noise level (hidden ones give way to their children).
+
+        Walked with a stack, not by recursion: a tree thousands of levels deep is fine.
+        Each entry is one open list: its records still to write, its depth, and whether
+        it is still empty."""
+        stack: list[list[Any]] = [[_shown(records, self.level), depth, True]]
+        while stack:
+            frame = stack[-1]
+            shown, at, first = frame
+            record = next(shown, None)
+            if record is None:
+                stack.pop()
+                yield "[]" if first else "\n" + _INDENT * at + "]"
+                if stack:  # the list was a record's children: close that record
+                    yield "\n" + _INDENT * (at - 1) + "}"
+                continue
+            frame[2] = False
+            yield ("[" if first else ",") + "\n" + _INDENT * (at + 1)
+            yield from self.record(record, at + 1)
+            stack.append([_shown(record.children, self.level), at + 2, True])
 
 
 def _shown(records: Iterable[CallRecord], level: NoiseLevel) -> Iterator[CallRecord]:
-    for record in records:
-        if level.shows(record):
-            yield record
+    """The records shown at this level, in order: a hidden one's children in its place (to any depth)."""
+    stack = [iter(records)]
+    while stack:
+        for record in stack[-1]:
+            if level.shows(record):
+                yield record
+            else:
+                stack.append(iter(record.children))
+                break
         else:
-            yield from _shown(record.children, level)
+            stack.pop()
 
 
 def iter_json_dump(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict, ParseDict
@@ -72,8 +72,12 @@ def write_spans(
     spans: Sequence[ReadableSpan],
     argument: str = "path",
     resource_defaults: Mapping[str, int | str] | None = None,
+    pause: Callable[[], None] | None = None,
 ) -> None:
     """Write finished spans to `path` as OTLP/JSON (the format `read_spans` and `hp-otel render` read).
+
+    `pause`: called between pieces of the encoding (the hang watchdog's thread yields to
+    training there); the file then repeats the resource once per piece.
 
     `resource_defaults` are resource attributes set where the spans' resource lacks them
     (the rank, so a per-rank file names its rank even without launcher variables); with
@@ -82,10 +86,45 @@ def write_spans(
     spans = tuple(spans) if not isinstance(spans, (str, bytes)) and hasattr(spans, "__iter__") else spans
     if not isinstance(spans, tuple) or not all(isinstance(span, ReadableSpan) for span in spans):
         raise TypeError(f"spans must be a sequence of finished spans (ReadableSpan), got {type(spans).__name__}")
+    if pause is not None:
+        _write_spans_in_pieces(path, spans, argument, resource_defaults, pause)
+        return
     payload = spans_to_otlp_json(spans)
     if resource_defaults:
         _add_resource_defaults(payload, resource_defaults)
-    write_text_atomically(path, lambda handle: json.dump(payload, handle), argument=argument)
+    text = json.dumps(payload)  # one call of the C encoder: json.dump's streaming one is pure Python (≈30x slower)
+    write_text_atomically(path, lambda handle: handle.write(text), argument=argument)
+
+
+_PIECE_SPANS = 64
+
+
+def _write_spans_in_pieces(
+    path: str | os.PathLike[str],
+    spans: tuple[ReadableSpan, ...],
+    argument: str,
+    resource_defaults: Mapping[str, int | str] | None,
+    pause: Callable[[], None],
+) -> None:
+    """The same file, encoded `_PIECE_SPANS` spans at a time with `pause()` between pieces.
+
+    Each piece is its own `resourceSpans` entry (OTLP allows repeating a resource), so the
+    writer never holds the interpreter for the whole file at once."""
+    entries: list[str] = []
+    for start in range(0, max(len(spans), 1), _PIECE_SPANS):
+        payload = spans_to_otlp_json(spans[start : start + _PIECE_SPANS])
+        if resource_defaults:
+            _add_resource_defaults(payload, resource_defaults)
+        entries.extend(json.dumps(entry) for entry in payload.get("resourceSpans", ()))
+        pause()
+
+    def write(handle: Any) -> None:
+        handle.write('{"resourceSpans": [')
+        for i, entry in enumerate(entries):
+            handle.write("," + entry if i else entry)
+        handle.write("]}")
+
+    write_text_atomically(path, write, argument=argument)
 
 
 def _add_resource_defaults(payload: dict[str, Any], defaults: Mapping[str, int | str]) -> None:

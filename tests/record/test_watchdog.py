@@ -215,3 +215,117 @@ def test_write_spans_checks_its_path(tmp_path: Path) -> None:
         collective(mode.observer)
     with pytest.raises(FileNotFoundError, match="path: folder"):
         mode.write_spans(tmp_path / "missing" / "x.json")
+
+
+_KILLED_WHILE_WRITING = """
+import sys, threading, time
+from events import ALL_REDUCE
+from hp_otel import CommDebugMode, HangWatchdog
+from hp_otel.spans import otlp_json
+
+original = otlp_json.write_text_atomically
+writes = 0
+
+def slow_second_write(path, write, **kwargs):  # the watchdog's second file: stop half way
+    global writes
+    on_watchdog = threading.current_thread().name == "hp_otel-watchdog"
+    writes += on_watchdog
+
+    def half_then_wait(handle):
+        handle.write('{"resourceSpans": [' + "x" * 100_000)
+        handle.flush()
+        print("writing", flush=True)
+        time.sleep(60)
+
+    return original(path, half_then_wait if on_watchdog and writes == 2 else write, **kwargs)
+
+otlp_json.write_text_atomically = slow_second_write
+signals = tuple(int(s) for s in sys.argv[2:])
+watchdog = HangWatchdog(0.05, sys.argv[1], poll_s=0.01, on_signals=signals)
+with CommDebugMode(watchdog=watchdog) as mode:
+    mode.observer.on_collective_issue(ALL_REDUCE, time.time_ns())
+    while not watchdog.written:
+        time.sleep(0.01)
+    print("first", flush=True)
+    mode.observer.on_collective_issue(ALL_REDUCE, time.time_ns())
+    for _ in range(6000):  # the main thread runs Python: a signal's handler runs here
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "on_signals", "in_flight_spans"),
+    [
+        (signal.SIGTERM, False, 1),  # the previous complete file
+        (signal.SIGKILL, False, 1),
+        (signal.SIGTERM, True, 2),  # the handler's new complete file
+    ],
+)
+def test_a_signal_while_the_watchdog_writes_leaves_a_complete_file_and_no_temporary(
+    tmp_path, sig, on_signals, in_flight_spans
+) -> None:
+    import subprocess
+    import sys
+
+    support = str(Path(__file__).parents[1] / "support")
+    path = tmp_path / "hang_rank0.json"
+    args = [sys.executable, "-c", _KILLED_WHILE_WRITING, str(path)] + ([str(int(sig))] if on_signals else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([support, os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "first\n"
+        assert child.stdout.readline() == "writing\n"  # the second file is half written
+        child.send_signal(sig)
+        code = child.wait(30)
+    finally:
+        child.kill()
+    assert code == -sig  # the signal still ends the process
+    assert os.listdir(tmp_path) == ["hang_rank0.json"]  # no temporary file
+    spans = read_spans(path)  # complete, valid JSON
+    assert sum(bool(s.attributes.get(schema.COLLECTIVE_IN_FLIGHT)) for s in spans) == in_flight_spans
+
+
+def test_after_a_slow_file_the_watchdog_waits_nine_times_as_long_before_the_next(tmp_path) -> None:
+    """The training thread's share of the interpreter stays bounded however large the file."""
+    from hp_otel.record import watchdog as watchdog_module
+
+    issued_at = time.time_ns()
+    first = CollectiveIssue(issued_at, ALL_REDUCE, 0, "forward", "")
+    window = _StandInWindow([first])
+
+    def slow_writer(path: str) -> None:
+        time.sleep(0.05)
+        window.paths.append(path)
+
+    watchdog = HangWatchdog(0.01, str(tmp_path / "r{rank}.json"), poll_s=60)
+    watchdog.start(window, slow_writer)
+    try:
+        assert watchdog.check(issued_at + 10**9) == [first]
+        assert watchdog.last_write_s >= 0.05
+        second = CollectiveIssue(issued_at, ALL_REDUCE, 1, "forward", "")
+        window.issues.append(second)
+        assert watchdog.check(issued_at + 10**9) == []  # quiet: written with the next file
+        time.sleep(watchdog_module.QUIET_FACTOR * watchdog.last_write_s + 0.05)
+        assert watchdog.check(issued_at + 10**9) == [second]
+    finally:
+        watchdog.stop()
+    assert len(window.paths) == 2
+
+
+def test_spans_written_in_pieces_read_back_the_same(tmp_path) -> None:
+    from hp_otel.spans import otlp_json
+
+    with CommDebugMode() as mode:
+        for _ in range(300):
+            collective(mode.observer)
+    spans = mode.get_finished_spans()
+    pauses: list[int] = []
+    otlp_json.write_spans(tmp_path / "whole.json", spans, resource_defaults={schema.RESOURCE_RANK: 3})
+    otlp_json.write_spans(
+        tmp_path / "pieces.json", spans, resource_defaults={schema.RESOURCE_RANK: 3}, pause=lambda: pauses.append(1)
+    )
+    assert len(pauses) == 5  # 300 spans, 64 a piece
+    whole, pieces = read_spans(tmp_path / "whole.json"), read_spans(tmp_path / "pieces.json")
+    key = lambda s: (s.context.span_id, s.name, dict(s.attributes), s.resource.attributes[schema.RESOURCE_RANK])  # noqa: E731
+    assert sorted(map(key, whole)) == sorted(map(key, pieces)) and len(pieces) == 300

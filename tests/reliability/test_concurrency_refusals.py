@@ -15,6 +15,7 @@ from events import design_mlp_forward
 from torch.overrides import _get_current_function_mode_stack
 
 from hp_otel import CommDebugMode
+from hp_otel.spans import schema
 
 
 def _alone() -> int:
@@ -115,3 +116,40 @@ def test_separate_models_on_separate_threads_are_fine() -> None:
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def _hold_on_thread(module: torch.nn.Module, name: str, opened: threading.Event, release: threading.Event) -> None:
+    with CommDebugMode(module, engine="torch") as mode:
+        opened.set()
+        release.wait(10)
+        module(torch.ones(1, 2))  # thread A's own spans: never in thread B's window
+    assert {s.name for s in mode.get_finished_spans()} >= {type(module).__name__}
+
+
+@pytest.mark.parametrize("held", ["model", "submodule"])
+def test_a_model_and_its_submodule_on_two_threads_are_refused_with_the_thread_named(held: str) -> None:
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    layer = model[0]
+    held_module, other = (model, layer) if held == "model" else (layer, model)
+    opened, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_on_thread, args=(held_module, held, opened, release), name="trainer-A")
+    holder.start()
+    try:
+        assert opened.wait(10)
+        before = sum(len(m._forward_pre_hooks) for m in model.modules())
+        expected = (
+            r"module Sequential is already traced by a window on another thread \(thread 'trainer-A'\)"
+            if held == "model"
+            else r"module Sequential has a submodule \(Sequential\) that is already traced by a window on "
+            r"another thread \(thread 'trainer-A'\)"
+        )
+        with pytest.raises(RuntimeError, match=expected):
+            with CommDebugMode(other, engine="torch"):
+                pass
+        assert sum(len(m._forward_pre_hooks) for m in model.modules()) == before  # the refused one installed nothing
+    finally:
+        release.set()
+        holder.join()
+    with CommDebugMode(layer, engine="torch") as mode:  # free again once thread A's window closed
+        layer(torch.ones(1, 2))
+    assert len([s for s in mode.get_finished_spans() if s.attributes.get(schema.CALL_KIND) == schema.KIND_MODULE]) == 2

@@ -17,6 +17,7 @@ from hp_otel.cli import main
 from hp_otel.cli.bench_scale import format_scale_results, mlp_forward_events, record_window, run_scale_bench
 from hp_otel.render import json_dump
 from hp_otel.spans import schema
+from hp_otel.spans.infos import CollectiveInfo
 from hp_otel.testing import assert_collective_counts, metric_points
 
 
@@ -92,3 +93,101 @@ def test_scale_bench_reports_memory_and_times(capsys) -> None:
     assert lines[0].startswith("memory: 700 spans retained")
     assert main(["bench", "--scale", "--spans", "700"]) == 0
     assert "noise_level=3: table" in capsys.readouterr().out
+
+
+def test_past_the_cap_spans_are_counted_not_built_and_pending_events_stay_bounded(monkeypatch) -> None:
+    """max_spans bounds memory and time: spans past it are not even built, and unbuilt events wait
+    in proportion to it; the dropped count is still exact (7 spans a step, the referee)."""
+    from hp_otel.record import span_builder
+
+    started = 0
+    original = span_builder.SpanBuilder._start_span
+
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal started
+        started += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(span_builder.SpanBuilder, "_start_span", counting)
+    steps, cap = 3_000, 100
+    peak = 0
+    with CommDebugMode(max_spans=cap) as mode:
+        for _ in range(steps):
+            mlp_forward_events(mode.observer)
+            peak = max(peak, len(mode._recorder._pending))
+    assert len(mode.get_finished_spans()) == cap
+    assert mode.get_dropped_record_count() == steps * 7 - cap
+    assert started <= cap + 7  # at most the step that filled the store, not 21,000 spans
+    assert peak < max(mode_module._MIN_PENDING_EVENTS, 2 * cap)  # not the 20,000 of any window
+    assert_collective_counts(mode, {"_c10d_functional.all_reduce": steps})
+    kept = [s for s in mode.get_finished_spans() if s.name == "MLP"]
+    assert kept and all(s.end_time >= s.start_time for s in kept)  # spans kept before the cap end as recorded
+
+
+def test_calls_skipped_past_the_cap_close_their_own_frames_only() -> None:
+    """A module called inside itself (same fqn) after the store filled: its skipped exit does not
+    end the outer call, which was built; every frame is closed by its own exit."""
+    from hp_otel.spans.infos import ModuleInfo
+
+    with CommDebugMode(max_spans=1) as mode:
+        observer = mode.observer
+        outer, inner = ModuleInfo("(root)", "M", "M"), ModuleInfo("a", "a", "A")
+        observer.on_module_enter(outer, "forward")
+        observer.on_module_enter(inner, "forward")  # built: the store is not full yet
+        observer.on_module_enter(ModuleInfo("b", "b", "B"), "forward")
+        observer.on_module_exit("b", "forward")  # kept: the store is full now
+        for _ in range(3):  # skipped: 'a' inside 'a'
+            observer.on_module_enter(inner, "forward")
+            observer.on_module_exit("a", "forward")
+        mode._recorder.materialise()
+        builder = mode._recorder._builder
+        assert [frame.key for frame in builder._stack] == [("(root)", "forward"), ("a", "forward")]
+        observer.on_module_exit("a", "forward")
+        observer.on_module_exit("(root)", "forward")
+        mode._recorder.materialise()
+        assert builder._stack == [] and builder._skipped == {}
+    assert [s.name for s in mode.get_finished_spans()] == ["b"]
+    assert mode.get_dropped_record_count() == 3 + 2  # the skipped calls, and the two built then dropped
+
+
+def test_clear_forgets_the_builder_and_in_flight_records_between_windows() -> None:
+    with CommDebugMode() as mode:
+        mlp_forward_events(mode.observer)
+        mode.observer.on_collective_issue(
+            CollectiveInfo("x", "all_reduce", 2, "tp", (0, 1), (1,), (1,), "f32", 4, "sum"), 1
+        )
+    assert mode._recorder._builder is not None and mode._recorder.in_flight()
+    mode.clear()
+    assert mode._recorder._builder is None and mode._recorder.in_flight() == []
+    assert mode.get_finished_spans() == () and mode.get_total_counts() == 0
+
+
+def test_a_json_dump_of_a_tree_deeper_than_the_recursion_limit(tmp_path) -> None:
+    import sys
+
+    from hp_otel.spans.infos import ModuleInfo
+
+    depth = sys.getrecursionlimit() + 500
+    with CommDebugMode(max_spans=depth + 7) as mode:
+        observer = mode.observer
+        for i in range(depth):
+            observer.on_module_enter(ModuleInfo(f"m{i}", f"m{i}", "Block"), "forward")
+        mlp_forward_events(observer)  # one collective at the bottom
+        for i in reversed(range(depth)):
+            observer.on_module_exit(f"m{i}", "forward")
+    path = tmp_path / "deep.json"
+    for level in (0, 3):  # 0: every module hidden, the collective alone; 3: every level nested
+        mode.generate_json_dump(path, noise_level=level)
+        text = path.read_text()
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(4 * depth + 100)  # only json.loads needs it, to check the text
+        try:
+            dump = json.loads(text)
+        finally:
+            sys.setrecursionlimit(limit)
+        node, levels = dump["records"][-1], 1
+        while node["children"]:
+            node, levels = node["children"][-1], levels + 1
+        assert node["type"] == "collective"
+        assert levels == (1 if level == 0 else depth + 3 + 1)  # the blocks, MLP, fc2, linear, all_reduce
+        assert text.count('"type": "module"') == (0 if level == 0 else depth + 3)
