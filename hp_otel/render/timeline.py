@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.safe_text import printable
+from hp_otel.spans import exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
@@ -179,6 +180,7 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
             f'height="{(depth + 1) * ROW + 6}" class="lane-bg"/>'
             f'<text x="8" y="{top + ROW - 5:.1f}" class="rank">rank {rank}</text></g>'
         )
+    parts.extend(_exposure_labels(spans_by_rank, lane_top))
     for bar in drawn:
         bx, bw = x(bar.start_ns), max((bar.end_ns - bar.start_ns) * scale, 1.0)
         by = lane_top[bar.rank] + bar.depth * ROW
@@ -254,6 +256,50 @@ def render_html(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str 
         f"<h1>{_markup(title)}</h1><p>Hover a bar for the call, its duration and, for collectives, "
         "the start skew over ranks. Dashed lines join the same collective on each rank.</p>"
         + render_svg(spans_by_rank, title)
+        + exposure_html(spans_by_rank)
         + "<h2>Collectives</h2><table><tr><th>collective</th><th>ranks</th><th>start skew µs</th>"
         "<th>duration µs per rank</th></tr>" + "".join(rows) + "</table></body></html>\n"
+    )
+
+
+def rank_exposure(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> dict[int, exposure.Exposure]:
+    """Per rank, its windows' communication time and exposed time added up."""
+    out: dict[int, exposure.Exposure] = {}
+    for rank, spans in spans_by_rank.items():
+        totals = [r.total for r in exposure.by_window(spans).values() if r.total.collectives]
+        if totals:
+            out[rank] = exposure.Exposure(
+                sum(e.comm_ns for e in totals), sum(e.exposed_ns for e in totals), sum(e.collectives for e in totals)
+            )
+    return out
+
+
+def _exposure_labels(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], lane_top: Mapping[int, float]) -> list[str]:
+    """Under each lane's rank name: its overlap fraction (the whole summary as the tooltip)."""
+    parts = []
+    for rank, e in rank_exposure(spans_by_rank).items():
+        if rank not in lane_top:
+            continue
+        fraction = e.overlap_fraction
+        short = f"overlap {fraction:.0%}" if fraction is not None else "overlap -"
+        parts.append(
+            f'<g class="exposure" data-rank="{rank}" data-comm-ns="{e.comm_ns}" data-exposed-ns="{e.exposed_ns}">'
+            f"<title>{_markup(exposure.describe(e))}</title>"
+            f'<text x="8" y="{lane_top[rank] + 2 * ROW - 5:.1f}" class="tick">{short}</text></g>'
+        )
+    return parts
+
+
+def exposure_html(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> str:
+    """The per-rank summary of exposed communication, for the HTML page."""
+    rows = "".join(
+        f"<tr><td>{rank}</td><td>{_markup(exposure.describe(e))}</td></tr>"
+        for rank, e in sorted(rank_exposure(spans_by_rank).items())
+    )
+    if not rows:
+        return ""
+    return (
+        "<h2>Communication exposed</h2><p>In flight: union of the collectives' [issue, completion]; exposed: "
+        "the part the rank's thread waited for (docs/overlap.md).</p>"
+        "<table><tr><th>rank</th><th>communication</th></tr>" + rows + "</table>"
     )
