@@ -28,13 +28,14 @@ from opentelemetry.trace import Tracer
 
 from hp_otel.record import events as ev
 from hp_otel.record import matching
+from hp_otel.record.exposure_metrics import WindowRow, report_of
 from hp_otel.record.instruments import Instruments
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import NO_HOOKS
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import MetricKey
-from hp_otel.spans.exposure import CommSpan, ExposureReport
+from hp_otel.spans.exposure import ExposureReport
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
 logger = logging.getLogger("hp_otel")
@@ -73,7 +74,8 @@ class WindowRecorder:
         self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
         # The window's collectives, for its exposed-communication figures (spans/exposure.py) at stop().
         self._window_collectives: list[ev.Collective] = []
-        self.exposure = ExposureReport()  # the last window's, once it stopped
+        self._exposure_rows: list[WindowRow] = []  # the last stopped window's, for `exposure`
+        self._exposure: ExposureReport | None = None
         self._thread = threading.get_ident()  # the window's thread: live spans end on it only
         self._window_context: Any = None
         self._active = False
@@ -147,26 +149,32 @@ class WindowRecorder:
         self._measure_exposure()
 
     def _measure_exposure(self) -> None:
-        """The window's exposed communication: kept for queries and added to its metrics."""
+        """Snapshot the window's collectives for its exposed communication (computed when asked for or
+        when a metric reader collects: not on the step's path)."""
         collectives, self._window_collectives = self._window_collectives, []
         if not collectives:
             return
         try:
-            self.exposure = self._instruments.exposure.add_window(
-                CommSpan.of(
-                    e.start_ns,
-                    e.end_ns,
-                    is_async=e.info.is_async,
-                    completion=e.completion,
-                    call_ns=e.returned_ns - e.start_ns,
-                    waited_ns=e.waited_ns,
-                    phase=e.phase,
-                    module=e.fqn,
-                )
+            rows = [
+                (e.start_ns, e.end_ns, e.info.is_async, e.completion, e.returned_ns - e.start_ns, e.waited_ns,
+                 e.phase, e.fqn)
                 for e in collectives
-            )
+            ]  # fmt: skip
+            self._exposure_rows, self._exposure = rows, None
+            self._instruments.exposure.defer(rows)
         except Exception as exc:
             self.on_fault("exposure", exc)
+
+    @property
+    def exposure(self) -> ExposureReport:
+        """The last stopped window's exposed communication (docs/overlap.md)."""
+        if self._exposure is None:
+            try:
+                self._exposure = report_of(self._exposure_rows)
+            except Exception as exc:
+                self.on_fault("exposure", exc)
+                self._exposure = ExposureReport()
+        return self._exposure
 
     def reset(self) -> None:
         """Forget counts and unbuilt events (the OTel counters, being cumulative, keep theirs)."""
