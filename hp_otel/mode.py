@@ -42,6 +42,7 @@ from hp_otel.record.watchdog import HangWatchdog
 from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
+from hp_otel.spans.exposure import ExposureReport
 
 logger = logging.getLogger("hp_otel")
 
@@ -556,6 +557,11 @@ class CommDebugMode:
         """Faults inside hp_otel's own callbacks, by where they happened; the traced code never saw them."""
         self._recorder.materialise()  # deferred spans are built now: faults building them count too
         return dict(self._recorder.fault_counts)
+
+    def get_comm_exposure(self) -> ExposureReport:
+        """The last closed window's exposed communication: collective time in flight, the part this
+        thread waited for, the overlap fraction; in total, per phase, per (phase, module) (docs/overlap.md)."""
+        return self._recorder.exposure
 
     def get_dropped_record_count(self) -> int:
         """Spans turned away by the `max_spans` cap (the collective counts still include them)."""

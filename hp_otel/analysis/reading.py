@@ -7,10 +7,10 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from hp_otel.spans import codec
+from hp_otel.spans import codec, exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import span_attributes
 from hp_otel.spans.otlp_json import SpanFileError, read_trace_file
@@ -92,6 +92,8 @@ class RankFile:
     calls: list[RankCall]
     unsequenced: int = 0  # collective spans without a seq (written by an older hp_otel)
     world_size: int | None = None  # the resource's hp.world_size (None: the file does not say)
+    # window label -> its exposed communication (spans files only: a JSON dump has no wait times)
+    exposure: dict[str, exposure.ExposureReport] = field(default_factory=dict)
 
 
 def _rank_of(path: str, resources: Sequence[Mapping[str, Any]]) -> int:
@@ -146,7 +148,13 @@ def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
             unsequenced += 1
         else:
             calls.append(call)
-    return RankFile(text_path, rank, calls, unsequenced, _world_size_of(resources))
+    try:
+        exposures = exposure.by_window(spans)
+    except (TypeError, ValueError) as exc:
+        raise RankInputError(
+            f"{text_path}: a collective span's times or wait attributes are malformed ({exc})"
+        ) from exc
+    return RankFile(text_path, rank, calls, unsequenced, _world_size_of(resources), exposures)
 
 
 def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall | None:

@@ -7,6 +7,7 @@ from typing import Any
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
 from hp_otel.analysis.comparing import RanksReport
 from hp_otel.common.safe_text import printable
+from hp_otel.spans import exposure
 from hp_otel.spans import schema as s
 
 
@@ -104,6 +105,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         for k, g in worst:
             where = f"Module({k.module})" if k.module else "no module"
             lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
+    lines += exposure_lines(report)
     lines += ["", verdict_line(report)]
     # Module, op and group names and paths come from the files: escaped, not acted on by the terminal.
     return "\n".join(map(printable, lines))
@@ -117,7 +119,15 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
         "ranks": report.ranks,
         "missing_ranks": report.missing_ranks,
         "notes": report.notes,
-        "files": [{"path": f.path, "rank": f.rank, "collectives": len(f.calls)} for f in report.files],
+        "files": [
+            {
+                "path": f.path,
+                "rank": f.rank,
+                "collectives": len(f.calls),
+                "exposure": {window: e.to_json() for window, e in f.exposure.items()},
+            }
+            for f in report.files
+        ],
         "groups": [
             {
                 "window": g.window,
@@ -161,3 +171,24 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
             for r in report.stragglers
         ],
     }
+
+
+def exposure_lines(report: RanksReport) -> list[str]:
+    """Per rank and window: communication time, the part the rank waited for, the overlap (docs/overlap.md)."""
+    rows = [(f.rank, window, e) for f in report.files for window, e in f.exposure.items() if e.total.collectives]
+    if not rows:
+        return []
+    lines = ["", "exposed communication (in flight = union of [issue, completion]; exposed = the rank waited):"]
+    lines.append(f"  {'rank':>4}  {'window':<12}  {'in flight':>12}  {'exposed':>12}  {'overlapped':>12}  overlap")
+    for rank, window, e in sorted(rows, key=lambda r: (r[1], r[0])):
+        t = e.total
+        fraction = t.overlap_fraction
+        share = f"{fraction:.0%}" if fraction is not None else "-"
+        lines.append(
+            f"  {rank:>4}  {window or '-':<12}  {_ms(t.comm_ns):>12}  {_ms(t.exposed_ns):>12}"
+            f"  {_ms(t.overlapped_ns):>12}  {share:>7}"
+        )
+        for phase, p in sorted(e.by_phase.items()):
+            if len(e.by_phase) > 1:
+                lines.append(f"  {'':>4}  {'  ' + phase:<12}  {exposure.describe(p)}")
+    return lines

@@ -100,6 +100,10 @@ class Collective:
     # schema.COMPLETION_*: LAUNCH while a completion is awaited (end_ns is the launch's end
     # until then); the source's completion helper moves end_ns and sets WAIT or WORK.
     completion: str = "call"
+    returned_ns: int = 0  # when the issuing call returned (end_ns moves on to the completion)
+    waited_ns: int = 0  # how long a thread waited for it (wait_tensor, Work.wait)
+    # CUDA: says the device time (ns) once the events around it are complete, else None (never syncs)
+    device: Callable[[], int | None] | None = None
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, MeterProvider, Observation
 
 from hp_otel.common.per_provider import PerProvider
+from hp_otel.record.exposure_metrics import ExposureTotals
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import MetricKey
@@ -118,6 +119,7 @@ class Instruments:
     duration: Histogram
     callback_errors: Counter
     durations: DeferredDurations
+    exposure: ExposureTotals = None  # type: ignore[assignment]  # set by create(); exposed communication
 
     @classmethod
     def create(cls, meter: Meter) -> Instruments:
@@ -150,7 +152,10 @@ class Instruments:
             unit=s.METRIC_BYTES_UNIT,
             description="Bytes handed to collectives (input size).",
         )
+        exposure = ExposureTotals()
+        exposure.register(meter)
         return cls(
+            exposure=exposure,
             totals=totals,
             duration=histogram,
             durations=durations,

@@ -83,15 +83,22 @@ class Observer(Protocol):
         ticket: Any = None,
         awaits_completion: bool = False,
         done: Callable[[], bool] | None = None,
+        device: Callable[[], int | None] | None = None,
     ) -> object | None:
         """A collective call returned at `end_ns` (`ticket`: what `on_collective_issue` returned).
         With `awaits_completion` it was only launched: the returned token goes to
         `on_collective_complete` when it finishes.  `done` (only asked for while
         `wants_completion`): says, from any thread, whether its work is done; until then the
-        issued collective stays in flight."""
+        issued collective stays in flight.  `device` (CUDA tensors only): returns the collective's
+        device time in ns once the events recorded around it are complete, else None; asked
+        when its span is built, never waiting (the span then keeps the host time)."""
 
     def on_collective_complete(self, token: object, end_ns: int, completion: str) -> None:
         """The collective of `token` finished (schema.COMPLETION_WAIT / COMPLETION_WORK); any thread."""
+
+    def on_collective_wait(self, token: object, start_ns: int, end_ns: int) -> None:
+        """A thread waited for the collective of `token` (`wait_tensor`, `Work.wait()`) from `start_ns`
+        to `end_ns`: the part of the collective the step did not overlap (docs/overlap.md); any thread."""
 
     def on_redistribute_enter(self, src_placements: str, dst_placements: str, shape: tuple[int, ...]) -> None:
         """A DTensor redistribute of a tensor of `shape` starts (placements as text: `Shard(dim=0)`,

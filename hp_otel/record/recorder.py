@@ -28,17 +28,20 @@ from opentelemetry.trace import Tracer
 
 from hp_otel.record import events as ev
 from hp_otel.record import matching
+from hp_otel.record.exposure_metrics import WindowRow, report_of
 from hp_otel.record.instruments import Instruments
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import NO_HOOKS
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import MetricKey
+from hp_otel.spans.exposure import ExposureReport
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
 logger = logging.getLogger("hp_otel")
 _now = time.time_ns
 _MAX_IN_FLIGHT = 4096
+_MAX_WINDOW_COLLECTIVES = 65536  # what the exposure figures of one window are computed from
 
 
 class WindowRecorder:
@@ -69,6 +72,10 @@ class WindowRecorder:
         self._pending_durations: dict[MetricKey, list[int]] = {}
         # Async collectives awaiting completion: their duration is recorded when the window ends.
         self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
+        # The window's collectives, for its exposed-communication figures (spans/exposure.py) at stop().
+        self._window_collectives: list[ev.Collective] = []
+        self._exposure_rows: list[WindowRow] = []  # the last stopped window's, for `exposure`
+        self._exposure: ExposureReport | None = None
         self._thread = threading.get_ident()  # the window's thread: live spans end on it only
         self._window_context: Any = None
         self._active = False
@@ -130,6 +137,7 @@ class WindowRecorder:
         self._modules.clear()
         self._backward_calls = ()
         self._awaiting = []
+        self._window_collectives = []
         self._thread = threading.get_ident()
         self.active = True
 
@@ -146,6 +154,35 @@ class WindowRecorder:
         for event, key in awaiting:  # completion times where seen, else the launch
             self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
         self._flush_metrics()
+        self._measure_exposure()
+
+    def _measure_exposure(self) -> None:
+        """Snapshot the window's collectives for its exposed communication (computed when asked for or
+        when a metric reader collects: not on the step's path)."""
+        collectives, self._window_collectives = self._window_collectives, []
+        if not collectives:
+            return
+        try:
+            rows = [
+                (e.start_ns, e.end_ns, e.info.is_async, e.completion, e.returned_ns - e.start_ns, e.waited_ns,
+                 e.phase, e.fqn)
+                for e in collectives
+            ]  # fmt: skip
+            self._exposure_rows, self._exposure = rows, None
+            self._instruments.exposure.defer(rows)
+        except Exception as exc:
+            self.on_fault("exposure", exc)
+
+    @property
+    def exposure(self) -> ExposureReport:
+        """The last stopped window's exposed communication (docs/overlap.md)."""
+        if self._exposure is None:
+            try:
+                self._exposure = report_of(self._exposure_rows)
+            except Exception as exc:
+                self.on_fault("exposure", exc)
+                self._exposure = ExposureReport()
+        return self._exposure
 
     def reset(self) -> None:
         """Forget counts and unbuilt events (the OTel counters, being cumulative, keep theirs).
@@ -331,6 +368,7 @@ class WindowRecorder:
         ticket: Any = None,
         awaits_completion: bool = False,
         done: Callable[[], bool] | None = None,
+        device: Callable[[], int | None] | None = None,
     ) -> ev.Collective | None:
         """Count and record one collective; with `awaits_completion` (launched, not finished)
         returns the token to pass to `on_collective_complete` when it finishes."""
@@ -358,11 +396,16 @@ class WindowRecorder:
                 issued_in,
                 issue,
                 s.COMPLETION_LAUNCH if awaits else s.COMPLETION_CALL,
+                end_ns,
+                0,
+                device,
             )
             key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
             if awaits:
                 self._awaiting.append((event, key))
             self._emit(event)
+            if self.spans_enabled and len(self._window_collectives) < _MAX_WINDOW_COLLECTIVES:
+                self._window_collectives.append(event)
             return event if awaits else None
         except Exception as exc:
             self.on_fault("collective", exc)
@@ -380,6 +423,19 @@ class WindowRecorder:
                 builder.complete_collective(token)
         except Exception as exc:
             self.on_fault("collective_complete", exc)
+
+    def on_collective_wait(self, token: Any, start_ns: int, end_ns: int) -> None:
+        """A thread waited for the collective of `token` from `start_ns` to `end_ns` (before or after
+        its completion was reported); any thread."""
+        if not isinstance(token, ev.Collective):
+            return
+        try:
+            token.waited_ns += max(end_ns - max(start_ns, token.start_ns), 0)
+            if token.completion != s.COMPLETION_LAUNCH and token.end_ns > end_ns:
+                # done by the time its wait returned: the backend thread's timestamp came late (the GIL)
+                token.end_ns = max(end_ns, token.returned_ns)
+        except Exception as exc:
+            self.on_fault("collective_wait", exc)
 
     def _next_seq(self, info: CollectiveInfo) -> int:
         """This collective's index among the window's collectives on its group (one dict update)."""

@@ -303,10 +303,26 @@ class SpanBuilder:
         self._end_collective(span, e)
 
     def _end_collective(self, span: Span, e: ev.Collective) -> None:
-        span.set_attribute(s.COLLECTIVE_COMPLETION, e.completion)
+        completion, end_ns = e.completion, e.end_ns
+        if e.device is not None:  # CUDA: the device time, if its events are complete by now (never a sync)
+            device_ns = self._device_ns(e)
+            if device_ns is not None:
+                completion, end_ns = s.COMPLETION_DEVICE, e.start_ns + device_ns
+        span.set_attribute(s.COLLECTIVE_COMPLETION, completion)
+        if completion != s.COMPLETION_CALL and e.returned_ns:  # what the exposure figures need (exposure.py)
+            span.set_attribute(s.COLLECTIVE_CALL_NS, max(e.returned_ns - e.start_ns, 0))
+            span.set_attribute(s.COLLECTIVE_WAITED_NS, e.waited_ns)
         if self._collective_hook is not None:
             self._run_hook(self._collective_hook, span, e.info, COLLECTIVE_HOOK_FAULT)
-        self._end_span(span, e.end_ns)
+        self._end_span(span, end_ns)
+
+    def _device_ns(self, e: ev.Collective) -> int | None:
+        try:
+            probe = e.device
+            return probe() if probe is not None else None
+        except Exception as exc:  # the host time stands
+            self._on_fault("collective_device_time", exc)
+            return None
 
     def complete_collective(self, e: ev.Collective) -> None:
         """An awaited collective completed (live spans: it ends now)."""

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.safe_text import printable
 from hp_otel.render.levels import NoiseLevel, noise_level
-from hp_otel.spans import codec
+from hp_otel.spans import codec, exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
@@ -105,6 +105,8 @@ def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None, 
     """The table; lines starting `!` after it say what it cannot show (spans the cap dropped, a damaged tree)."""
     flags = noise_level(level)
     problems: list[str] = []
+    if flags.collective_detail:
+        spans = list(spans)  # read twice: the tree, then the exposure footer
     roots = build_call_tree(spans, problems)
     if dropped:
         problems.insert(
@@ -120,5 +122,16 @@ def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None, 
         kind, detail = describe(record, flags)
         type_column = "  " * depth + kind
         lines.append(type_column.ljust(_TYPE_COLUMN - 1) + " " + printable(detail))  # names: not for the terminal
+    if flags.collective_detail:
+        lines.extend(printable(line) for line in exposure_footer(spans))
     lines.extend(notes)
     return "\n".join(lines)
+
+
+def exposure_footer(spans: Iterable[ReadableSpan]) -> list[str]:
+    """The footer at level 3: each window's communication time, exposed and overlapped (docs/overlap.md)."""
+    reports = exposure.by_window(spans)
+    lines: list[str] = []
+    for window, report in reports.items():
+        lines.extend(exposure.footer_lines(report, window if len(reports) > 1 else ""))
+    return [RULE, *lines] if lines else []

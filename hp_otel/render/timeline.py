@@ -22,6 +22,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.safe_text import printable
+from hp_otel.spans import exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
@@ -276,6 +277,7 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
                 f'<text x="8" y="{row_y:.1f}" class="group" data-rank="{rank}" data-group="{_markup(group)}">'
                 f"{_markup(label)}</text>"
             )
+    parts.extend(_exposure_labels(spans_by_rank, lane_top))
     for bar in drawn:
         bx, bw = x(bar.start_ns), max((bar.end_ns - bar.start_ns) * scale, 1.0)
         by = lane_top[bar.rank] + bar.depth * ROW
@@ -313,7 +315,7 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
 _STYLE = (
     "text{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px}"
     ".title{font-size:14px;font-weight:bold}.tick{fill:#555;font-size:10px}.rank{font-weight:bold}"
-    ".group{fill:#555;font-size:10px}"
+    ".group{fill:#555;font-size:10px}.overlap{fill:#555;font-size:10px;font-style:italic}"
     ".grid{stroke:#e3e6ea;stroke-width:1}.lane-bg{fill:#f6f8fa}.skew{stroke-width:1;stroke-dasharray:3,2}"
 )
 
@@ -377,7 +379,51 @@ def render_html(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str 
         "bytes, module and the start skew over ranks. Each rank's collectives sit on one row per process group; "
         "dashed lines join the same collective (same match id) on each rank.</p>"
         + render_svg(spans_by_rank, title)
+        + exposure_html(spans_by_rank)
         + '<h2>Collectives</h2><table class="collectives">'
         + table
         + "</table></body></html>\n"
+    )
+
+
+def rank_exposure(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> dict[int, exposure.Exposure]:
+    """Per rank, its windows' communication time and exposed time added up."""
+    out: dict[int, exposure.Exposure] = {}
+    for rank, spans in spans_by_rank.items():
+        totals = [r.total for r in exposure.by_window(spans).values() if r.total.collectives]
+        if totals:
+            out[rank] = exposure.Exposure(
+                sum(e.comm_ns for e in totals), sum(e.exposed_ns for e in totals), sum(e.collectives for e in totals)
+            )
+    return out
+
+
+def _exposure_labels(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], lane_top: Mapping[int, float]) -> list[str]:
+    """Under each lane's rank name: its overlap fraction (the whole summary as the tooltip)."""
+    parts = []
+    for rank, e in rank_exposure(spans_by_rank).items():
+        if rank not in lane_top:
+            continue
+        fraction = e.overlap_fraction
+        short = f"overlap {fraction:.0%}" if fraction is not None else "overlap -"
+        parts.append(
+            f'<g class="exposure" data-rank="{rank}" data-comm-ns="{e.comm_ns}" data-exposed-ns="{e.exposed_ns}">'
+            f"<title>{_markup(exposure.describe(e))}</title>"
+            f'<text x="8" y="{lane_top[rank] + 2 * ROW - 5:.1f}" class="overlap">{short}</text></g>'
+        )
+    return parts
+
+
+def exposure_html(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> str:
+    """The per-rank summary of exposed communication, for the HTML page."""
+    rows = "".join(
+        f"<tr><td>{rank}</td><td>{_markup(exposure.describe(e))}</td></tr>"
+        for rank, e in sorted(rank_exposure(spans_by_rank).items())
+    )
+    if not rows:
+        return ""
+    return (
+        "<h2>Communication exposed</h2><p>In flight: union of the collectives' [issue, completion]; exposed: "
+        "the part the rank's thread waited for (docs/overlap.md).</p>"
+        "<table><tr><th>rank</th><th>communication</th></tr>" + rows + "</table>"
     )

@@ -81,6 +81,13 @@ COMPLETION_CALL: Final = "call"
 COMPLETION_WAIT: Final = "wait"
 COMPLETION_WORK: Final = "work"
 COMPLETION_LAUNCH: Final = "launch"
+# CUDA: the span's duration is the device time between CUDA events recorded around it (read without a sync).
+COMPLETION_DEVICE: Final = "device"
+# Async collectives (completion wait/work/device/launch): how long the issuing call itself took on the host,
+# and how long a thread then waited for it (wait_tensor, Work.wait), that wait ending at or after its
+# completion; both in ns.  What the exposed-communication figures are computed from (spans/exposure.py).
+COLLECTIVE_CALL_NS: Final = "hp.collective.call_ns"
+COLLECTIVE_WAITED_NS: Final = "hp.collective.waited_ns"
 # Matching the same collective across ranks (rank_compare.py, `hp-otel ranks`).
 COLLECTIVE_SEQ: Final = "hp.collective.seq"  # index among this rank's collectives on the group, per window
 COLLECTIVE_WINDOW: Final = "hp.collective.window"  # what the seq counts within: "step 3" or "window 0"
@@ -135,6 +142,12 @@ DURATION_BUCKETS_S: Final = (
     0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+# Exposed communication per window (spans/exposure.py): the time collectives of a (phase, module) were in
+# flight (union of their [issue, completion]), and the part of it the window's thread spent waiting on
+# communication.  overlap fraction = 1 - exposed / time.  Attributes: PHASE, MODULE_FQN (issuing module).
+METRIC_COMM_TIME: Final = "hp.collective.time"
+METRIC_COMM_EXPOSED: Final = "hp.collective.exposed"
+METRIC_COMM_TIME_UNIT: Final = "s"
 METRIC_CALLBACK_ERRORS: Final = "hp.callback.errors"
 METRIC_CALLBACK_ERRORS_UNIT: Final = "{error}"
 CALLBACK_NAME: Final = "hp.callback"

@@ -104,7 +104,10 @@ def test_level_3_adds_redistribute_and_backward(design_mode: CommDebugMode) -> N
         obs.on_redistribute_exit()
         obs.on_backward_end()
     table3 = mode.generate_comm_debug_tracing_table(noise_level=3).splitlines()
-    assert table3[2:] == [
+    # level 3 ends with the exposed-communication footer (docs/overlap.md): a synchronous call, all exposed
+    assert table3[5] == "-" * 80 and table3[6].startswith("communication: comm ") and table3[6].endswith("(0%)")
+    assert table3[7].startswith("  backward: comm ") and len(table3) == 8
+    assert table3[2:5] == [
         "Module               Module((root)) [backward]",
         "  Redistribute       Redistribute(Partial(sum) -> Replicate()) shape=(4, 16)",
         "    Collective       Collective(differentiable_all_reduce) group_size=2 input_shape=(4, 16) "

@@ -14,6 +14,7 @@ from hp_otel.record.observer import Observer
 from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.collectives import CollectiveSpec
 from hp_otel.sources.pytorch.completion import Completions
+from hp_otel.sources.pytorch.device_timing import DeviceSpan, DeviceTimer
 from hp_otel.sources.pytorch.fsdp import param_module
 from hp_otel.spans import schema as s
 
@@ -60,9 +61,10 @@ class CollectiveTimer:
     the watchdog), the issue record carries a probe that says when the work is done.
     """
 
-    def __init__(self, observer: Observer) -> None:
+    def __init__(self, observer: Observer, device_timer: DeviceTimer | None = None) -> None:
         self._observer = observer
         self._completions = Completions(observer)
+        self._device_timer = device_timer or DeviceTimer()  # CUDA tensors only (device_timing.py)
 
     @property
     def accepting(self) -> bool:
@@ -75,20 +77,36 @@ class CollectiveTimer:
         """Run `call(*args, **kwargs)`, the collective op `spec` describes, and report it."""
         start = time.time_ns()
         info, phase, ticket = self._issue(spec, args, kwargs, start)
+        device = self._device_start(spec, args, kwargs) if ticket is not None else None
         try:
             result = call(*args, **kwargs)
         except BaseException as error:
             self._report(spec, info, phase, ticket, args, kwargs, None, start, error)
             raise
-        self._report(spec, info, phase, ticket, args, kwargs, result, start, None)
+        self._report(spec, info, phase, ticket, args, kwargs, result, start, None, device)
         return result
 
-    def waited(self, tensor: Any) -> None:
-        """`wait_tensor(tensor)` returned: the watchdog's probe is done, its collective completes now."""
+    def waited(self, tensor: Any, start_ns: int | None = None) -> None:
+        """`wait_tensor(tensor)` returned (called at `start_ns`): the watchdog's probe is done, its
+        collective completes now."""
         try:
-            self._completions.waited(tensor)
+            self._completions.waited(tensor, start_ns)
         except Exception as exc:
             self._observer.on_fault("collective_complete", exc)
+
+    def work_waited(self, work: Any, start_ns: int, end_ns: int) -> None:
+        """`work.wait()` returned: how long the thread waited for that collective."""
+        try:
+            self._completions.work_waited(work, start_ns, end_ns)
+        except Exception as exc:
+            self._observer.on_fault("collective_wait", exc)
+
+    def _device_start(self, spec: CollectiveSpec, args: Any, kwargs: Any) -> DeviceSpan | None:
+        try:
+            return self._device_timer.start(spec.first_input(args, kwargs))
+        except Exception as exc:  # the host time stands
+            self._observer.on_fault("collective_device_time", exc)
+            return None
 
     def waited_in(self, args: Any, kwargs: Any) -> None:
         """An op that read AsyncCollectiveTensors (which waits inside) returned."""
@@ -111,7 +129,7 @@ class CollectiveTimer:
 
     def _report(
         self, spec: CollectiveSpec, info: Any, phase: str, ticket: Any, args: Any, kwargs: Any, result: Any,
-        start: int, error: Any,
+        start: int, error: Any, device: DeviceSpan | None = None,
     ) -> None:  # fmt: skip
         end = time.time_ns()
         observer = self._observer
@@ -131,11 +149,19 @@ class CollectiveTimer:
         try:
             if not phase:
                 phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
-            token = observer.on_collective(
-                info, start, end, error, phase, ticket, awaits_completion=result is not None, done=done
-            )
+            if device is None:
+                token = observer.on_collective(
+                    info, start, end, error, phase, ticket, awaits_completion=result is not None, done=done
+                )
+            else:  # CUDA: the recorder asks the events when it builds the span
+                if result is None:
+                    device.finish()
+                token = observer.on_collective(
+                    info, start, end, error, phase, ticket, awaits_completion=result is not None, done=done,
+                    device=device,
+                )  # fmt: skip
             if token is not None:  # launched, not finished: its wait or Work says when it is
-                self._completions.launched(spec.functional, result, token)
+                self._completions.launched(spec.functional, result, token, device)
         except Exception as exc:
             observer.on_fault("collective_after", exc)
 

@@ -160,6 +160,11 @@ class CollectiveSpec:
         self._group = next((n for n in _GROUP_ARGS if n in self._index), None)
         self._reduce = next((n for n in _REDUCE_ARGS if n in self._index), None)
         self._async = "async_op" if "async_op" in self._index else None
+        # The dispatcher leaves out trailing arguments equal to their default (async_op=True):
+        # a missing one is its schema's default, not False.
+        self._async_default = next(
+            (bool(a.default_value) for a in _compat.op_schema(op).arguments if a.name == "async_op"), False
+        )
         self._peer = next((n for n in _PEER_ARGS if n in self._index), None)
         self._tag = next((n for n in _TAG_ARGS if n in self._index), None)
 
@@ -182,7 +187,8 @@ class CollectiveSpec:
         first_out = _first_tensor(outputs)
         group = self._arg(self._group, args, kwargs)
         ginfo = _group_info(group) if group is not None else NO_GROUP
-        is_async = True if self.functional else bool(self._arg(self._async, args, kwargs))
+        asked = self._arg(self._async, args, kwargs)
+        is_async = True if self.functional else bool(self._async_default if asked is None else asked)
         peers: tuple[int, ...] = ()
         tags: tuple[int, ...] = ()
         if self._peer is not None:

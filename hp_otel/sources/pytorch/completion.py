@@ -14,6 +14,9 @@ transfer is done, an eager c10d op (`c10d.allreduce_`) returns a `Work` — also
   work completed (gloo completes it on its own thread).
 
 The observer moves the collective's end to that moment (`on_collective_complete`).
+How long the thread waited for it (`wait_tensor`'s call, `Work.wait()` — see `waits.py`) is
+reported too (`on_collective_wait`): the communication the step did not overlap.  On CUDA the
+device span's end event is recorded at those moments too (`device_timing.py`).
 """
 
 from __future__ import annotations
@@ -49,21 +52,33 @@ class Completions:
         self._observer = observer
         self._by_storage: dict[int, Any] = {}  # storage of a functional output -> the observer's token
         self._probes: dict[int, Any] = {}  # storage of a functional output -> the watchdog's probe (`.done`)
+        self._devices: dict[int, Any] = {}  # storage of a functional output -> its DeviceSpan (CUDA)
+        self._by_work: dict[Any, tuple[Any, Any]] = {}  # an eager op's Work -> (token, DeviceSpan or None)
+        self._on_wait = getattr(observer, "on_collective_wait", None)  # optional for observers
 
-    def launched(self, functional: bool, result: Any, token: Any) -> None:
-        """A collective op returned `result` without finishing; `token` is the observer's."""
+    def launched(self, functional: bool, result: Any, token: Any, device: Any = None) -> None:
+        """A collective op returned `result` without finishing; `token` is the observer's;
+        `device` its DeviceSpan on CUDA (its end is recorded when the collective is waited for)."""
         if functional:
             pending = self._by_storage
             if len(pending) >= _MAX_PENDING:
                 pending.clear()
+                self._devices.clear()
             for tensor in _tensors(result):
-                pending[_storage_key(tensor)] = token
+                key = _storage_key(tensor)
+                pending[key] = token
+                if device is not None:
+                    self._devices[key] = device
             return
         work = result[-1] if isinstance(result, (tuple, list)) and result else result
         if isinstance(work, torch.ScriptObject):
             work = _compat.unbox_work(work)
         if not isinstance(work, dist.distributed_c10d.Work):
             return
+        by_work = self._by_work
+        if len(by_work) >= _MAX_PENDING:  # works never waited for: forget them
+            by_work.clear()
+        by_work[work] = (token, device)
         try:
             future = work.get_future()
         except RuntimeError:  # a backend without futures: only the launch is known
@@ -72,6 +87,8 @@ class Completions:
 
         def completed(_future: Any) -> None:  # on the backend's thread: record the time, nothing more
             try:
+                if device is not None:  # a CUDA future runs this with its streams synchronised
+                    device.finish()
                 observer.on_collective_complete(token, time.time_ns(), s.COMPLETION_WORK)
             except Exception as exc:
                 observer.on_fault("collective_complete", exc)
@@ -85,8 +102,9 @@ class Completions:
             probes.pop(next(iter(probes)))
         probes[_storage_key(output)] = probe
 
-    def waited(self, tensor: Any) -> None:
-        """`wait_tensor(tensor)` returned: the collective that made its storage is done."""
+    def waited(self, tensor: Any, start_ns: int | None = None) -> None:
+        """`wait_tensor(tensor)` returned (called at `start_ns`, when known): the collective that
+        made its storage is done."""
         if not (self._by_storage or self._probes) or not isinstance(tensor, torch.Tensor):
             return
         key = _storage_key(tensor)
@@ -95,7 +113,24 @@ class Completions:
             probe.done = True
         token = self._by_storage.pop(key, None)
         if token is not None:
-            self._observer.on_collective_complete(token, time.time_ns(), s.COMPLETION_WAIT)
+            now = time.time_ns()
+            device = self._devices.pop(key, None)
+            if device is not None:  # the current stream now waits for the collective
+                device.finish()
+            if start_ns is not None and self._on_wait is not None:
+                self._on_wait(token, start_ns, now)
+            self._observer.on_collective_complete(token, now, s.COMPLETION_WAIT)
+
+    def work_waited(self, work: Any, start_ns: int, end_ns: int) -> None:
+        """`work.wait()` ran from `start_ns` to `end_ns` on a Work this window launched."""
+        pending = self._by_work.pop(work, None)
+        if pending is None:
+            return
+        token, device = pending
+        if device is not None:
+            device.finish()
+        if self._on_wait is not None:
+            self._on_wait(token, start_ns, end_ns)
 
     def waited_in(self, args: Any, kwargs: Any) -> None:
         """An op that read AsyncCollectiveTensors returned: their waits are done."""
@@ -110,3 +145,5 @@ class Completions:
     def clear(self) -> None:
         self._by_storage.clear()
         self._probes.clear()
+        self._devices.clear()
+        self._by_work.clear()

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import functools
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
 from hp_otel.sources.pytorch.fsdp import fsdp_patches
 from hp_otel.sources.pytorch.tensors import tensor_infos
+from hp_otel.sources.pytorch.waits import wait_slot, work_wait_patches
 from hp_otel.spans.codec import placements_text
 
 # Attribute access and hook registration: bookkeeping, not computation (torch's own
@@ -117,8 +119,9 @@ class _CollectiveMode(_compat.TorchDispatchMode):  # type: ignore[misc]
             traced = False
         if not traced:  # nearly every op: pass straight through
             if func is WAIT_TENSOR:
+                start = time.time_ns()
                 result = func(*args, **kwargs)
-                timer.waited(args[0] if args else kwargs.get("tensor"))
+                timer.waited(args[0] if args else kwargs.get("tensor"), start)
                 return result
             if AsyncCollectiveTensor in types:
                 result = func(*args, **kwargs)
@@ -236,6 +239,8 @@ class TorchDTensorSource:
         self._token: contextvars.Token[Observer | None] | None = None
         self._timer: CollectiveTimer | None = None
         self._timer_token: contextvars.Token[CollectiveTimer | None] | None = None
+        self._wait_timer: CollectiveTimer | None = None
+        self._wait_token: contextvars.Token[CollectiveTimer | None] | None = None
 
     def attach(self, observer: Observer) -> None:
         self._observer = observer
@@ -245,6 +250,10 @@ class TorchDTensorSource:
             _redistribute_patches.acquire()
             fsdp_patches.acquire()
         timer = CollectiveTimer(observer)
+        if spans:  # Work.wait() timed: the exposed communication (waits.py)
+            work_wait_patches.acquire()
+            self._wait_token = wait_slot.push(timer)
+            self._wait_timer = timer
         if collective_hook() == KERNELS and kernels.ensure_registered(self._specs):
             self._timer_token = kernels.timer_slot.push(timer)
             self._timer = timer
@@ -259,7 +268,15 @@ class TorchDTensorSource:
 
     def detach(self) -> None:
         """Undo attach in reverse order; every step runs even if an earlier one fails."""
-        run_every((self._exit_op_mode, self._exit_collective_mode, self._unpatch))
+        run_every((self._exit_op_mode, self._exit_collective_mode, self._unpatch_waits, self._unpatch))
+
+    def _unpatch_waits(self) -> None:
+        timer, token, self._wait_timer, self._wait_token = self._wait_timer, self._wait_token, None, None
+        if timer is not None and token is not None:
+            try:
+                work_wait_patches.release()
+            finally:
+                wait_slot.pop(timer, token)
 
     def why_no_collectives(self) -> str | None:
         """Why a window saw no collective, if torch can tell (CommDebugMode says it once)."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -127,12 +128,13 @@ def _wait_kernel(op: Any) -> Any:
     redispatch = _compat.redispatch_boxed(op)
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.time_ns()  # how long the step waits here: its exposed communication
         result = redispatch(keyset.remove(_BACKEND_SELECT), *args, **kwargs)
         timer = None
         try:
             timer = timer_slot.current()
             if timer is not None:
-                timer.waited(args[0] if args else kwargs.get("tensor"))
+                timer.waited(args[0] if args else kwargs.get("tensor"), start)
         except Exception as exc:
             _fault(timer, "collective_complete", exc)
         return result
