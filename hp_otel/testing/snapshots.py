@@ -83,8 +83,8 @@ def assert_comm_snapshot(
     `source`: a CommDebugMode (or an exporter / sequence of its finished spans).
     `bytes_tolerance`: bytes a (module, phase, op) may differ by, as bytes (int) or a
     percentage of the snapshot's ("5%"); counts must match exactly. `update`: True
-    rewrites, False never does, None (default) follows `--hp-otel-update-snapshots` /
-    `HP_OTEL_UPDATE_SNAPSHOTS`.
+    rewrites, False compares even under the option (a missing snapshot is still written),
+    None (default) follows `--hp-otel-update-snapshots` / `HP_OTEL_UPDATE_SNAPSHOTS`.
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     target = _resolve(path, 2)
