@@ -324,3 +324,17 @@ def test_a_mode_summary_matches_its_file(batch_4_vs_5) -> None:
     from hp_otel.spans.otlp_json import read_spans
 
     assert diff_runs(read_run(a), summarize_spans(read_spans(a))).same
+
+
+def test_a_snapshot_is_a_run_too(batch_4_vs_5, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from hp_otel.analysis.run_diff import snapshot_text
+
+    a, b = batch_4_vs_5
+    snapshot = tmp_path / "snap.json"
+    snapshot.write_text(snapshot_text(read_run(a)))
+    assert _cli(capsys, str(snapshot), a)[0] == 0
+    code, out, _ = _cli(capsys, str(snapshot), b)
+    assert code == 3 and "fc2 forward: all_reduce 1 → 1, 256 B → 320 B (+64 B)" in out.splitlines()
+    snapshot.write_text(json.dumps({"format": "hp_otel.comm_snapshot", "version": 99, "collectives": []}))
+    code, _, err = _cli(capsys, str(snapshot), a)
+    assert code == 2 and "snapshot version 99" in err
