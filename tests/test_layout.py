@@ -191,7 +191,7 @@ ALLOWED: dict[str, set[str]] = {
     "sources": BASE | {"spans", "record"},
     "mode": BASE | {"spans", "record", "sources", "render", "export"},
     "always_on": BASE | {"spans", "record", "sources", "export", "mode"},
-    "testing": BASE | {"spans", "record", "mode", "hp_otel"},
+    "testing": BASE | {"spans", "record", "analysis", "mode", "hp_otel"},
     "torch": BASE | {"spans", "record", "sources", "render", "mode"},
     "cli": {"*"},
     "hp_otel": {"spans", "record", "export", "always_on", "mode", "version"},

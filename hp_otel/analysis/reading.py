@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ class RankCall:
     start_ns: int
     end_ns: int
     in_flight: bool
+    bytes: int = 0  # what it moved (its inputs' bytes, hp.collective.bytes); 0 where the file says none
 
     def signature(self) -> tuple[Any, ...]:
         """What must be equal on every rank of the group."""
@@ -96,7 +97,7 @@ class RankFile:
     exposure: dict[str, exposure.ExposureReport] = field(default_factory=dict)
 
 
-def _rank_of(path: str, resources: Sequence[Mapping[str, Any]]) -> int:
+def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: int | None = None) -> int:
     ranks = {int(r[s.RESOURCE_RANK]) for r in resources if r.get(s.RESOURCE_RANK) is not None}
     if len(ranks) > 1:
         raise RankInputError(f"{path}: spans of several ranks {sorted(ranks)} in one file; give one file per rank")
@@ -105,6 +106,8 @@ def _rank_of(path: str, resources: Sequence[Mapping[str, Any]]) -> int:
     found = _RANK_IN_NAME.search(os.path.basename(path))
     if found:
         return int(found.group(1))
+    if default_rank is not None:
+        return default_rank
     raise RankInputError(f"{path}: names no rank (no {s.RESOURCE_RANK} resource attribute, no 'rank<N>' in its name)")
 
 
@@ -118,22 +121,38 @@ def _world_size_of(resources: Sequence[Mapping[str, Any]]) -> int | None:
     return max(sizes, default=None)
 
 
-def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
-    """One rank's collectives from its spans file (OTLP/JSON) or its JSON dump (`generate_json_dump`)."""
+def read_rank_file(path: str | os.PathLike[str], default_rank: int | None = None) -> RankFile:
+    """One rank's collectives from its spans file (OTLP/JSON) or its JSON dump (`generate_json_dump`).
+
+    `default_rank`: the rank of a file that names none (`hp-otel diff` reads one file of one
+    process); None: such a file is refused.
+    """
     text_path = os.fspath(path)
     dump = _json_dump(text_path)
     if dump is not None:
-        return _read_dump(text_path, dump)
+        return _read_dump(text_path, dump, default_rank)
     try:
         spans, resources = read_trace_file(text_path)
     except SpanFileError as exc:
         raise RankInputError(str(exc)) from exc
     try:
-        rank = _rank_of(text_path, resources)
+        rank = _rank_of(text_path, resources, default_rank)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, RankInputError):
             raise
         raise RankInputError(f"{text_path}: its {s.RESOURCE_RANK} is not a rank ({exc})") from exc
+    calls, unsequenced = calls_from_spans(spans, rank, text_path)
+    try:
+        exposures = exposure.by_window(spans)
+    except (TypeError, ValueError) as exc:
+        raise RankInputError(
+            f"{text_path}: a collective span's times or wait attributes are malformed ({exc})"
+        ) from exc
+    return RankFile(text_path, rank, calls, unsequenced, _world_size_of(resources), exposures)
+
+
+def calls_from_spans(spans: Iterable[Any], rank: int, where: str = "spans") -> tuple[list[RankCall], int]:
+    """The collectives among finished spans (a file's, or a mode's own), and how many had no seq."""
     calls: list[RankCall] = []
     unsequenced = 0
     for span in spans:
@@ -143,18 +162,12 @@ def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
         try:
             call = _call_from_span(rank, span, attrs)
         except (TypeError, ValueError) as exc:  # attributes hp_otel did not write
-            raise RankInputError(f"{text_path}: collective span {span.name!r} is malformed ({exc})") from exc
+            raise RankInputError(f"{where}: collective span {span.name!r} is malformed ({exc})") from exc
         if call is None:
             unsequenced += 1
         else:
             calls.append(call)
-    try:
-        exposures = exposure.by_window(spans)
-    except (TypeError, ValueError) as exc:
-        raise RankInputError(
-            f"{text_path}: a collective span's times or wait attributes are malformed ({exc})"
-        ) from exc
-    return RankFile(text_path, rank, calls, unsequenced, _world_size_of(resources), exposures)
+    return calls, unsequenced
 
 
 def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall | None:
@@ -179,6 +192,7 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         start_ns=span.start_time or 0,
         end_ns=span.end_time or 0,
         in_flight=match.in_flight,
+        bytes=info.bytes,
     )
 
 
@@ -192,12 +206,12 @@ def _json_dump(path: str) -> dict[str, Any] | None:
     return payload if isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload else None
 
 
-def _read_dump(path: str, dump: dict[str, Any]) -> RankFile:
-    """A JSON dump names no rank: it comes from the file name (`comm_rank1.json`)."""
+def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None) -> RankFile:
+    """A JSON dump names no rank: it comes from the file name (`comm_rank1.json`), else `default_rank`."""
     found = _RANK_IN_NAME.search(os.path.basename(path))
-    if not found:
+    if not found and default_rank is None:
         raise RankInputError(f"{path}: a JSON dump names no rank; name the file with 'rank<N>' (comm_rank0.json)")
-    rank = int(found.group(1))
+    rank = int(found.group(1)) if found else int(default_rank)  # type: ignore[arg-type]
     calls: list[RankCall] = []
     unsequenced = 0
     stack = list(dump.get("records") or [])
@@ -229,6 +243,7 @@ def _read_dump(path: str, dump: dict[str, Any]) -> RankFile:
                     start_ns=start,
                     end_ns=start + int(node.get("duration_ns", 0)),
                     in_flight=False,
+                    bytes=int(node.get("bytes", 0)),
                 )
             )
     except (AttributeError, TypeError, ValueError, KeyError) as exc:

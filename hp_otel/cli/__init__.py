@@ -1,7 +1,8 @@
 """The `hp-otel` command: see the collectives of a distributed-tensor training step.
 
 demo: a real 2-process CPU run; render: a table from a saved spans file; ranks: compare the
-ranks' files (divergence, hang, stragglers); plot / chrome-trace: pictures; bench: what tracing costs.
+ranks' files (divergence, hang, stragglers); diff: compare two runs' communication;
+plot / chrome-trace: pictures; bench: what tracing costs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from hp_otel.cli import pictures, ranks
+from hp_otel.cli import diff, pictures, ranks
 from hp_otel.cli.arguments import NOISE_LEVEL_HELP, DefaultsFormatter, noise_level, port, positive
 from hp_otel.cli.progress import to_stderr
 from hp_otel.common.safe_text import printable
@@ -230,6 +231,15 @@ COMMANDS: tuple[Command, ...] = (
         "(exit 0 agree, 3 not, 4 ranks without a file, 2 bad input)",
         ranks.add_arguments,
         ranks.run,
+    ),
+    Command(
+        "diff",
+        "compare two runs' collectives per module, phase and op (exit 0 same, 3 different, 2 bad input)",
+        diff.add_arguments,
+        diff.run,
+        description="Two runs side by side (two spans files, JSON dumps or snapshots, or two folders of per-rank "
+        "files): per module, phase and collective op, the count and bytes before and after, what appeared and "
+        "what vanished, then the totals.",
     ),
     Command(
         "plot",

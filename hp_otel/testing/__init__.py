@@ -11,9 +11,11 @@ from hp_otel.testing.assertions import (
     span_outline,
     spans_named,
 )
+from hp_otel.testing.snapshots import assert_comm_snapshot
 
 __all__ = [
     "assert_collective_counts",
+    "assert_comm_snapshot",
     "assert_no_callback_errors",
     "assert_span_tree",
     "collective_counts",

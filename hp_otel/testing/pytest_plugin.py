@@ -10,16 +10,56 @@ Fixtures that wire hp_otel to the test:
 
 A mode a test leaves active fails the test at teardown (its hooks would leak into the
 next test).  Assertions: `hp_otel.testing` (`assert_collective_counts`,
-`assert_span_tree`, `span_outline`, `assert_no_callback_errors`).  Importing this
-module costs nothing: torch and the SDK load when a fixture is used.
+`assert_span_tree`, `span_outline`, `assert_no_callback_errors`, `assert_comm_snapshot`).
+`--hp-otel-update-snapshots` rewrites the communication snapshots the session's tests
+assert (see `hp_otel.testing.snapshots`); the summary lists the snapshots written.
+Importing this module costs nothing: torch and the SDK load when a fixture is used.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+_SNAPSHOTS = "hp_otel.testing.snapshots"
+_UPDATE_OPTION = "--hp-otel-update-snapshots"
+_snapshots_before = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("hp_otel").addoption(
+        _UPDATE_OPTION,
+        action="store_true",
+        default=False,
+        help="rewrite the communication snapshots that assert_comm_snapshot compares against",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_snapshots_before] = len(sys.modules[_SNAPSHOTS].written) if _SNAPSHOTS in sys.modules else 0
+    if config.getoption(_UPDATE_OPTION):
+        from hp_otel.testing.snapshots import set_update_snapshots
+
+        set_update_snapshots(True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.getoption(_UPDATE_OPTION):
+        from hp_otel.testing.snapshots import set_update_snapshots
+
+        set_update_snapshots(False)  # an inline session (pytester) leaves the outer one as it was
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    module = sys.modules.get(_SNAPSHOTS)
+    written = module.written[config.stash.get(_snapshots_before, 0) :] if module is not None else []
+    if written:
+        terminalreporter.write_sep("-", f"hp_otel: {len(written)} communication snapshot(s) written")
+        for path in written:
+            terminalreporter.write_line(str(path))
 
 
 @pytest.fixture

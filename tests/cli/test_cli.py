@@ -142,7 +142,7 @@ def test_help_lists_every_registered_command(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert [c.name for c in COMMANDS] == ["demo", "bench", "render", "ranks", "plot", "chrome-trace"]
+    assert [c.name for c in COMMANDS] == ["demo", "bench", "render", "ranks", "diff", "plot", "chrome-trace"]
     for command in COMMANDS:
         assert command.name in text and " ".join(command.help.split()) in text, command.name
     assert "chrome-trace (export)" in text and "(export: its old name, deprecated)" in text
