@@ -411,7 +411,7 @@ class WindowRecorder:
     def _count(self, info: CollectiveInfo, phase_hint: str | None, start_ns: int) -> tuple[str, str]:
         """Exact counts, overall and for each module it belongs to; returns the innermost module's (phase, fqn).
 
-        Forward (and a recomputed forward): every open module, innermost phase.  Backward
+        Forward (and a recomputed forward): every open module of the innermost one's phase.  Backward
         with a node attribution: the module calls whose forward created the running
         autograd node — the open backward spans follow them first, so the span tree
         agrees with the counts.
@@ -433,9 +433,10 @@ class WindowRecorder:
                 per_phase[name] = per_phase.get(name, 0) + 1
             return s.PHASE_BACKWARD, chain[-1].module.fqn
         fqn, phase = modules[-1]
+        # The open modules of its own phase, exactly the module spans of that phase it nests
+        # under: a recompute counts for the calls recomputed, not for the backward calls whose
+        # node asked for it (their backward spans hold it, but it is no backward work of theirs).
         owners = {f for f, p in modules if p == phase}
-        if phase == s.PHASE_RECOMPUTE:  # also the modules whose backward node asked for the recompute
-            owners.update(call.module.fqn for call in self._running_chain() or ())
         for module_fqn in owners:
             per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
             per_phase[name] = per_phase.get(name, 0) + 1

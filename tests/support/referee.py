@@ -156,7 +156,8 @@ class Referee(TorchDispatchMode):
                 self.module_counts[fqn]["forward"][name] += 1
             return
         if self._stack:  # a forward recomputed inside backward (activation checkpointing)
-            for fqn in set(self._stack):
+            # for the modules recomputed, not for those of the node that asked for it
+            for fqn in set(self._stack[max(self._recompute_depth - 1, 0) :]):
                 self.module_counts[fqn]["recompute"][name] += 1
             return
         node = torch._C._current_autograd_node()
