@@ -213,7 +213,13 @@ class WindowRecorder:
         if not self.accepting:
             return
         try:
-            self._follow_backward(tuple(chain), _now())
+            chain = tuple(chain)
+            open_calls = self._backward_calls
+            if len(chain) < len(open_calls) and all(a is b for a, b in zip(chain, open_calls, strict=False)):
+                # An enclosing call's gradient arrives while calls inside it are open (grad hooks on a
+                # shared multi-tensor output run in any order): its backward is open already.
+                return
+            self._follow_backward(chain, _now())
         except Exception as exc:
             self.on_fault("backward_modules", exc)
 

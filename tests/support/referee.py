@@ -107,6 +107,8 @@ class Referee(TorchDispatchMode):
         self._param_owner: dict[int, tuple[str, ...]] = {}
         if model is not None:
             for fqn, module in model.named_modules():
+                if isinstance(module, torch.jit.ScriptModule):  # takes no hooks: its parent's stack holds it
+                    continue
                 name = fqn or "(root)"
                 self._handles.append(module.register_forward_pre_hook(self._pre(name), prepend=True))
                 self._handles.append(module.register_forward_hook(self._post(name), always_call=True))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import sys
 import threading
 import weakref
@@ -46,6 +47,7 @@ _next_sequence_nr = _compat.next_sequence_nr  # this thread's next autograd node
 _current_node = _compat.current_autograd_node
 _graph_task_id = _compat.current_graph_task_id  # -1 outside backward
 _sequence_nr = _compat.node_sequence_nr  # an autograd node's number
+logger = logging.getLogger("hp_otel")
 _NO_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes: made on demand, not by a forward
 # Non-reentrant checkpointing stops a recomputed forward once it has what backward needs.
 _STOP_RECOMPUTATION: tuple[type[BaseException], ...] = _compat.STOP_RECOMPUTATION
@@ -256,6 +258,34 @@ def _hide_hooks_from_dynamo() -> None:
         _compat.hide_from_dynamo(hook)
 
 
+_told_scripted: set[str] = set()  # the ScriptModule types already named in the log
+
+
+def _scripted(modules: list[tuple[str, nn.Module]]) -> list[str]:
+    """The fqns of `torch.jit.script`ed modules: they take no Python hooks (torch raises
+    "register_forward_pre_hook is not supported on ScriptModules"), so they and the modules
+    inside them get none, and their collectives count for the nearest enclosing module we hook.
+    Said once per process and module type, as one log line (not a traceback)."""
+    scripted = [(fqn, m) for fqn, m in modules if isinstance(m, torch.jit.ScriptModule)]
+    outermost = [(fqn, m) for fqn, m in scripted if not _within(fqn, [f for f, _ in scripted if f != fqn])]
+    for fqn, module in outermost:
+        kind = getattr(module, "original_name", "") or type(module).__qualname__
+        if kind not in _told_scripted:
+            _told_scripted.add(kind)
+            logger.warning(
+                "hp_otel: module %s (%s) is a torch.jit.script module, which takes no module hooks: "
+                "its collectives count for the module that calls it",
+                fqn or s.ROOT_MODULE_FQN,
+                kind,
+            )
+    return [fqn for fqn, _ in outermost]
+
+
+def _within(fqn: str, roots: list[str]) -> bool:
+    """Whether `fqn` is one of `roots` or inside one of them ("" is the root: everything is inside)."""
+    return any(not r or fqn == r or fqn.startswith(f"{r}.") for r in roots)
+
+
 class _ModuleHooks:
     """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
 
@@ -311,9 +341,11 @@ class _ModuleHooks:
         `always_call` hook's id, and a window's new hooks would then recompile the graph each window."""
         _hide_hooks_from_dynamo()
         modules = list(root.named_modules())
-        compiled = [fqn for fqn, module in modules if _compat.compiled_call(module) is not None]
+        scripted = _scripted(modules)
+        plain = [(fqn, module) for fqn, module in modules if not _within(fqn, scripted)]
+        compiled = [fqn for fqn, module in plain if _compat.compiled_call(module) is not None]
         # `torch.compile(model)` compiles model.forward: the model's own hooks run eagerly, its submodules' in the graph
-        inside = [f"{fqn}." for fqn, module in modules if _compat.top_frame_compiled(type(module).forward)]
+        inside = [f"{fqn}." for fqn, module in plain if _compat.top_frame_compiled(type(module).forward)]
         structure = [(fqn, id(module)) for fqn, module in modules] + [(fqn, 0) for fqn in compiled + inside]
         if in_graph:
             structure.append(("", -1))
@@ -330,7 +362,11 @@ class _ModuleHooks:
             for fqn, module in modules:
                 tracked = _TrackedModule(self, fqn, module)
                 self._tracked.append(tracked)
-                if in_graph or any(fqn == c or fqn.startswith(f"{c}.") or not c for c in compiled):
+                if (
+                    in_graph
+                    or _within(fqn, scripted)
+                    or any(fqn == c or fqn.startswith(f"{c}.") or not c for c in compiled)
+                ):
                     continue
                 if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
                     continue
@@ -347,6 +383,8 @@ class _ModuleHooks:
         """Note the calls of modules compiled with `nn.Module.compile()` around their graphs (`_compiled_call`)."""
         ours = {id(module): call for module, call in self._compiled}
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
+            if isinstance(module, torch.jit.ScriptModule):
+                continue
             compiled = _compat.compiled_call(module)
             if compiled is None or compiled is ours.get(id(module)):
                 continue
