@@ -78,6 +78,7 @@ class CollectiveIssue:
     seq: int  # index among this window's collectives on the group
     phase: str
     fqn: str  # innermost open module, "" if none
+    issued_by: str | None = None  # FSDP: the module running when issued, if it counts for another (see schema)
     dumped_to: str = ""  # set by the watchdog when it wrote a file while this was in flight
     waited_s: float = 0.0
     # After the call returned: says whether its work is done (a Work, an unwaited result), or None.
@@ -100,6 +101,7 @@ class Collective:
     # schema.COMPLETION_*: LAUNCH while a completion is awaited (end_ns is the launch's end
     # until then); the source's completion helper moves end_ns and sets WAIT or WORK.
     completion: str = "call"
+    issued_by: str | None = None  # FSDP: the module running when issued, if it counts for another
 
 
 @dataclass(slots=True)

@@ -108,5 +108,9 @@ def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
     sources = _BY_NAME[resolve_engine(check_engine(engine), module)].make_sources()
     if module is not None:
         sources.append(module_tracker(module))
+    if "torch" in sys.modules:  # the optimizer step as a phase of its own (torch's global step hooks)
+        from hp_otel.sources.pytorch.optimizer import OptimizerStepSource
+
+        sources.append(OptimizerStepSource())
     sources.append(GraphModeWatch())  # says once when the window met graph-mode code it cannot trace
     return sources

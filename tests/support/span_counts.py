@@ -1,7 +1,8 @@
 """Module counts read back from the span tree: the truth `get_comm_module_counts()` must agree with.
 
 A collective counts for module M in phase P when one of its ancestor spans is a module span
-of M in phase P (a recompute nested in a backward span is no backward work of that module).
+of M in phase P (a recompute nested in a backward span is no backward work of that module);
+one of phase "outside" (under no module span) counts for the pseudo-module "(outside)".
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ def module_counts_from_spans(spans: Any) -> dict[str, dict[str, dict[str, int]]]
             ancestors = (*ancestors, (record.fqn, record.phase))
         elif record.kind == s.KIND_COLLECTIVE:
             name = record.collective.name
+            if record.phase == s.PHASE_OUTSIDE:  # under no module span: the pseudo-module's
+                assert not ancestors, ancestors
+                counts[s.OUTSIDE_FQN][record.phase][name] += 1
             for fqn in {f for f, p in ancestors if p == record.phase}:
                 counts[fqn][record.phase][name] += 1
         for child in record.children:

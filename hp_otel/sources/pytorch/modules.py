@@ -36,6 +36,7 @@ from torch.utils.hooks import RemovableHandle
 from hp_otel.record import installation
 from hp_otel.record.observer import Observer
 from hp_otel.sources.pytorch import _compat
+from hp_otel.sources.pytorch.fsdp import param_group_modules
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import placements_text
@@ -297,6 +298,7 @@ class _ModuleHooks:
     def __init__(self) -> None:
         self.tracker: TorchModuleTracker | None = None
         self.param_owner: dict[int, ModuleInfo] = {}  # id(parameter) -> the module that owns it
+        self.module_info: dict[int, ModuleInfo] = {}  # id(module) -> its description
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
         self._handles: list[RemovableHandle] = []
@@ -374,6 +376,9 @@ class _ModuleHooks:
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
             self._wrap_compiled(modules)
         self.param_owner = {}
+        self.module_info = {
+            id(module): tracked.info for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True)
+        }
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
             for param in _compat.own_parameters(module):
                 if param is not None:
@@ -470,6 +475,7 @@ class TorchModuleTracker:
         self._owners_by_thread: dict[int, NodeOwners] = {}
         self._latest_owners: NodeOwners | None = None
         self._param_owner: dict[int, ModuleInfo] = {}
+        self._module_info: dict[int, ModuleInfo] = {}
         self._latest_call: dict[ModuleInfo, ModuleCall] = {}
 
     def attach(self, observer: Observer) -> None:
@@ -491,12 +497,19 @@ class TorchModuleTracker:
             hooks.attach(self.root, self._wrapper)
         finally:
             self._param_owner = hooks.param_owner
+            self._module_info = hooks.module_info
         observer.set_node_attribution(self.running_chain)
+        set_param_attribution = getattr(observer, "set_param_attribution", None)  # optional for observers
+        if callable(set_param_attribution):
+            set_param_attribution(self.param_group_chain)
 
     def detach(self) -> None:
         observer, self.observer = self.observer, None
         if observer is not None:
             observer.set_node_attribution(None)
+            set_param_attribution = getattr(observer, "set_param_attribution", None)
+            if callable(set_param_attribution):
+                set_param_attribution(None)
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.tracker = None
@@ -562,6 +575,17 @@ class TorchModuleTracker:
         owners = self._owners_by_thread.get(threading.get_ident()) or self._latest_owners
         call = owners.owner(sequence_nr) if owners is not None else None
         return call.chain if call is not None else ()
+
+    def param_group_chain(self) -> tuple[ModuleCall, ...] | None:
+        """The calls (outermost first) of the module whose FSDP parameter group issues the collective
+        running now: its latest call, with the calls enclosing it.  None outside FSDP's group
+        methods, or for a module outside this tree or not called yet."""
+        modules = param_group_modules()
+        if not modules:
+            return None
+        info = self._module_info.get(id(modules[0]))
+        call = self._latest_call.get(info) if info is not None else None
+        return call.chain if call is not None else None
 
     def backward_start(self, call: ModuleCall) -> None:
         """The gradient of the call's output arrived: its backward work starts."""
