@@ -91,6 +91,9 @@ def run_fsdp_step(mesh, *, tp: bool = False, hsdp: bool = False) -> None:
     }
     assert mode.get_callback_error_counts() == {}
     check_fsdp_module_counts(mode, referee, fsdp_referee, prof)
+    with CommDebugMode(module=model, record_spans=False) as counts_only:  # the same rule without spans
+        model(tokens).sum().backward()
+    assert counts_only.get_comm_module_counts() == mode.get_comm_module_counts()
     normalized = mode.get_comm_counts(normalized=True)
     assert normalized["all_gather"] >= 3 and normalized["reduce_scatter"] >= 3
     if hsdp:
