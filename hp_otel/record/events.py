@@ -78,6 +78,7 @@ class CollectiveIssue:
     seq: int  # index among this window's collectives on the group
     phase: str
     fqn: str  # innermost open module, "" if none
+    issued_by: str | None = None  # FSDP: the module running when issued, if it counts for another (see schema)
     dumped_to: str = ""  # set by the watchdog when it wrote a file while this was in flight
     waited_s: float = 0.0
     # After the call returned: says whether its work is done (a Work, an unwaited result), or None.
@@ -104,6 +105,7 @@ class Collective:
     waited_ns: int = 0  # how long a thread waited for it (wait_tensor, Work.wait)
     # CUDA: says the device time (ns) once the events around it are complete, else None (never syncs)
     device: Callable[[], int | None] | None = None
+    issued_by: str | None = None  # FSDP: the module running when issued, if it counts for another
 
 
 @dataclass(slots=True)

@@ -69,6 +69,8 @@ class WindowRecorder:
         self._backward_calls: tuple[ModuleCall, ...] = ()
         self._backward_moved_ns = 0  # when the open backward spans last changed
         self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
+        # FSDP: the module calls whose parameter group issues the collective running now (None: no group)
+        self._param_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
         self._pending_durations: dict[MetricKey, list[int]] = {}
         # Async collectives awaiting completion: their duration is recorded when the window ends.
         self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
@@ -263,12 +265,39 @@ class WindowRecorder:
         if not self.accepting:
             return
         try:
-            self._follow_backward(tuple(chain), _now())
+            chain = tuple(chain)
+            open_calls = self._backward_calls
+            if len(chain) < len(open_calls) and all(a is b for a, b in zip(chain, open_calls, strict=False)):
+                # An enclosing call's gradient arrives while calls inside it are open (grad hooks on a
+                # shared multi-tensor output run in any order): its backward is open already.
+                return
+            self._follow_backward(chain, _now())
         except Exception as exc:
             self.on_fault("backward_modules", exc)
 
     def set_node_attribution(self, resolve: Callable[[], tuple[ModuleCall, ...] | None] | None) -> None:
         self._node_attribution = resolve
+
+    def set_param_attribution(self, resolve: Callable[[], tuple[ModuleCall, ...] | None] | None) -> None:
+        """A module source says which module calls own the parameters a collective moves (FSDP's
+        parameter group issuing it): in backward it counts, and nests, under those."""
+        self._param_attribution = resolve
+
+    def _backward_chain(self) -> tuple[tuple[ModuleCall, ...] | None, str | None]:
+        """The module calls a backward collective belongs to, and who issued it when that differs
+        (FSDP prefetching a layer's parameters from another's hook, or from the final callback)."""
+        chain = self._running_chain()
+        resolve = self._param_attribution
+        if chain is None or resolve is None:
+            return chain, None
+        try:
+            owners = resolve()
+        except Exception as exc:
+            self.on_fault("param_attribution", exc)
+            return chain, None
+        if owners is None:
+            return chain, None
+        return owners, (chain[-1].module.fqn if chain else "")
 
     def _follow_backward(self, chain: tuple[ModuleCall, ...], time_ns: int) -> None:
         """Close the open backward spans not in `chain`, open those of `chain` not open yet."""
@@ -337,17 +366,20 @@ class WindowRecorder:
             return None
         try:
             modules = self._modules
+            issued_by = None
             if modules:
                 fqn, module_phase = modules[-1]
                 if module_phase == s.PHASE_RECOMPUTE:  # the source sees backward; it is a recomputed forward
                     phase = module_phase
             else:
                 fqn, module_phase = "", s.PHASE_FORWARD
-                chain = self._running_chain() if phase != s.PHASE_FORWARD else None
+                chain, issued_by = self._backward_chain() if phase != s.PHASE_FORWARD else (None, None)
                 if chain is not None:  # backward: its node's modules, before the span finds its parent
                     self._follow_backward(chain, start_ns)
                     fqn, module_phase = (chain[-1].module.fqn if chain else ""), s.PHASE_BACKWARD
-            issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), phase or module_phase, fqn)
+                elif self._node_attribution is not None and phase != s.PHASE_BACKWARD:  # outside every module
+                    phase = module_phase = s.PHASE_OUTSIDE
+            issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), phase or module_phase, fqn, issued_by)
             in_flight = self._in_flight
             if len(in_flight) >= _MAX_IN_FLIGHT:  # work nobody waits for: forget the oldest
                 in_flight.pop(next(iter(in_flight)), None)
@@ -383,9 +415,11 @@ class WindowRecorder:
             return None
         try:
             seq = issue.seq if issue is not None else self._next_seq(info)
-            phase, fqn = self._count(info, phase, start_ns)
+            phase, fqn, issued_by = self._count(info, phase, start_ns)
             awaits = awaits_completion and error is None
             issued_in = issue.fqn if issue is not None else fqn
+            if issue is not None:
+                issued_by = issue.issued_by
             event = ev.Collective(
                 start_ns,
                 end_ns,
@@ -399,6 +433,7 @@ class WindowRecorder:
                 end_ns,
                 0,
                 device,
+                issued_by,
             )
             key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
             if awaits:
@@ -477,13 +512,16 @@ class WindowRecorder:
                     self.on_fault("in_flight_span", exc)
         return spans
 
-    def _count(self, info: CollectiveInfo, phase_hint: str | None, start_ns: int) -> tuple[str, str]:
+    def _count(self, info: CollectiveInfo, phase_hint: str | None, start_ns: int) -> tuple[str, str, str | None]:
         """Exact counts, overall and for each module it belongs to; returns the innermost module's (phase, fqn).
 
-        Forward (and a recomputed forward): every open module, innermost phase.  Backward
+        Forward (and a recomputed forward, the optimizer step): every open module of the innermost
+        one's phase.  Outside every module and backward while modules are tracked: phase
+        "outside", counted for `OUTSIDE_FQN`.  Backward
         with a node attribution: the module calls whose forward created the running
-        autograd node — the open backward spans follow them first, so the span tree
-        agrees with the counts.
+        autograd node (for an FSDP collective: those whose parameter group issued it, the
+        third value naming who ran it) — the open backward spans follow them first, so the span
+        tree agrees with the counts.
         """
         name = info.name
         counts = self.comm_counts
@@ -491,24 +529,30 @@ class WindowRecorder:
         self.comm_ops[name] = info.op
         modules = self._modules
         if not modules:
-            chain = self._running_chain() if phase_hint != s.PHASE_FORWARD else None
+            chain, issued_by = self._backward_chain() if phase_hint != s.PHASE_FORWARD else (None, None)
             if chain is None:
-                return phase_hint or s.PHASE_FORWARD, ""
+                if self._node_attribution is None or phase_hint == s.PHASE_BACKWARD:
+                    return phase_hint or s.PHASE_FORWARD, "", None
+                # modules are tracked and none is open, outside backward: the loss, grad clipping, glue
+                per_phase = self.module_counts.setdefault(s.OUTSIDE_FQN, {}).setdefault(s.PHASE_OUTSIDE, {})
+                per_phase[name] = per_phase.get(name, 0) + 1
+                return s.PHASE_OUTSIDE, "", None
             self._follow_backward(chain, start_ns)
             if not chain:
-                return s.PHASE_BACKWARD, ""
+                return s.PHASE_BACKWARD, "", issued_by
             for fqn in {call.module.fqn for call in chain}:
                 per_phase = self.module_counts.setdefault(fqn, {}).setdefault(s.PHASE_BACKWARD, {})
                 per_phase[name] = per_phase.get(name, 0) + 1
-            return s.PHASE_BACKWARD, chain[-1].module.fqn
+            return s.PHASE_BACKWARD, chain[-1].module.fqn, issued_by
         fqn, phase = modules[-1]
+        # The open modules of its own phase, exactly the module spans of that phase it nests
+        # under: a recompute counts for the calls recomputed, not for the backward calls whose
+        # node asked for it (their backward spans hold it, but it is no backward work of theirs).
         owners = {f for f, p in modules if p == phase}
-        if phase == s.PHASE_RECOMPUTE:  # also the modules whose backward node asked for the recompute
-            owners.update(call.module.fqn for call in self._running_chain() or ())
         for module_fqn in owners:
             per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
             per_phase[name] = per_phase.get(name, 0) + 1
-        return phase, fqn
+        return phase, fqn, None
 
     def _running_chain(self) -> tuple[ModuleCall, ...] | None:
         resolve = self._node_attribution

@@ -288,6 +288,8 @@ class SpanBuilder:
         issued_under = self._issued.pop(e.issue, None) if e.issue is not None else None
         parent_ctx = issued_under or (self._stack[-1].ctx if self._stack else self._parent_ctx)
         attrs, links = self._matching(attrs, e.seq, e.fqn, e.phase)
+        if e.issued_by is not None:
+            attrs[s.COLLECTIVE_ISSUED_BY] = e.issued_by
         span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
         if e.issue is not None and e.issue.dumped_to:
             span.add_event(

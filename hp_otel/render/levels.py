@@ -17,6 +17,9 @@ NOISE_LEVELS = (0, 1, 2, 3)
 DEFAULT_NOISE_LEVEL = 1
 
 
+_FORWARD_LEVEL = (s.PHASE_FORWARD, s.PHASE_OPTIMIZER)
+
+
 @dataclass(frozen=True)
 class NoiseLevel:
     level: int
@@ -33,7 +36,8 @@ class NoiseLevel:
             return True
         if kind == s.KIND_MODULE:
             # backward and recomputed forward (activation checkpointing) run inside backward: level 3
-            return self.forward_modules if record.phase == s.PHASE_FORWARD else self.backward_modules
+            # the optimizer step is a forward-level line: it runs outside backward
+            return self.forward_modules if record.phase in _FORWARD_LEVEL else self.backward_modules
         return self.redistributes
 
     def shows(self, record: CallRecord) -> bool:

@@ -65,7 +65,12 @@ def _labels(attrs: Any, direction: str) -> str:
 
 
 # What a module line says after its name: [enter], [backward], [recompute].
-_MODULE_EVENTS = {s.PHASE_FORWARD: "enter", s.PHASE_BACKWARD: "backward", s.PHASE_RECOMPUTE: "recompute"}
+_MODULE_EVENTS = {
+    s.PHASE_FORWARD: "enter",
+    s.PHASE_BACKWARD: "backward",
+    s.PHASE_RECOMPUTE: "recompute",
+    s.PHASE_OPTIMIZER: "optimizer",
+}
 
 
 def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:

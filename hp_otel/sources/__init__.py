@@ -105,8 +105,14 @@ def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
     """The engine's sources (see `resolve_engine`), module tracking when a module is given, graph-mode watch."""
     from hp_otel.sources.graph_mode import GraphModeWatch
 
-    sources = _BY_NAME[resolve_engine(check_engine(engine), module)].make_sources()
+    resolved = resolve_engine(check_engine(engine), module)
+    sources = _BY_NAME[resolved].make_sources()
     if module is not None:
         sources.append(module_tracker(module))
+    # the optimizer step as a phase of its own (torch's global step hooks): torch engines only
+    if resolved != "mindspore" and "torch" in sys.modules:
+        from hp_otel.sources.pytorch.optimizer import OptimizerStepSource
+
+        sources.append(OptimizerStepSource())
     sources.append(GraphModeWatch())  # says once when the window met graph-mode code it cannot trace
     return sources

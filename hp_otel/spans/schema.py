@@ -27,6 +27,15 @@ PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"
 # A forward that runs again inside backward (activation checkpointing recomputes it).
 PHASE_RECOMPUTE: Final = "recompute"
+# Inside `Optimizer.step` (torch's global optimizer step hooks): its span is a module span of
+# the pseudo-module OPTIMIZER_FQN, its collectives count there.
+PHASE_OPTIMIZER: Final = "optimizer"
+# Outside every module and outside backward while modules are tracked (the loss, gradient
+# clipping, a framework's glue): its collectives count for the pseudo-module OUTSIDE_FQN.
+PHASE_OUTSIDE: Final = "outside"
+PHASES: Final = (PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE, PHASE_OPTIMIZER, PHASE_OUTSIDE)
+OPTIMIZER_FQN: Final = "(optimizer)"  # the optimizer step's key in module counts, spans and tables
+OUTSIDE_FQN: Final = "(outside)"  # the key in module counts of what ran outside every module
 
 # --- module spans ---------------------------------------------------------
 MODULE_FQN: Final = "hp.module.fqn"
@@ -74,6 +83,10 @@ COLLECTIVE_ASYNC: Final = "hp.collective.async"
 COLLECTIVE_PEERS: Final = "hp.collective.peers"  # point-to-point: global rank of the peer(s)
 COLLECTIVE_TAGS: Final = "hp.collective.tags"  # point-to-point: tag(s)
 COLLECTIVE_PARAM_MODULE: Final = "hp.collective.param_module"  # FSDP: whose parameters it moves
+# FSDP in backward: the module whose backward work was running when the collective was issued
+# (a prefetch from the next layer's pre-backward hook; "" from the root's final callback).  The
+# collective itself counts, and nests, under the module whose parameter group issued it.
+COLLECTIVE_ISSUED_BY: Final = "hp.collective.issued_by"
 # Where a collective span ends: the call returned (sync), the functional collective's
 # wait_tensor ran, the c10d Work completed, or only the launch was seen.
 COLLECTIVE_COMPLETION: Final = "hp.collective.completion"

@@ -49,10 +49,8 @@ def _check_kinds(kinds: Any) -> frozenset[str]:
 
 
 def _check_phase(phase: Any) -> None:
-    if phase not in (None, s.PHASE_FORWARD, s.PHASE_BACKWARD, s.PHASE_RECOMPUTE):
-        raise ValueError(
-            f"phase must be {s.PHASE_FORWARD!r}, {s.PHASE_BACKWARD!r}, {s.PHASE_RECOMPUTE!r} or None, got {phase!r}"
-        )
+    if phase is not None and phase not in s.PHASES:
+        raise ValueError(f"phase must be {', '.join(map(repr, s.PHASES))} or None, got {phase!r}")
 
 
 def collective_counts(source: Any, normalized: bool = False) -> dict[str, int]:

@@ -228,8 +228,16 @@ def test_inner_mode_records_and_outer_resumes(hp) -> None:
 
 
 def test_auto_engine_picks_hyper_parallel_when_importable(hp) -> None:
-    assert [type(s).__name__ for s in default_sources(None)] == ["HyperParallelSource", "GraphModeWatch"]
-    assert [type(s).__name__ for s in default_sources(None, "torch")] == ["TorchDTensorSource", "GraphModeWatch"]
+    assert [type(s).__name__ for s in default_sources(None)] == [
+        "HyperParallelSource",
+        "OptimizerStepSource",
+        "GraphModeWatch",
+    ]
+    assert [type(s).__name__ for s in default_sources(None, "torch")] == [
+        "TorchDTensorSource",
+        "OptimizerStepSource",
+        "GraphModeWatch",
+    ]
 
 
 def test_mindspore_platform_classes_are_patched_and_restored(hp) -> None:

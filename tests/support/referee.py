@@ -105,8 +105,12 @@ class Referee(TorchDispatchMode):
         self._recompute_depth = 0  # > 0 while a recomputed forward runs (its stack's base depth + 1)
         self._handles: list[Any] = []
         self._param_owner: dict[int, tuple[str, ...]] = {}
+        self._in_step = 0  # > 0 inside Optimizer.step (the referee's own global step hooks)
+        self._tracks_modules = model is not None
         if model is not None:
             for fqn, module in model.named_modules():
+                if isinstance(module, torch.jit.ScriptModule):  # takes no hooks: its parent's stack holds it
+                    continue
                 name = fqn or "(root)"
                 self._handles.append(module.register_forward_pre_hook(self._pre(name), prepend=True))
                 self._handles.append(module.register_forward_hook(self._post(name), always_call=True))
@@ -133,6 +137,18 @@ class Referee(TorchDispatchMode):
 
         return hook
 
+    def __enter__(self) -> Referee:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def pre(*_: Any) -> None:
+            self._in_step += 1
+
+        def post(*_: Any) -> None:
+            self._in_step -= 1
+
+        self._handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        return super().__enter__()
+
     def remove_hooks(self) -> None:
         for handle in self._handles:
             handle.remove()
@@ -151,12 +167,18 @@ class Referee(TorchDispatchMode):
 
     def _count(self, name: str) -> None:
         self.counts[name] += 1
+        if self._in_step and not self._stack:  # inside Optimizer.step
+            self.module_counts["(optimizer)"]["optimizer"][name] += 1
+            return
         if torch._C._current_graph_task_id() == -1:
+            if not self._stack and self._tracks_modules:  # outside every module, outside backward
+                self.module_counts["(outside)"]["outside"][name] += 1
             for fqn in set(self._stack):
                 self.module_counts[fqn]["forward"][name] += 1
             return
         if self._stack:  # a forward recomputed inside backward (activation checkpointing)
-            for fqn in set(self._stack):
+            # for the modules recomputed, not for those of the node that asked for it
+            for fqn in set(self._stack[max(self._recompute_depth - 1, 0) :]):
                 self.module_counts[fqn]["recompute"][name] += 1
             return
         node = torch._C._current_autograd_node()
@@ -221,3 +243,62 @@ def collective_counts_from_profile(prof: Any) -> Counter[str]:
         return inner is not outer and b.start <= a.start and a.end <= b.end and inner.thread == outer.thread
 
     return Counter(e.name.replace("::", ".") for e in events if not any(inside(e, o) for o in events))
+
+
+class FsdpReferee(TorchDispatchMode):
+    """Which module's FSDP parameter group issued each eager c10d collective, and the module
+    counts that gives (issue 19: an FSDP collective counts for that module and the calls
+    enclosing it, in the phase it ran in).
+
+    Independent of hp_otel: the collectives and their phase come from this dispatch mode, the
+    parameter group from FSDP's own profiler labels (`fsdp_collectives_from_profile`, same issue
+    order), the enclosing calls from this referee's own forward hooks.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.issued: list[tuple[str, str]] = []  # (namespace.op, phase), in issue order
+        self.chains: dict[str, tuple[str, ...]] = {}  # module -> the calls enclosing its latest, itself last
+        self._stack: list[str] = []
+        self._handles = []
+        for fqn, module in model.named_modules():
+            name = fqn or "(root)"
+            self._handles.append(module.register_forward_pre_hook(self._pre(name), prepend=True))
+            self._handles.append(module.register_forward_hook(self._post(name), always_call=True))
+
+    def _pre(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            self._stack.append(name)
+            self.chains[name] = tuple(self._stack)
+
+        return hook
+
+    def _post(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self._stack and self._stack[-1] == name:
+                self._stack.pop()
+
+        return hook
+
+    def __exit__(self, *exc: Any) -> Any:
+        for handle in self._handles:
+            handle.remove()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor in types:
+            return NotImplemented
+        op = func._schema.name.split("::")[-1]
+        if func.namespace == "c10d" and ("c10d", op) in COLLECTIVES:
+            self.issued.append((f"c10d.{op}", "backward" if torch._C._current_graph_task_id() != -1 else "forward"))
+        return func(*args, **(kwargs or {}))
+
+    def module_counts(self, prof: Any) -> dict[str, dict[str, dict[str, int]]]:
+        """The expected counts of FSDP's collectives: for the issuing group's module and its enclosing calls."""
+        labelled = fsdp_collectives_from_profile(prof)
+        assert [name for name, _ in labelled] == [name for name, _ in self.issued], (labelled, self.issued)
+        counts: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+        for (name, phase), (_, module) in zip(self.issued, labelled, strict=True):
+            for fqn in self.chains[module]:
+                counts[fqn][phase][name] += 1
+        return {fqn: {p: dict(c) for p, c in phases.items()} for fqn, phases in counts.items()}

@@ -456,6 +456,12 @@ def fsdp_module_fqn(group: Any) -> str:
     return getattr(group, "_module_fqn", "") or ""
 
 
+def fsdp_group_modules(group: Any) -> tuple[Any, ...]:
+    """The modules `fully_shard` was applied to for this parameter group (`group.modules`; () if unknown)."""
+    modules = getattr(group, "modules", ())
+    return tuple(modules) if isinstance(modules, (tuple, list)) else ()
+
+
 _declare(Symbol(
     "ModTracker", "torch.distributed._tools.mod_tracker", "ModTracker", CLASS,
     "the drop-in's module tracker is torch's, with its fqn scheme and parents",

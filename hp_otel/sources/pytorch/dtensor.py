@@ -241,14 +241,17 @@ class TorchDTensorSource:
         self._timer_token: contextvars.Token[CollectiveTimer | None] | None = None
         self._wait_timer: CollectiveTimer | None = None
         self._wait_token: contextvars.Token[CollectiveTimer | None] | None = None
+        self._fsdp = False  # FSDP's parameter-group methods wrapped by this source
 
     def attach(self, observer: Observer) -> None:
         self._observer = observer
         spans = observer.spans_enabled
-        if spans:  # redistribute spans and FSDP's parameter module are span attributes only
+        if spans:  # redistribute spans are span attributes only
             self._token = _redistribute_slot.push(observer)
             _redistribute_patches.acquire()
-            fsdp_patches.acquire()
+        # FSDP's parameter group: a span attribute, and (with module tracking) whose backward counts
+        fsdp_patches.acquire()
+        self._fsdp = True
         timer = CollectiveTimer(observer)
         if spans:  # Work.wait() timed: the exposed communication (waits.py)
             work_wait_patches.acquire()
@@ -303,10 +306,15 @@ class TorchDTensorSource:
 
     def _unpatch(self) -> None:
         token, self._token = self._token, None
+        fsdp, self._fsdp = self._fsdp, False
         observer = self._observer
-        if token is not None:
-            try:
-                run_every((fsdp_patches.release, _redistribute_patches.release))
-            finally:
-                if observer is not None:
-                    _redistribute_slot.pop(observer, token)
+        try:
+            if fsdp:
+                fsdp_patches.release()
+        finally:
+            if token is not None:
+                try:
+                    _redistribute_patches.release()
+                finally:
+                    if observer is not None:
+                        _redistribute_slot.pop(observer, token)

@@ -22,12 +22,20 @@ from hp_otel.spans import schema as s
 
 _METHODS = _compat.FSDP_GROUP_METHODS  # where FSDP2 issues every collective of a parameter group
 _param_module: contextvars.ContextVar[str] = contextvars.ContextVar("hp_otel_fsdp_param_module", default="")
+# The module objects of that group (what the module tracker maps to its calls: the counts and
+# backward spans of the collective go to the group's module, see `modules.TorchModuleTracker`).
+_param_modules: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar("hp_otel_fsdp_modules", default=())
 _wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its wrapper, made once
 
 
 def param_module() -> str:
     """The module whose FSDP parameters the collectives issued now move ("" outside FSDP)."""
     return _param_module.get()
+
+
+def param_group_modules() -> tuple[Any, ...]:
+    """The modules whose FSDP parameter group issues the collectives now (() outside FSDP)."""
+    return _param_modules.get()
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,11 +50,13 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             token = _param_module.set(_compat.fsdp_module_fqn(self) or s.ROOT_MODULE_FQN)
+            modules_token = _param_modules.set(_compat.fsdp_group_modules(self))
         except Exception:  # never stand between FSDP and its work
             return original(self, *args, **kwargs)
         try:
             return original(self, *args, **kwargs)
         finally:
+            _param_modules.reset(modules_token)
             _param_module.reset(token)
 
     wrapper.__hp_otel_original__ = original  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import sys
 import threading
 import weakref
@@ -35,6 +36,7 @@ from torch.utils.hooks import RemovableHandle
 from hp_otel.record import installation
 from hp_otel.record.observer import Observer
 from hp_otel.sources.pytorch import _compat
+from hp_otel.sources.pytorch.fsdp import param_group_modules
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import placements_text
@@ -46,6 +48,7 @@ _next_sequence_nr = _compat.next_sequence_nr  # this thread's next autograd node
 _current_node = _compat.current_autograd_node
 _graph_task_id = _compat.current_graph_task_id  # -1 outside backward
 _sequence_nr = _compat.node_sequence_nr  # an autograd node's number
+logger = logging.getLogger("hp_otel")
 _NO_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes: made on demand, not by a forward
 # Non-reentrant checkpointing stops a recomputed forward once it has what backward needs.
 _STOP_RECOMPUTATION: tuple[type[BaseException], ...] = _compat.STOP_RECOMPUTATION
@@ -256,6 +259,34 @@ def _hide_hooks_from_dynamo() -> None:
         _compat.hide_from_dynamo(hook)
 
 
+_told_scripted: set[str] = set()  # the ScriptModule types already named in the log
+
+
+def _scripted(modules: list[tuple[str, nn.Module]]) -> list[str]:
+    """The fqns of `torch.jit.script`ed modules: they take no Python hooks (torch raises
+    "register_forward_pre_hook is not supported on ScriptModules"), so they and the modules
+    inside them get none, and their collectives count for the nearest enclosing module we hook.
+    Said once per process and module type, as one log line (not a traceback)."""
+    scripted = [(fqn, m) for fqn, m in modules if isinstance(m, torch.jit.ScriptModule)]
+    outermost = [(fqn, m) for fqn, m in scripted if not _within(fqn, [f for f, _ in scripted if f != fqn])]
+    for fqn, module in outermost:
+        kind = getattr(module, "original_name", "") or type(module).__qualname__
+        if kind not in _told_scripted:
+            _told_scripted.add(kind)
+            logger.warning(
+                "hp_otel: module %s (%s) is a torch.jit.script module, which takes no module hooks: "
+                "its collectives count for the module that calls it",
+                fqn or s.ROOT_MODULE_FQN,
+                kind,
+            )
+    return [fqn for fqn, _ in outermost]
+
+
+def _within(fqn: str, roots: list[str]) -> bool:
+    """Whether `fqn` is one of `roots` or inside one of them ("" is the root: everything is inside)."""
+    return any(not r or fqn == r or fqn.startswith(f"{r}.") for r in roots)
+
+
 class _ModuleHooks:
     """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
 
@@ -267,6 +298,7 @@ class _ModuleHooks:
     def __init__(self) -> None:
         self.tracker: TorchModuleTracker | None = None
         self.param_owner: dict[int, ModuleInfo] = {}  # id(parameter) -> the module that owns it
+        self.module_info: dict[int, ModuleInfo] = {}  # id(module) -> its description
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
         self._handles: list[RemovableHandle] = []
@@ -311,9 +343,11 @@ class _ModuleHooks:
         `always_call` hook's id, and a window's new hooks would then recompile the graph each window."""
         _hide_hooks_from_dynamo()
         modules = list(root.named_modules())
-        compiled = [fqn for fqn, module in modules if _compat.compiled_call(module) is not None]
+        scripted = _scripted(modules)
+        plain = [(fqn, module) for fqn, module in modules if not _within(fqn, scripted)]
+        compiled = [fqn for fqn, module in plain if _compat.compiled_call(module) is not None]
         # `torch.compile(model)` compiles model.forward: the model's own hooks run eagerly, its submodules' in the graph
-        inside = [f"{fqn}." for fqn, module in modules if _compat.top_frame_compiled(type(module).forward)]
+        inside = [f"{fqn}." for fqn, module in plain if _compat.top_frame_compiled(type(module).forward)]
         structure = [(fqn, id(module)) for fqn, module in modules] + [(fqn, 0) for fqn in compiled + inside]
         if in_graph:
             structure.append(("", -1))
@@ -330,7 +364,11 @@ class _ModuleHooks:
             for fqn, module in modules:
                 tracked = _TrackedModule(self, fqn, module)
                 self._tracked.append(tracked)
-                if in_graph or any(fqn == c or fqn.startswith(f"{c}.") or not c for c in compiled):
+                if (
+                    in_graph
+                    or _within(fqn, scripted)
+                    or any(fqn == c or fqn.startswith(f"{c}.") or not c for c in compiled)
+                ):
                     continue
                 if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
                     continue
@@ -338,6 +376,9 @@ class _ModuleHooks:
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
             self._wrap_compiled(modules)
         self.param_owner = {}
+        self.module_info = {
+            id(module): tracked.info for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True)
+        }
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
             for param in _compat.own_parameters(module):
                 if param is not None:
@@ -347,6 +388,8 @@ class _ModuleHooks:
         """Note the calls of modules compiled with `nn.Module.compile()` around their graphs (`_compiled_call`)."""
         ours = {id(module): call for module, call in self._compiled}
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
+            if isinstance(module, torch.jit.ScriptModule):
+                continue
             compiled = _compat.compiled_call(module)
             if compiled is None or compiled is ours.get(id(module)):
                 continue
@@ -432,6 +475,7 @@ class TorchModuleTracker:
         self._owners_by_thread: dict[int, NodeOwners] = {}
         self._latest_owners: NodeOwners | None = None
         self._param_owner: dict[int, ModuleInfo] = {}
+        self._module_info: dict[int, ModuleInfo] = {}
         self._latest_call: dict[ModuleInfo, ModuleCall] = {}
 
     def attach(self, observer: Observer) -> None:
@@ -453,12 +497,19 @@ class TorchModuleTracker:
             hooks.attach(self.root, self._wrapper)
         finally:
             self._param_owner = hooks.param_owner
+            self._module_info = hooks.module_info
         observer.set_node_attribution(self.running_chain)
+        set_param_attribution = getattr(observer, "set_param_attribution", None)  # optional for observers
+        if callable(set_param_attribution):
+            set_param_attribution(self.param_group_chain)
 
     def detach(self) -> None:
         observer, self.observer = self.observer, None
         if observer is not None:
             observer.set_node_attribution(None)
+            set_param_attribution = getattr(observer, "set_param_attribution", None)
+            if callable(set_param_attribution):
+                set_param_attribution(None)
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.tracker = None
@@ -524,6 +575,17 @@ class TorchModuleTracker:
         owners = self._owners_by_thread.get(threading.get_ident()) or self._latest_owners
         call = owners.owner(sequence_nr) if owners is not None else None
         return call.chain if call is not None else ()
+
+    def param_group_chain(self) -> tuple[ModuleCall, ...] | None:
+        """The calls (outermost first) of the module whose FSDP parameter group issues the collective
+        running now: its latest call, with the calls enclosing it.  None outside FSDP's group
+        methods, or for a module outside this tree or not called yet."""
+        modules = param_group_modules()
+        if not modules:
+            return None
+        info = self._module_info.get(id(modules[0]))
+        call = self._latest_call.get(info) if info is not None else None
+        return call.chain if call is not None else None
 
     def backward_start(self, call: ModuleCall) -> None:
         """The gradient of the call's output arrived: its backward work starts."""

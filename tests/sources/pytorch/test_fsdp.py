@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from referee import Referee, fsdp_collectives_from_profile
+from referee import FsdpReferee, Referee, fsdp_collectives_from_profile
+from span_counts import module_counts_from_spans
 
 from hp_otel import CommDebugMode
 from hp_otel.spans import schema
@@ -22,6 +23,35 @@ def _ours_in_order(mode: CommDebugMode) -> list[tuple[str, str]]:
     spans = [s for s in mode.get_finished_spans() if s.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
     spans.sort(key=lambda s: s.start_time)
     return [(s.attributes[schema.COLLECTIVE_NAME], s.attributes.get(schema.COLLECTIVE_PARAM_MODULE, "")) for s in spans]
+
+
+def _split(counts: dict, fsdp: bool) -> dict:
+    """Module counts of FSDP's eager c10d collectives only (fsdp=True) or of the others (TP's)."""
+    out = {}
+    for fqn, phases in counts.items():
+        kept = {p: {n: c for n, c in ops.items() if n.startswith("c10d.") == fsdp} for p, ops in phases.items()}
+        kept = {p: ops for p, ops in kept.items() if ops}
+        if kept:
+            out[fqn] = kept
+    return out
+
+
+def check_fsdp_module_counts(mode: CommDebugMode, referee: Referee, fsdp_referee: FsdpReferee, prof) -> None:
+    """Issue 19 item 3: an FSDP collective counts for the module whose parameter group issued it and
+    the calls enclosing it, both phases (the referee's own labels and hooks); the rest as before;
+    the counts are those of the span tree; who ran it is kept in hp.collective.issued_by."""
+    ours = mode.get_comm_module_counts()
+    assert _split(ours, fsdp=True) == fsdp_referee.module_counts(prof)
+    assert _split(ours, fsdp=False) == _split(referee.module_counts_dict(), fsdp=False)
+    assert ours == module_counts_from_spans(mode.get_finished_spans())
+    issued_by = {
+        (sp.attributes[schema.COLLECTIVE_PARAM_MODULE], sp.attributes[schema.COLLECTIVE_ISSUED_BY])
+        for sp in mode.get_finished_spans()
+        if schema.COLLECTIVE_ISSUED_BY in sp.attributes
+    }
+    # layers.0's backward all_gather is prefetched from layers.1's pre-backward hook; the root
+    # reduce-scatters from its final callback, outside every module's backward work
+    assert ("layers.0", "layers.1") in issued_by and ("(root)", "") in issued_by, issued_by
 
 
 def run_fsdp_step(mesh, *, tp: bool = False, hsdp: bool = False) -> None:
@@ -42,6 +72,7 @@ def run_fsdp_step(mesh, *, tp: bool = False, hsdp: bool = False) -> None:
     fully_shard(model, mesh=dp_mesh)
     tokens = torch.randint(args.vocab_size, (8, 8))
     referee = Referee(model)
+    fsdp_referee = FsdpReferee(model)
     from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
     with (
@@ -49,6 +80,7 @@ def run_fsdp_step(mesh, *, tp: bool = False, hsdp: bool = False) -> None:
         CommDebugMode(module=model) as mode,
         TorchCommDebugMode() as torch_mode,
         referee,
+        fsdp_referee,
     ):
         model(tokens).sum().backward()
 
@@ -57,8 +89,11 @@ def run_fsdp_step(mesh, *, tp: bool = False, hsdp: bool = False) -> None:
     assert counts == {
         str(k).replace("c10d_functional.", "_c10d_functional."): n for k, n in torch_mode.get_comm_counts().items()
     }
-    assert mode.get_comm_module_counts() == referee.module_counts_dict()
     assert mode.get_callback_error_counts() == {}
+    check_fsdp_module_counts(mode, referee, fsdp_referee, prof)
+    with CommDebugMode(module=model, record_spans=False) as counts_only:  # the same rule without spans
+        model(tokens).sum().backward()
+    assert counts_only.get_comm_module_counts() == mode.get_comm_module_counts()
     normalized = mode.get_comm_counts(normalized=True)
     assert normalized["all_gather"] >= 3 and normalized["reduce_scatter"] >= 3
     if hsdp:
@@ -113,3 +148,30 @@ def test_fsdp_on_a_2d_mesh(kind) -> None:
     import torch.multiprocessing as mp
 
     mp.spawn(_two_d_worker, args=(kind,), nprocs=1, join=True)
+
+
+def _gloo_worker(rank: int, world_size: int, port: int) -> None:
+    import warnings
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hp_otel.cli.demo import init_gloo
+
+    warnings.simplefilter("ignore")
+    init_gloo(rank, world_size, port)
+    try:
+        run_fsdp_step(init_device_mesh("cpu", (world_size,)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two gloo processes
+def test_fsdp_collectives_count_for_the_issuing_group_on_two_gloo_ranks() -> None:
+    """Issue 19 item 3 on real gloo ranks: prefetched all_gathers and the root's final-callback
+    reduce-scatter count (and nest) under the module whose parameter group issued them."""
+    import torch.multiprocessing as mp
+
+    from hp_otel.cli.demo import free_port
+
+    mp.spawn(_gloo_worker, args=(2, free_port()), nprocs=2, join=True)
