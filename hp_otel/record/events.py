@@ -57,6 +57,7 @@ class RedistributeEnter:
     src_placements: str
     dst_placements: str
     shape: tuple[int, ...]
+    stack: tuple[str, ...] = ()  # the user's frames issuing it (call_stack.py), when asked for
 
 
 @dataclass(slots=True)
@@ -83,6 +84,7 @@ class CollectiveIssue:
     # After the call returned: says whether its work is done (a Work, an unwaited result), or None.
     pending: Callable[[], bool] | None = None
     returned: bool = False
+    stack: tuple[str, ...] = ()  # the user's frames issuing it (call_stack.py), when asked for
 
 
 @dataclass(slots=True)
@@ -100,6 +102,7 @@ class Collective:
     # schema.COMPLETION_*: LAUNCH while a completion is awaited (end_ns is the launch's end
     # until then); the source's completion helper moves end_ns and sets WAIT or WORK.
     completion: str = "call"
+    stack: tuple[str, ...] = ()  # the user's frames issuing it (its issue's, when there is one)
 
 
 @dataclass(slots=True)

@@ -215,6 +215,8 @@ class SpanBuilder:
     def _redistribute_enter(self, e: ev.RedistributeEnter) -> None:
         phase = self._phase()
         attrs = codec.encode_redistribute(e.src_placements, e.dst_placements, e.shape, phase)
+        if e.stack:
+            codec.encode_call_stack(attrs, e.stack)
         self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, e.time_ns)
 
     def _redistribute_exit(self, e: ev.RedistributeExit) -> None:
@@ -233,6 +235,8 @@ class SpanBuilder:
         issued_under = self._issued.pop(e.issue, None) if e.issue is not None else None
         parent_ctx = issued_under or (self._stack[-1].ctx if self._stack else self._parent_ctx)
         attrs, links = self._matching(attrs, e.seq, e.fqn, e.phase)
+        if e.stack:
+            codec.encode_call_stack(attrs, e.stack)
         span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
         if e.issue is not None and e.issue.dumped_to:
             span.add_event(
@@ -276,6 +280,8 @@ class SpanBuilder:
         parent = trace.get_current_span(parent_ctx).get_span_context()
         attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, issue.fqn, issue.phase)
         attrs[s.COLLECTIVE_IN_FLIGHT] = True
+        if issue.stack:
+            codec.encode_call_stack(attrs, issue.stack)
         trace_id = parent.trace_id if parent.is_valid else RandomIdGenerator().generate_trace_id()
         context = SpanContext(trace_id, RandomIdGenerator().generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
         events = ()
