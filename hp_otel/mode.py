@@ -52,8 +52,9 @@ _MAX_PENDING_EVENTS = 20_000
 _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.ContextVar(
     "hp_otel_current_mode", default=None
 )
-# Packages whose frames a call stack leaves out (`stack=`): hp_otel's and the frameworks' own.
-STACK_SKIPPED_PACKAGES = ("hp_otel", "torch", "mindspore", "hyper_parallel")
+# Packages whose frames a call stack leaves out (`stack=`): hp_otel's, the frameworks' own, and
+# typing_extensions (its @deprecated wrapper sits between torch's deprecated collectives and the caller).
+STACK_SKIPPED_PACKAGES = ("hp_otel", "torch", "mindspore", "hyper_parallel", "typing_extensions")
 # One lock for installing and removing hooks, so modes entered on several threads do not interleave.
 _install_lock = threading.RLock()
 
@@ -162,7 +163,7 @@ class CommDebugMode:
             innermost first, as `"file:line:function"` in the span attribute `hp.call.stack`
             (the innermost also as `code.file.path` / `code.line.number` / `code.function.name`),
             in the table at noise level 3 and in the JSON dump. Frames of hp_otel, torch,
-            MindSpore, hyper-parallel and the standard library are left out. True: the 8
+            MindSpore, hyper-parallel, typing_extensions and the standard library are left out. True: the 8
             innermost frames; an int 1..64: that many; False or 0: off. None (default): the
             `HP_OTEL_STACK_DEPTH` setting, off when unset. Off, no frame is walked.
     """

@@ -1,5 +1,6 @@
 """Reading per-rank files for the rank comparison: each rank's collectives as `RankCall`s,
-from a spans file (`CommDebugMode.write_spans`, the watchdog's) or a JSON dump."""
+from a spans file (`CommDebugMode.write_spans`, the watchdog's), a JSON dump, or torch's
+Flight Recorder dump (`flight_recorder.py`)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class RankCall:
     start_ns: int
     end_ns: int
     in_flight: bool
+    stack: tuple[str, ...] = ()  # where it was issued (`stack=`, a Flight Recorder dump's frames), innermost first
 
     def signature(self) -> tuple[Any, ...]:
         """What must be equal on every rank of the group."""
@@ -62,7 +64,9 @@ class RankCall:
         shapes = f"input {_shape(self.input_shape)} output {_shape(self.output_shape)}"
         reduce = f" {self.reduce_op}" if self.reduce_op else ""
         state = " (in flight)" if self.in_flight else ""
-        return f"{self.op} {shapes} {self.dtype}{reduce} in {self.where()} [{self.phase}]{state}"
+        at = f" at {self.stack[0]}" if self.stack else ""
+        phase = f" [{self.phase}]" if self.phase else ""  # a Flight Recorder entry has none
+        return f"{self.op} {shapes} {self.dtype}{reduce} in {self.where()}{phase}{state}{at}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +82,7 @@ class RankCall:
             "phase": self.phase,
             "start_ns": self.start_ns,
             "in_flight": self.in_flight,
+            **({"stack": list(self.stack)} if self.stack else {}),
         }
 
 
@@ -107,7 +112,12 @@ def _rank_of(path: str, resources: Sequence[Mapping[str, Any]]) -> int:
 
 def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
     """One rank's collectives from its spans file (OTLP/JSON) or its JSON dump (`generate_json_dump`)."""
+    from hp_otel.analysis import flight_recorder  # it builds on this module's RankCall
+
     text_path = os.fspath(path)
+    recorded = flight_recorder.load_dump(text_path)
+    if recorded is not None:
+        return flight_recorder.read_flight_recorder_file(text_path, recorded)
     dump = _json_dump(text_path)
     if dump is not None:
         return _read_dump(text_path, dump)
@@ -160,6 +170,7 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         start_ns=span.start_time or 0,
         end_ns=span.end_time or 0,
         in_flight=match.in_flight,
+        stack=codec.decode_call_stack(attrs),
     )
 
 
@@ -210,6 +221,7 @@ def _read_dump(path: str, dump: dict[str, Any]) -> RankFile:
                     start_ns=start,
                     end_ns=start + int(node.get("duration_ns", 0)),
                     in_flight=False,
+                    stack=tuple(str(f) for f in node.get("stack", ())),
                 )
             )
     except (AttributeError, TypeError, ValueError, KeyError) as exc:

@@ -52,22 +52,28 @@ def depth_from_env(environ: dict[str, str] | None = None) -> int:
 
 
 def package_dirs(packages: Iterable[str]) -> tuple[str, ...]:
-    """The folders of the named top-level packages that are installed (found without importing them)."""
-    dirs: list[str] = []
+    """The folders of the named top-level packages that are installed, or the file of a one-file
+    module (`typing_extensions.py`), found without importing them."""
+    found: list[str] = []
     for name in packages:
-        module = sys.modules.get(name)
-        locations = getattr(module, "__path__", None)
-        if locations is None:
-            try:
-                spec = importlib.util.find_spec(name)
-            except (ImportError, ValueError):
-                continue
-            locations = spec.submodule_search_locations if spec is not None else None
-        for location in locations or ():
-            dirs.append(os.path.join(os.path.realpath(location), ""))
-            if os.path.realpath(location) != os.path.abspath(location):
-                dirs.append(os.path.join(os.path.abspath(location), ""))
-    return tuple(dirs)
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:
+            paths = [os.path.join(location, "") for location in spec.submodule_search_locations]
+        elif spec.origin and os.path.isfile(spec.origin):
+            paths = [spec.origin]
+        else:
+            continue
+        for path in paths:
+            for variant in (os.path.realpath(path), os.path.abspath(path)):
+                variant = os.path.join(variant, "") if path.endswith(os.sep) else variant
+                if variant not in found:
+                    found.append(variant)
+    return tuple(found)
 
 
 def _dirs(*keys: str) -> tuple[str, ...]:
