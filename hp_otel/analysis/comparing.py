@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
-from hp_otel.analysis.flight_recorder import align_buffers
-from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, read_rank_file
+from hp_otel.analysis.flight_recorder import align_buffers, read_any_rank_file
+from hp_otel.analysis.reading import RankCall, RankFile, RankInputError
 
 
 @dataclass
@@ -89,7 +89,7 @@ class RanksReport:
 
 
 def compare_files(paths: Iterable[str | os.PathLike[str]]) -> RanksReport:
-    files = [read_rank_file(p) for p in paths]
+    files = [read_any_rank_file(p) for p in paths]  # spans files, JSON dumps, Flight Recorder dumps
     if not files:
         raise RankInputError("give at least one spans file")
     seen: dict[int, str] = {}

@@ -38,7 +38,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hp_otel.analysis.reading import RankCall, RankFile, RankInputError
+from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, read_rank_file
 from hp_otel.spans.otlp_json import max_bytes_limit
 
 WINDOW = "flight recorder"
@@ -130,6 +130,14 @@ def load_dump(path: str | os.PathLike[str], max_bytes: int | None = None) -> dic
     if data[:1] == _PICKLE_PROTOCOL_2_PLUS:
         raise RankInputError(f"{text_path}: a pickle without Flight Recorder's 'entries' and 'pg_config'")
     return None
+
+
+def read_any_rank_file(path: str | os.PathLike[str]) -> RankFile:
+    """A rank's collectives from its Flight Recorder dump, spans file or JSON dump, whichever it is."""
+    dump = load_dump(path)
+    if dump is not None:
+        return read_flight_recorder_file(path, dump)
+    return read_rank_file(path)
 
 
 def rank_of(path: str, dump: Mapping[str, Any]) -> int:

@@ -1,6 +1,6 @@
 """Reading per-rank files for the rank comparison: each rank's collectives as `RankCall`s,
-from a spans file (`CommDebugMode.write_spans`, the watchdog's), a JSON dump, or torch's
-Flight Recorder dump (`flight_recorder.py`)."""
+from a spans file (`CommDebugMode.write_spans`, the watchdog's) or a JSON dump (torch's
+Flight Recorder dumps: `flight_recorder.read_any_rank_file`)."""
 
 from __future__ import annotations
 
@@ -112,12 +112,7 @@ def _rank_of(path: str, resources: Sequence[Mapping[str, Any]]) -> int:
 
 def read_rank_file(path: str | os.PathLike[str]) -> RankFile:
     """One rank's collectives from its spans file (OTLP/JSON) or its JSON dump (`generate_json_dump`)."""
-    from hp_otel.analysis import flight_recorder  # it builds on this module's RankCall
-
     text_path = os.fspath(path)
-    recorded = flight_recorder.load_dump(text_path)
-    if recorded is not None:
-        return flight_recorder.read_flight_recorder_file(text_path, recorded)
     dump = _json_dump(text_path)
     if dump is not None:
         return _read_dump(text_path, dump)

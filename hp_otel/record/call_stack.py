@@ -5,7 +5,7 @@ Opt-in (`CommDebugMode(stack=...)`, `HP_OTEL_STACK_DEPTH`): off, the recorder ho
 `sys._getframe()` up the calling thread's frames, drops those of the libraries
 (`skip_packages`: hp_otel, the framework's, the standard library's) and keeps the first
 `depth` others as `"file:line:function"`, innermost first.  No source line is read
-(`traceback.extract_stack` reads the file and formats it: ≈10× dearer); the two caches
+(`traceback.extract_stack` reads the files and formats them: about twice the cost); the caches
 below make a frame seen before cost one dict lookup.
 """
 
@@ -96,7 +96,7 @@ def site_packages_dirs() -> tuple[str, ...]:
 class CallStack:
     """`capture()`: the user's frames of the calling thread, innermost first, as `file:line:function`."""
 
-    __slots__ = ("_keep", "_lines", "_packages", "_skip", "_stdlib", "depth")
+    __slots__ = ("_codes", "_keep", "_packages", "_stdlib", "depth")
 
     def __init__(
         self,
@@ -111,30 +111,30 @@ class CallStack:
         # frozen modules ("<frozen runpy>") count as standard library.
         self._stdlib = (*stdlib, "<frozen ")
         self._keep = keep
-        self._skip: dict[CodeType, bool] = {}  # code object -> whether its frames are a library's
-        self._lines: dict[tuple[CodeType, int], str] = {}  # (code, line) -> "file:line:function"
+        # id(code) -> (code, its lines as text or None for a library's code). Keyed by id: hashing a
+        # code object hashes its constants (nested code included) on every lookup, ≈100× a dict hit
+        # for torch's large functions. The entry holds the code, so its id is not reused meanwhile.
+        self._codes: dict[int, tuple[CodeType, dict[int, str] | None]] = {}
 
     def capture(self) -> tuple[str, ...]:
         frame = _getframe(1)
         out: list[str] = []
-        skip = self._skip
-        lines = self._lines
+        codes = self._codes
         depth = self.depth
         while frame is not None:
             code = frame.f_code
-            skipped = skip.get(code)
-            if skipped is None:
-                if len(skip) >= _CACHE_LIMIT:
-                    skip.clear()
-                skipped = skip[code] = self._is_library(code.co_filename)
-            if not skipped:
-                key = (code, frame.f_lineno)
-                text = lines.get(key)
+            known = codes.get(id(code))
+            if known is None:
+                if len(codes) >= _CACHE_LIMIT:
+                    codes.clear()
+                known = codes[id(code)] = (code, None if self._is_library(code.co_filename) else {})
+            lines = known[1]
+            if lines is not None:  # the user's code
+                line = frame.f_lineno
+                text = lines.get(line)
                 if text is None:
-                    if len(lines) >= _CACHE_LIMIT:
-                        lines.clear()
                     function = getattr(code, "co_qualname", code.co_name)  # co_qualname: Python 3.11+
-                    text = lines[key] = f"{code.co_filename}:{frame.f_lineno}:{function}"
+                    text = lines[line] = f"{code.co_filename}:{line}:{function}"
                 out.append(text)
                 if len(out) >= depth:
                     break
