@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -224,8 +226,9 @@ def test_the_instrumentor_records_stacks_of_sampled_steps(fake_world, monkeypatc
     exporter = InMemorySpanExporter()
     provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])  # both given: no global configure()
     instrumentor = HpOtelInstrumentor()
-    instrumentor.instrument(tracer_provider=provider, stack=1)
+    instrumentor.instrument(tracer_provider=provider, meter_provider=meters, stack=1)
     try:
         assert active_session().stack_depth == 1
         with hp_otel.step(0, run_id="r", rank=0):
@@ -235,10 +238,10 @@ def test_the_instrumentor_records_stacks_of_sampled_steps(fake_world, monkeypatc
     (span,) = [sp for sp in exporter.get_finished_spans() if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE]
     assert span.attributes[s.CALL_STACK] == (_frame(inner, "_issue"),)
     monkeypatch.setenv(call_stack.DEPTH_VARIABLE, "lots")  # zero-code runs: a bad setting is logged, stacks off
-    instrumentor.instrument(tracer_provider=provider)
+    instrumentor.instrument(tracer_provider=provider, meter_provider=meters)
     try:
         assert active_session().stack_depth == 0
     finally:
         instrumentor.uninstrument()
     with pytest.raises(ValueError, match="stack must be True"):
-        instrumentor.instrument(tracer_provider=provider, stack="all")
+        instrumentor.instrument(tracer_provider=provider, meter_provider=meters, stack="all")
