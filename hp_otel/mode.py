@@ -31,6 +31,7 @@ from hp_otel.export.providers import (
     is_internal_tracer_provider,
 )
 from hp_otel.record import signal_guard
+from hp_otel.record.call_stack import check_depth, depth_from_env, shared_call_stack
 from hp_otel.record.instruments import get_instruments
 from hp_otel.record.memory import return_freed_memory
 from hp_otel.record.observer import Observer, Source
@@ -56,6 +57,9 @@ _LARGE_WINDOW_SPANS = 10_000  # clear() of a window this large hands the freed m
 _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.ContextVar(
     "hp_otel_current_mode", default=None
 )
+# Packages whose frames a call stack leaves out (`stack=`): hp_otel's, the frameworks' own, and
+# typing_extensions (its @deprecated wrapper sits between torch's deprecated collectives and the caller).
+STACK_SKIPPED_PACKAGES = ("hp_otel", "torch", "mindspore", "hyper_parallel", "typing_extensions")
 # One lock for installing and removing hooks, so modes entered on several threads do not interleave.
 _install_lock = threading.RLock()
 
@@ -185,6 +189,13 @@ class CommDebugMode:
             not recorded (`record_spans=False`, a sampler's drop) nor for the watchdog's
             in-flight spans. A hook that raises is counted in `get_callback_error_counts()`
             (`user_collective_hook`, ...), logged once, and the span is still exported.
+        stack: record where each collective and redistribute was called: the user's frames,
+            innermost first, as `"file:line:function"` in the span attribute `hp.call.stack`
+            (the innermost also as `code.file.path` / `code.line.number` / `code.function.name`),
+            in the table at noise level 3 and in the JSON dump. Frames of hp_otel, torch,
+            MindSpore, hyper-parallel, typing_extensions and the standard library are left out. True: the 8
+            innermost frames; an int 1..64: that many; False or 0: off. None (default): the
+            `HP_OTEL_STACK_DEPTH` setting, off when unset. Off, no frame is walked.
     """
 
     _warns_partial_view = True  # the torch drop-in reads its window inside it, as torch allows: False there
@@ -205,6 +216,7 @@ class CommDebugMode:
         collective_hook: CollectiveHook | None = None,
         module_hook: ModuleHook | None = None,
         op_hook: OpHook | None = None,
+        stack: bool | int | None = None,
     ) -> None:
         from hp_otel.sources import check_engine, default_sources
 
@@ -253,6 +265,8 @@ class CommDebugMode:
         self._recorder.spans_enabled = record_spans
         self._recorder.ops_enabled = ops
         self._recorder.hooks = hooks
+        depth = check_depth(stack) if stack is not None else depth_from_env()
+        self._recorder.call_stack = shared_call_stack(depth, STACK_SKIPPED_PACKAGES)
         self._sources: tuple[Source, ...] = (*default_sources(module, self.engine), *extra)
         # (the source's class name, what attach/detach is called on): the source itself, or its adapter
         self._attachable = tuple((type(source).__name__, _attachable(source)) for source in self._sources)

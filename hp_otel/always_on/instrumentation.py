@@ -33,6 +33,7 @@ from hp_otel.always_on.package import _instruments, _instruments_any
 from hp_otel.always_on.steps import StepSpans, begin_step, running, set_step_handler
 from hp_otel.common import launcher_env
 from hp_otel.record import installation
+from hp_otel.record.call_stack import check_depth, depth_from_env
 from hp_otel.record.user_hooks import NO_HOOKS, UserHooks
 from hp_otel.spans import schema as s
 
@@ -78,9 +79,15 @@ class StepSession:
     """Opens one CommDebugMode window per step, inside that step's spans."""
 
     def __init__(
-        self, tracer_provider: Any, meter_provider: Any, module: Any = None, hooks: UserHooks = NO_HOOKS
+        self,
+        tracer_provider: Any,
+        meter_provider: Any,
+        module: Any = None,
+        hooks: UserHooks = NO_HOOKS,
+        stack_depth: int = 0,
     ) -> None:
         self.tracer_provider = tracer_provider
+        self.stack_depth = stack_depth  # user frames per collective in sampled steps (0: off)
         self.meter_provider = meter_provider
         self.module = module
         self.hooks = hooks  # the user's span hooks, given to every step's window
@@ -115,6 +122,7 @@ class StepSession:
             collective_hook=self.hooks.collective,
             module_hook=self.hooks.module,
             op_hook=self.hooks.op,
+            stack=self.stack_depth,
         )
         token = otel_context.attach(spans.context)  # the window's spans nest under rank_step
         try:
@@ -198,6 +206,17 @@ def _warn_if_resource_lacks_rank(tracer_provider: Any) -> None:
     )
 
 
+def _stack_depth(kwargs: dict[str, Any]) -> int:
+    """`stack=` if given (a bad one raises), else HP_OTEL_STACK_DEPTH (a bad one is logged: stacks off)."""
+    if kwargs.get("stack") is not None:
+        return check_depth(kwargs["stack"])
+    try:
+        return depth_from_env()
+    except ValueError as exc:  # zero-code runs: a typo in a setting must not stop training
+        logger.warning("hp_otel: %s; recording no call stacks", exc)
+        return 0
+
+
 class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Always-on hp_otel: counts every collective of every step, spans for sampled steps.
 
@@ -205,7 +224,9 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     all arguments optional. `uninstrument()` closes the open step and removes the hook.
     `collective_hook=`, `module_hook=`, `op_hook=`: your `fn(span, info)` for each span of a
     sampled step, as in `CommDebugMode`; a step's spans are built when the step ends, so
-    the hooks run then.
+    the hooks run then. `stack=`: where each collective of a sampled step was called, as
+    `CommDebugMode(stack=...)` (True, or a depth 1..64); default: `HP_OTEL_STACK_DEPTH`
+    (a depth, 0 or unset: off). An unsampled step walks no frame.
     """
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -225,6 +246,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument(self, **kwargs: Any) -> None:
         global _session
         hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
+        stack_depth = _stack_depth(kwargs)
         if launcher_env.is_launcher_process():
             # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
             # and configuring export there would take rank 0's Prometheus port.
@@ -234,7 +256,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             kwargs.get("tracer_provider"), kwargs.get("meter_provider")
         )
         _warn_if_resource_lacks_rank(tracer_provider)
-        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks)
+        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks, stack_depth)
         installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
         session.start()
         _session = session

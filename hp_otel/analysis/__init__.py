@@ -12,11 +12,12 @@ package lines them up by (window, group, seq) and reports
 - for collectives every rank reached, the arrival skew (last issue − first issue) and
   which rank was last: the straggler table.
 
-It works on any engine's spans; the clocks of ranks on different hosts differ by their
-offset, which the skew includes.
+It works on any engine's spans, and on torch's Flight Recorder dumps (`flight_recorder`);
+the clocks of ranks on different hosts differ by their offset, which the skew includes.
 """
 
 from hp_otel.analysis.comparing import RanksReport, compare, compare_files
+from hp_otel.analysis.flight_recorder import read_any_rank_file, read_flight_recorder_file
 from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, read_rank_file
 from hp_otel.analysis.reporting import format_report, report_to_json
 
@@ -28,6 +29,8 @@ __all__ = [
     "compare",
     "compare_files",
     "format_report",
+    "read_any_rank_file",
+    "read_flight_recorder_file",
     "read_rank_file",
     "report_to_json",
 ]

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
-from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, read_rank_file
+from hp_otel.analysis.flight_recorder import align_buffers, read_any_rank_file
+from hp_otel.analysis.reading import RankCall, RankFile, RankInputError
 
 
 @dataclass
@@ -103,7 +104,7 @@ class RanksReport:
 
 
 def compare_files(paths: Iterable[str | os.PathLike[str]]) -> RanksReport:
-    files = [read_rank_file(p) for p in paths]
+    files = [read_any_rank_file(p) for p in paths]  # spans files, JSON dumps, Flight Recorder dumps
     if not files:
         raise RankInputError("give at least one spans file")
     seen: dict[int, str] = {}
@@ -111,7 +112,10 @@ def compare_files(paths: Iterable[str | os.PathLike[str]]) -> RanksReport:
         if f.rank in seen:
             raise RankInputError(f"{seen[f.rank]} and {f.path} are both rank {f.rank}; give one file per rank")
         seen[f.rank] = f.path
-    return compare(files)
+    files, notes = align_buffers(files)  # Flight Recorder rings: from the seq every rank still holds
+    report = compare(files)
+    report.notes[:0] = notes
+    return report
 
 
 def compare(files: Sequence[RankFile]) -> RanksReport:

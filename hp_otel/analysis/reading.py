@@ -1,5 +1,6 @@
 """Reading per-rank files for the rank comparison: each rank's collectives as `RankCall`s,
-from a spans file (`CommDebugMode.write_spans`, the watchdog's) or a JSON dump."""
+from a spans file (`CommDebugMode.write_spans`, the watchdog's) or a JSON dump (torch's
+Flight Recorder dumps: `flight_recorder.read_any_rank_file`)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class RankCall:
     end_ns: int
     in_flight: bool
     bytes: int = 0  # what it moved (its inputs' bytes, hp.collective.bytes); 0 where the file says none
+    stack: tuple[str, ...] = ()  # where it was issued (`stack=`, a Flight Recorder dump's frames), innermost first
 
     def signature(self) -> tuple[Any, ...]:
         """What must be equal on every rank of the group."""
@@ -63,7 +65,9 @@ class RankCall:
         shapes = f"input {_shape(self.input_shape)} output {_shape(self.output_shape)}"
         reduce = f" {self.reduce_op}" if self.reduce_op else ""
         state = " (in flight)" if self.in_flight else ""
-        return f"{self.op} {shapes} {self.dtype}{reduce} in {self.where()} [{self.phase}]{state}"
+        at = f" at {self.stack[0]}" if self.stack else ""
+        phase = f" [{self.phase}]" if self.phase else ""  # a Flight Recorder entry has none
+        return f"{self.op} {shapes} {self.dtype}{reduce} in {self.where()}{phase}{state}{at}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +83,7 @@ class RankCall:
             "phase": self.phase,
             "start_ns": self.start_ns,
             "in_flight": self.in_flight,
+            **({"stack": list(self.stack)} if self.stack else {}),
         }
 
 
@@ -193,6 +198,7 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         end_ns=span.end_time or 0,
         in_flight=match.in_flight,
         bytes=info.bytes,
+        stack=codec.decode_call_stack(attrs),
     )
 
 
@@ -244,6 +250,7 @@ def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None)
                     end_ns=start + int(node.get("duration_ns", 0)),
                     in_flight=False,
                     bytes=int(node.get("bytes", 0)),
+                    stack=tuple(str(f) for f in node.get("stack", ())),
                 )
             )
     except (AttributeError, TypeError, ValueError, KeyError) as exc:

@@ -85,9 +85,10 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         for m in g.missing:
             ref = m.reference
             waiting = f"; rank {','.join(map(str, m.in_flight_on))} waiting in it" if m.in_flight_on else ""
+            at = f" at {ref.stack[0]}" if ref.stack else ""  # where the others issued it (stack=, FR frames)
             lines.append(
                 f"  hang suspect: rank {m.rank} never reached {ref.op} #{m.seq} in {ref.where()} "
-                f"(issued by rank {','.join(map(str, m.issued_by))}{waiting})"
+                f"(issued by rank {','.join(map(str, m.issued_by))}{at}{waiting})"
             )
         for seq in g.stuck_together:
             lines.append(f"  every rank is waiting in seq #{seq}: the collective itself does not complete")

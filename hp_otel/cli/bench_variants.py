@@ -8,6 +8,7 @@ timed block for set-up a user pays once (the always-on instrumentor).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ StepContext = Callable[[], contextlib.AbstractContextManager[Any]]
 UNTRACED = "untraced"
 HP_OTEL = "hp_otel"
 HP_OTEL_KEPT = "hp_otel, hooks kept"
+HP_OTEL_STACK = "hp_otel, stack=True"
 COUNTS_ONLY = "hp_otel, counts only"
 COUNTS_ONLY_KEPT = "hp_otel, counts only, hooks kept"
 INSTRUMENTOR = "hp_otel instrumentor, unsampled"
@@ -52,6 +54,10 @@ def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
         Variant(HP_OTEL, lambda: CommDebugMode(module=model), records_events=True),
     ]
     skipped: dict[str, str] = {}
+    if "stack" in inspect.signature(CommDebugMode).parameters:  # where each collective was called
+        variants.append(Variant(HP_OTEL_STACK, lambda: CommDebugMode(module=model, stack=True), records_events=True))
+    else:  # an hp_otel from before `stack=` (comparing releases)
+        skipped[HP_OTEL_STACK] = "this hp_otel has no stack="
     if hasattr(hp_otel, "install"):
         variants.append(Variant(HP_OTEL_KEPT, lambda: CommDebugMode(module=model), _hooks_kept, True))
     else:  # an hp_otel from before `install()` (comparing releases)

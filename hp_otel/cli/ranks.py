@@ -19,7 +19,11 @@ from hp_otel.common.safe_text import printable
 
 def add_arguments(ranks: argparse.ArgumentParser) -> None:
     ranks.add_argument(
-        "files", type=Path, nargs="+", metavar="FILE", help="one spans file (OTLP/JSON) or JSON dump per rank"
+        "files",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="one file per rank: spans (OTLP/JSON), JSON dump, or torch Flight Recorder dump",
     )
     ranks.add_argument("--json", action="store_true", help="the report as JSON")
     ranks.add_argument("--top", type=positive, default=5, metavar="N", help="largest skews to list")

@@ -57,6 +57,7 @@ class RedistributeEnter:
     src_placements: str
     dst_placements: str
     shape: tuple[int, ...]
+    stack: tuple[str, ...] = ()  # the user's frames issuing it (call_stack.py), when asked for
 
 
 @dataclass(slots=True)
@@ -84,6 +85,7 @@ class CollectiveIssue:
     # After the call returned: says whether its work is done (a Work, an unwaited result), or None.
     pending: Callable[[], bool] | None = None
     returned: bool = False
+    stack: tuple[str, ...] = ()  # the user's frames issuing it (call_stack.py), when asked for
 
 
 @dataclass(slots=True)
@@ -106,6 +108,7 @@ class Collective:
     # CUDA: says the device time (ns) once the events around it are complete, else None (never syncs)
     device: Callable[[], int | None] | None = None
     issued_by: str | None = None  # FSDP: the module running when issued, if it counts for another
+    stack: tuple[str, ...] = ()  # the user's frames issuing it (its issue's, when there is one)
 
 
 @dataclass(slots=True)

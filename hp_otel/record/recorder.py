@@ -28,6 +28,7 @@ from opentelemetry.trace import Tracer
 
 from hp_otel.record import events as ev
 from hp_otel.record import matching
+from hp_otel.record.call_stack import CallStack
 from hp_otel.record.exposure_metrics import WindowRow, report_of
 from hp_otel.record.instruments import Instruments
 from hp_otel.record.span_builder import SpanBuilder
@@ -97,6 +98,8 @@ class WindowRecorder:
         self._in_flight: dict[ev.CollectiveIssue, None] = {}
         self.window: matching.Window | None = None
         self.wants_completion = False  # sources attach a done-probe to returned collectives (watchdog on)
+        # Opt-in: the user's frames issuing each collective and redistribute (None: no frame is walked).
+        self.call_stack: CallStack | None = None
 
     # --- lifecycle -----------------------------------------------------------
     @property
@@ -348,7 +351,9 @@ class WindowRecorder:
                 chain = self._running_chain()
                 if chain is not None:
                     self._follow_backward(chain, now)
-            self._emit(ev.RedistributeEnter(now, src_placements, dst_placements, shape))
+            call_stack = self.call_stack
+            stack = call_stack.capture() if call_stack is not None and self.spans_enabled else ()
+            self._emit(ev.RedistributeEnter(now, src_placements, dst_placements, shape, stack))
         except Exception as exc:
             self.on_fault("redistribute_enter", exc)
 
@@ -380,6 +385,9 @@ class WindowRecorder:
                 elif self._node_attribution is not None and phase != s.PHASE_BACKWARD:  # outside every module
                     phase = module_phase = s.PHASE_OUTSIDE
             issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), phase or module_phase, fqn, issued_by)
+            call_stack = self.call_stack
+            if call_stack is not None:
+                issue.stack = call_stack.capture()
             in_flight = self._in_flight
             if len(in_flight) >= _MAX_IN_FLIGHT:  # work nobody waits for: forget the oldest
                 in_flight.pop(next(iter(in_flight)), None)
@@ -420,6 +428,10 @@ class WindowRecorder:
             issued_in = issue.fqn if issue is not None else fqn
             if issue is not None:
                 issued_by = issue.issued_by
+                stack = issue.stack
+            else:
+                call_stack = self.call_stack
+                stack = call_stack.capture() if call_stack is not None and self.spans_enabled else ()
             event = ev.Collective(
                 start_ns,
                 end_ns,
@@ -434,6 +446,7 @@ class WindowRecorder:
                 0,
                 device,
                 issued_by,
+                stack,
             )
             key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
             if awaits:

@@ -270,6 +270,8 @@ class SpanBuilder:
     def _redistribute_enter(self, e: ev.RedistributeEnter) -> None:
         phase = self._phase()
         attrs = codec.encode_redistribute(e.src_placements, e.dst_placements, e.shape, phase)
+        if e.stack:
+            codec.encode_call_stack(attrs, e.stack)
         self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, e.time_ns)
 
     def _redistribute_exit(self, e: ev.RedistributeExit) -> None:
@@ -290,6 +292,8 @@ class SpanBuilder:
         attrs, links = self._matching(attrs, e.seq, e.fqn, e.phase)
         if e.issued_by is not None:
             attrs[s.COLLECTIVE_ISSUED_BY] = e.issued_by
+        if e.stack:
+            codec.encode_call_stack(attrs, e.stack)
         span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
         if e.issue is not None and e.issue.dumped_to:
             span.add_event(
@@ -349,6 +353,8 @@ class SpanBuilder:
         parent = trace.get_current_span(parent_ctx).get_span_context()
         attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, issue.fqn, issue.phase)
         attrs[s.COLLECTIVE_IN_FLIGHT] = True
+        if issue.stack:
+            codec.encode_call_stack(attrs, issue.stack)
         trace_id = parent.trace_id if parent.is_valid else RandomIdGenerator().generate_trace_id()
         context = SpanContext(trace_id, RandomIdGenerator().generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
         events = ()

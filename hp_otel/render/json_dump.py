@@ -72,6 +72,9 @@ def record_to_json(record: CallRecord) -> dict[str, Any]:
         src, dst, shape = codec.decode_redistribute(record.attributes)
         out = {"type": "redistribute", "src_placements": src, "dst_placements": dst, "tensor_shape": list(shape)}
     out["phase"] = record.phase
+    stack = codec.decode_call_stack(record.attributes) if record.kind != s.KIND_MODULE else ()
+    if stack:  # recorded with stack=: where it was issued, innermost first
+        out["stack"] = list(stack)
     out["duration_ns"] = record.duration_ns
     if record.kind == s.KIND_COLLECTIVE and s.COLLECTIVE_SEQ in record.attributes:
         out["start_ns"] = record.start_ns

@@ -106,6 +106,18 @@ def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
     return kind, detail
 
 
+_STACKED_KINDS = (s.KIND_COLLECTIVE, s.KIND_REDISTRIBUTE)
+
+
+def _stack_lines(record: CallRecord) -> list[str]:
+    """Where the call was issued (`stack=`): one line a frame under its line, innermost first."""
+    pad = " " * _TYPE_COLUMN
+    return [
+        f"{pad}  {'at' if i == 0 else 'from'} {printable(frame)}"
+        for i, frame in enumerate(codec.decode_call_stack(record.attributes))
+    ]
+
+
 def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None, dropped: int = 0) -> str:
     """The table; lines starting `!` after it say what it cannot show (spans the cap dropped, a damaged tree)."""
     flags = noise_level(level)
@@ -127,6 +139,8 @@ def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None, 
         kind, detail = describe(record, flags)
         type_column = "  " * depth + kind
         lines.append(type_column.ljust(_TYPE_COLUMN - 1) + " " + printable(detail))  # names: not for the terminal
+        if flags.collective_detail and record.kind in _STACKED_KINDS:
+            lines.extend(_stack_lines(record))
     if flags.collective_detail:
         lines.extend(printable(line) for line in exposure_footer(spans))
     lines.extend(notes)

@@ -151,6 +151,34 @@ def encode_collective_match(seq: int, window: str, match_id: str) -> dict[str, A
     return {s.COLLECTIVE_SEQ: seq, s.COLLECTIVE_WINDOW: window, s.COLLECTIVE_MATCH_ID: match_id}
 
 
+def encode_call_stack(attrs: dict[str, Any], stack: Sequence[str]) -> None:
+    """Add the user's frames (innermost first) and the innermost one as OTel's code attributes."""
+    if not stack:
+        return
+    attrs[s.CALL_STACK] = tuple(stack)
+    path, line, function = split_frame(stack[0])
+    attrs[s.CODE_FILE_PATH] = path
+    attrs[s.CODE_LINE_NUMBER] = line
+    attrs[s.CODE_FUNCTION_NAME] = function
+
+
+def split_frame(text: str) -> tuple[str, int, str]:
+    """`"a/b.py:12:Model.forward"` as (file, line, function); the file may hold ':' (a Windows drive)."""
+    rest, _, function = text.rpartition(":")
+    path, _, line = rest.rpartition(":")
+    if not line.isdigit():  # not "file:line:function": keep it whole as the path
+        return text, 0, ""
+    return path, int(line), function
+
+
+def decode_call_stack(attrs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The user's frames issuing the call, innermost first (empty when not recorded)."""
+    stack = attrs.get(s.CALL_STACK)
+    if not stack or isinstance(stack, str):
+        return (str(stack),) if stack else ()
+    return tuple(str(frame) for frame in stack)
+
+
 def encode_redistribute(src_placements: str, dst_placements: str, shape: tuple[int, ...], phase: str) -> dict[str, Any]:
     return {
         s.CALL_KIND: s.KIND_REDISTRIBUTE,

@@ -22,6 +22,16 @@ KIND_COLLECTIVE: Final = "collective"
 KIND_REDISTRIBUTE: Final = "redistribute"
 CALL_KINDS: Final = (KIND_MODULE, KIND_OP, KIND_COLLECTIVE, KIND_REDISTRIBUTE)
 
+# Opt-in (CommDebugMode(stack=...)): the user's frames issuing a collective or redistribute,
+# innermost first, each "file:line:function" (library frames dropped, at most the depth asked).
+# A string array, not OTel's `code.stacktrace`: that is one string in the runtime's own traceback
+# format (outermost first, source lines, every frame); this one is filtered, cut and listable.
+CALL_STACK: Final = "hp.call.stack"
+# The innermost of those frames also in OTel's stable code attributes (what backends link to source).
+CODE_FILE_PATH: Final = "code.file.path"
+CODE_LINE_NUMBER: Final = "code.line.number"
+CODE_FUNCTION_NAME: Final = "code.function.name"
+
 PHASE: Final = "hp.phase"
 PHASE_FORWARD: Final = "forward"
 PHASE_BACKWARD: Final = "backward"

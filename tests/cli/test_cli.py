@@ -78,6 +78,7 @@ def test_bench_runs_every_variant() -> None:
         "untraced",
         "hp_otel",
         "hp_otel, counts only",
+        "hp_otel, stack=True",
         "hp_otel instrumentor, unsampled",
         "torch CommDebugMode",
         "torch DebugMode",
