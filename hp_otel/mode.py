@@ -32,6 +32,7 @@ from hp_otel.export.providers import (
 )
 from hp_otel.record import signal_guard
 from hp_otel.record.instruments import get_instruments
+from hp_otel.record.metric_labels import ModuleLabel, resolve_depth
 from hp_otel.record.observer import Observer, Source
 from hp_otel.record.recorder import WindowRecorder
 from hp_otel.record.signal_guard import GUARD
@@ -155,6 +156,11 @@ class CommDebugMode:
             not recorded (`record_spans=False`, a sampler's drop) nor for the watchdog's
             in-flight spans. A hook that raises is counted in `get_callback_error_counts()`
             (`user_collective_hook`, ...), logged once, and the span is still exported.
+        metric_module_depth: how much of the module path the collective metrics carry
+            (`hp.module.fqn`, their cardinality): an int k keeps the first k dotted parts
+            (`layers.3.attn` at 2 is `layers.3`), `"none"` (or 0) drops the attribute,
+            `"full"` keeps it. Default: $HP_OTEL_METRIC_MODULE_DEPTH, else `"full"` (the
+            instrumentor's default is 1). Spans and counts always keep the whole fqn.
     """
 
     def __init__(
@@ -173,6 +179,7 @@ class CommDebugMode:
         collective_hook: CollectiveHook | None = None,
         module_hook: ModuleHook | None = None,
         op_hook: OpHook | None = None,
+        metric_module_depth: int | str | None = None,
     ) -> None:
         from hp_otel.sources import check_engine, default_sources
 
@@ -215,6 +222,7 @@ class CommDebugMode:
         self._recorder.spans_enabled = record_spans
         self._recorder.ops_enabled = ops
         self._recorder.hooks = hooks
+        self._recorder.module_label = ModuleLabel(resolve_depth(metric_module_depth, default=None))
         self._sources: tuple[Source, ...] = (*default_sources(module, self.engine), *extra)
         # (the source's class name, what attach/detach is called on): the source itself, or its adapter
         self._attachable = tuple((type(source).__name__, _attachable(source)) for source in self._sources)

@@ -31,7 +31,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from hp_otel.always_on.model_tracker import ModelTracker
 from hp_otel.always_on.steps import StepSpans, begin_step, running, set_step_handler
 from hp_otel.common import launcher_env
-from hp_otel.record import installation
+from hp_otel.record import installation, metric_labels
 from hp_otel.record.user_hooks import NO_HOOKS, UserHooks
 from hp_otel.spans import schema as s
 
@@ -77,9 +77,15 @@ class StepSession:
     """Opens one CommDebugMode window per step, inside that step's spans."""
 
     def __init__(
-        self, tracer_provider: Any, meter_provider: Any, module: Any = None, hooks: UserHooks = NO_HOOKS
+        self,
+        tracer_provider: Any,
+        meter_provider: Any,
+        module: Any = None,
+        hooks: UserHooks = NO_HOOKS,
+        metric_module_depth: int | None = metric_labels.ALWAYS_ON_DEFAULT,
     ) -> None:
         self.tracer_provider = tracer_provider
+        self.metric_module_depth = metric_module_depth  # parsed: None keeps the whole fqn
         self.meter_provider = meter_provider
         self.module = module
         self.hooks = hooks  # the user's span hooks, given to every step's window
@@ -114,6 +120,7 @@ class StepSession:
             collective_hook=self.hooks.collective,
             module_hook=self.hooks.module,
             op_hook=self.hooks.op,
+            metric_module_depth="full" if self.metric_module_depth is None else self.metric_module_depth,
         )
         token = otel_context.attach(spans.context)  # the window's spans nest under rank_step
         try:
@@ -204,7 +211,8 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     all arguments optional. `uninstrument()` closes the open step and removes the hook.
     `collective_hook=`, `module_hook=`, `op_hook=`: your `fn(span, info)` for each span of a
     sampled step, as in `CommDebugMode`; a step's spans are built when the step ends, so
-    the hooks run then.
+    the hooks run then. `metric_module_depth=`: module levels the metrics keep (as in
+    `CommDebugMode`; default $HP_OTEL_METRIC_MODULE_DEPTH, else 1: the model's top-level children).
     """
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -213,6 +221,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument(self, **kwargs: Any) -> None:
         global _session
         hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
+        depth = metric_labels.resolve_depth(kwargs.get("metric_module_depth"), metric_labels.ALWAYS_ON_DEFAULT)
         if launcher_env.is_launcher_process():
             # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
             # and configuring export there would take rank 0's Prometheus port.
@@ -222,7 +231,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             kwargs.get("tracer_provider"), kwargs.get("meter_provider")
         )
         _warn_if_resource_lacks_rank(tracer_provider)
-        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks)
+        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks, depth)
         installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
         session.start()
         _session = session

@@ -29,10 +29,12 @@ from opentelemetry.trace import Tracer
 from hp_otel.record import events as ev
 from hp_otel.record import matching
 from hp_otel.record.instruments import Instruments
+from hp_otel.record.metric_labels import ModuleLabel
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import NO_HOOKS
 from hp_otel.spans import schema as s
+from hp_otel.spans.bandwidth import bandwidth
 from hp_otel.spans.codec import MetricKey
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
@@ -67,6 +69,9 @@ class WindowRecorder:
         self._backward_moved_ns = 0  # when the open backward spans last changed
         self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
         self._pending_durations: dict[MetricKey, list[int]] = {}
+        self._pending_busbw: dict[MetricKey, list[float]] = {}  # bus bandwidths (bytes/s), handed over at window end
+        self._liveness = instruments.liveness  # the staleness gauges' state (per provider, across windows)
+        self.module_label = ModuleLabel(None)  # the metrics' hp.module.fqn (metric_labels: its depth)
         # Async collectives awaiting completion: their duration is recorded when the window ends.
         self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
         self._thread = threading.get_ident()  # the window's thread: live spans end on it only
@@ -137,6 +142,13 @@ class WindowRecorder:
         awaiting, self._awaiting = self._awaiting, []
         for event, key in awaiting:  # completion times where seen, else the launch
             self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
+            try:
+                if event.completion == s.COMPLETION_LAUNCH:  # its completion will not be seen now
+                    self._liveness.forget(event)
+                else:
+                    self._add_busbw(key, event.info, event.end_ns - event.start_ns)
+            except Exception as exc:
+                self.on_fault("metrics", exc)
         self._flush_metrics()
 
     def reset(self) -> None:
@@ -283,8 +295,14 @@ class WindowRecorder:
 
     # --- observer: collectives --------------------------------------------------
     def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
-        if not self.accepting or not (self.spans_enabled or self.wants_completion):  # counts need no issue record
+        if not self.accepting:
             return None
+        if not (self.spans_enabled or self.wants_completion):  # counts need no issue record: the gauges' only
+            try:
+                return self._liveness.ticket(start_ns, info.op, info.group)
+            except Exception as exc:
+                self.on_fault("collective_issue", exc)
+                return None
         try:
             modules = self._modules
             if modules:
@@ -302,6 +320,7 @@ class WindowRecorder:
             if len(in_flight) >= _MAX_IN_FLIGHT:  # work nobody waits for: forget the oldest
                 in_flight.pop(next(iter(in_flight)), None)
             in_flight[issue] = None
+            self._liveness.issued(issue, start_ns, info.op, info.group)
             self._emit(issue)
             return issue
         except Exception as exc:
@@ -329,6 +348,8 @@ class WindowRecorder:
             else:
                 self._in_flight.pop(issue, None)
         if not self.accepting:
+            if ticket is not None:
+                self._liveness.forget(ticket)
             return None
         try:
             seq = issue.seq if issue is not None else self._next_seq(info)
@@ -349,6 +370,9 @@ class WindowRecorder:
             key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
             if awaits:
                 self._awaiting.append((event, key))
+                self._liveness.launched(ticket, event, start_ns, info.op, info.group)
+            else:
+                self._liveness.completed(ticket, end_ns)
             self._emit(event)
             return event if awaits else None
         except Exception as exc:
@@ -362,6 +386,7 @@ class WindowRecorder:
         try:
             token.end_ns = max(end_ns, token.end_ns)
             token.completion = completion
+            self._liveness.completed(token, end_ns)
             builder = self._builder
             if self.live and builder is not None and threading.get_ident() == self._thread:
                 builder.complete_collective(token)
@@ -460,15 +485,23 @@ class WindowRecorder:
         error: BaseException | None = None,
     ) -> MetricKey:
         """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
-        key = MetricKey.of(info, phase, fqn, error)  # a failed call: its own series, with error.type
+        key = MetricKey.of(info, phase, self.module_label(fqn), error)  # a failed call: its own series
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
         if duration_ns is None:
             return key
+        if error is None:
+            self._add_busbw(key, info, duration_ns)
         if self.live:
             self._record_durations(key, (duration_ns,))
         else:
             self._pending_durations.setdefault(key, []).append(duration_ns)
         return key
+
+    def _add_busbw(self, key: MetricKey, info: CollectiveInfo, duration_ns: int) -> None:
+        """Note one completed call's bus bandwidth for the busbw histogram (none for a barrier, no bytes)."""
+        bw = bandwidth(info.op, info.bytes, info.group_size, duration_ns)
+        if bw is not None:
+            self._pending_busbw.setdefault(key, []).append(bw.busbw)
 
     def _flush_metrics(self) -> None:
         """Hand the window's durations to the histogram's next collection (see `DeferredDurations`)."""
@@ -478,6 +511,12 @@ class WindowRecorder:
         for key, durations in pending.items():
             try:
                 deferred.add(attributes(key), durations, self._window_context)
+            except Exception as exc:
+                self.on_fault("metrics", exc)
+        busbw, self._pending_busbw = self._pending_busbw, {}
+        for key, values in busbw.items():
+            try:
+                self._instruments.busbw.add(attributes(key), values, self._window_context)
             except Exception as exc:
                 self.on_fault("metrics", exc)
 

@@ -27,6 +27,7 @@ from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
+from hp_otel.spans.bandwidth import bandwidth_attributes
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
 
 _LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
@@ -249,6 +250,9 @@ class SpanBuilder:
 
     def _end_collective(self, span: Span, e: ev.Collective) -> None:
         span.set_attribute(s.COLLECTIVE_COMPLETION, e.completion)
+        if e.error is None and e.completion != s.COMPLETION_LAUNCH:  # a launch's time says nothing of the transfer
+            info = e.info
+            span.set_attributes(bandwidth_attributes(info.op, info.bytes, info.group_size, e.end_ns - e.start_ns))
         if self._collective_hook is not None:
             self._run_hook(self._collective_hook, span, e.info, COLLECTIVE_HOOK_FAULT)
         self._end_span(span, e.end_ns)
