@@ -42,7 +42,8 @@ class Liveness:
     """Collectives in flight and the last completion time, per metric provider (so across windows)."""
 
     def __init__(self) -> None:
-        # id(key) -> (start_ns, op, group, key): by identity (events are not hashable), the key held so its id stays its own
+        # id(key) -> (start_ns, op, group, key): by identity (events are not hashable);
+        # the key is held so that its id stays its own
         self._in_flight: dict[int, tuple[int, str, str, Any]] = {}
         self.last_completion_ns = 0
         self.first_issue_ns = 0

@@ -21,7 +21,7 @@ ALWAYS_ON_DEFAULT = 1  # the instrumentor's: the model's top-level children, wha
 
 
 def parse_depth(value: object, argument: str = "metric_module_depth") -> int | None:
-    """`"full"` -> None (keep all), `"none"` or 0 -> 0 (drop), k >= 1 -> k; anything else is an error naming `argument`."""
+    """`"full"` -> None (keep all), `"none"` or 0 -> 0 (drop), k >= 1 -> k; else an error naming `argument`."""
     if isinstance(value, str):
         text = value.strip().lower()
         if text == FULL:

@@ -154,7 +154,7 @@ COLLECTIVE_BW_BYTES: Final = "hp.collective.bw_bytes"  # the size S the bandwidt
 METRIC_BUSBW: Final = "hp.collective.busbw"
 METRIC_BUSBW_UNIT: Final = "By/s"
 # 1 MB/s .. 10 TB/s, three buckets a decade (PCIe/NVLink/IB live in 1e9..1e12).
-BUSBW_BUCKETS: Final = tuple(m * 10.0**e for e in range(6, 13) for m in (1.0, 2.5, 5.0)) + (1e13,)
+BUSBW_BUCKETS: Final = (*(m * 10.0**e for e in range(6, 13) for m in (1.0, 2.5, 5.0)), 1e13)
 
 # --- live staleness gauges (hp_otel.record.liveness) ------------------------
 METRIC_IN_FLIGHT: Final = "hp.collective.in_flight.count"
