@@ -47,6 +47,9 @@ class RankCall:
     start_ns: int
     end_ns: int
     in_flight: bool
+    # NCCL-tests' bandwidths of this rank's call, bytes/s (0.0: none recorded: in flight, a barrier, older files)
+    algbw: float = 0.0
+    busbw: float = 0.0
 
     def signature(self) -> tuple[Any, ...]:
         """What must be equal on every rank of the group."""
@@ -160,6 +163,8 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         start_ns=span.start_time or 0,
         end_ns=span.end_time or 0,
         in_flight=match.in_flight,
+        algbw=float(attrs.get(s.COLLECTIVE_ALGBW, 0.0)),
+        busbw=float(attrs.get(s.COLLECTIVE_BUSBW, 0.0)),
     )
 
 
@@ -210,6 +215,8 @@ def _read_dump(path: str, dump: dict[str, Any]) -> RankFile:
                     start_ns=start,
                     end_ns=start + int(node.get("duration_ns", 0)),
                     in_flight=False,
+                    algbw=float(node.get("algbw_bytes_per_s", 0.0)),
+                    busbw=float(node.get("busbw_bytes_per_s", 0.0)),
                 )
             )
     except (AttributeError, TypeError, ValueError, KeyError) as exc:

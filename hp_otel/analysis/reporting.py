@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
+from hp_otel.analysis.bandwidth import bandwidth_report, bandwidth_to_json, format_bandwidth
 from hp_otel.analysis.comparing import RanksReport
 from hp_otel.common.safe_text import printable
 from hp_otel.spans import schema as s
@@ -59,6 +60,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         for k, g in worst:
             where = f"Module({k.module})" if k.module else "no module"
             lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
+    lines += format_bandwidth(bandwidth_report(report.files), top)
     lines += [
         "",
         "verdict: ranks agree" if report.agree else "verdict: ranks DIVERGE or miss collectives (exit status 3)",
@@ -115,4 +117,5 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
             }
             for r in report.stragglers
         ],
+        "bandwidth": bandwidth_to_json(bandwidth_report(report.files)),
     }
