@@ -234,6 +234,9 @@ class SpanBuilder:
         issued_under = self._issued.pop(e.issue, None) if e.issue is not None else None
         parent_ctx = issued_under or (self._stack[-1].ctx if self._stack else self._parent_ctx)
         attrs, links = self._matching(attrs, e.seq, e.fqn, e.phase)
+        finished = e.error is None and e.completion != s.COMPLETION_LAUNCH
+        if finished:  # its end is known: the bandwidth goes in with the start's attributes (one SDK call less)
+            attrs.update(bandwidth_attributes(info.op, info.bytes, info.group_size, e.end_ns - e.start_ns))
         span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
         if e.issue is not None and e.issue.dumped_to:
             span.add_event(
@@ -246,11 +249,11 @@ class SpanBuilder:
         if e.completion == s.COMPLETION_LAUNCH:  # completion not seen yet: end it when it is, or at window end
             self._awaiting[id(e)] = (span, e)
             return
-        self._end_collective(span, e)
+        self._end_collective(span, e, with_bandwidth=False)
 
-    def _end_collective(self, span: Span, e: ev.Collective) -> None:
+    def _end_collective(self, span: Span, e: ev.Collective, with_bandwidth: bool = True) -> None:
         span.set_attribute(s.COLLECTIVE_COMPLETION, e.completion)
-        if e.error is None and e.completion != s.COMPLETION_LAUNCH:  # a launch's time says nothing of the transfer
+        if with_bandwidth and e.error is None and e.completion != s.COMPLETION_LAUNCH:  # a launch says nothing
             info = e.info
             span.set_attributes(bandwidth_attributes(info.op, info.bytes, info.group_size, e.end_ns - e.start_ns))
         if self._collective_hook is not None:
