@@ -10,6 +10,8 @@ import json
 
 import pytest
 from events import ALL_REDUCE
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from hp_otel import CommDebugMode
 from hp_otel.render.json_dump import build_json_dump
@@ -28,7 +30,8 @@ def _collective_spans(mode: CommDebugMode) -> list:
 
 
 def test_sync_async_and_failed_calls() -> None:
-    with CommDebugMode() as mode:
+    reader = InMemoryMetricReader()  # a provider of its own: the default one is shared by every test's windows
+    with CommDebugMode(meter_provider=MeterProvider(metric_readers=[reader])) as mode:
         obs = mode.observer
         obs.on_collective(ALL_REDUCE, T0, T0 + 2_000)  # sync, 2 µs
         token = obs.on_collective(ALL_REDUCE, T0 + 10_000, T0 + 11_000, awaits_completion=True)
@@ -44,7 +47,7 @@ def test_sync_async_and_failed_calls() -> None:
     for span in (launched, failed):  # a launch's time, or a failure, says nothing about the transfer
         assert s.COLLECTIVE_BUSBW not in span.attributes and s.COLLECTIVE_ALGBW not in span.attributes
 
-    points = metric_points(mode.get_metric_reader(), s.METRIC_BUSBW)
+    points = metric_points(reader, s.METRIC_BUSBW)
     assert sum(p.count for p in points) == 2
     assert sum(p.sum for p in points) == pytest.approx(128e6 + 64e6)
 
