@@ -34,6 +34,7 @@ from hp_otel.record import signal_guard
 from hp_otel.record.call_stack import check_depth, depth_from_env, shared_call_stack
 from hp_otel.record.instruments import get_instruments
 from hp_otel.record.memory import return_freed_memory
+from hp_otel.record.metric_labels import ModuleLabel, resolve_depth
 from hp_otel.record.observer import Observer, Source
 from hp_otel.record.recorder import WindowRecorder
 from hp_otel.record.signal_guard import GUARD
@@ -196,6 +197,11 @@ class CommDebugMode:
             MindSpore, hyper-parallel, typing_extensions and the standard library are left out. True: the 8
             innermost frames; an int 1..64: that many; False or 0: off. None (default): the
             `HP_OTEL_STACK_DEPTH` setting, off when unset. Off, no frame is walked.
+        metric_module_depth: how much of the module path the collective metrics carry
+            (`hp.module.fqn`, their cardinality): an int k keeps the first k dotted parts
+            (`layers.3.attn` at 2 is `layers.3`), `"none"` (or 0) drops the attribute,
+            `"full"` keeps it. Default: $HP_OTEL_METRIC_MODULE_DEPTH, else `"full"` (the
+            instrumentor's default is 1). Spans and counts always keep the whole fqn.
     """
 
     _warns_partial_view = True  # the torch drop-in reads its window inside it, as torch allows: False there
@@ -217,6 +223,7 @@ class CommDebugMode:
         module_hook: ModuleHook | None = None,
         op_hook: OpHook | None = None,
         stack: bool | int | None = None,
+        metric_module_depth: int | str | None = None,
     ) -> None:
         from hp_otel.sources import check_engine, default_sources
 
@@ -267,6 +274,7 @@ class CommDebugMode:
         self._recorder.hooks = hooks
         depth = check_depth(stack) if stack is not None else depth_from_env()
         self._recorder.call_stack = shared_call_stack(depth, STACK_SKIPPED_PACKAGES)
+        self._recorder.module_label = ModuleLabel(resolve_depth(metric_module_depth, default=None))
         self._sources: tuple[Source, ...] = (*default_sources(module, self.engine), *extra)
         # (the source's class name, what attach/detach is called on): the source itself, or its adapter
         self._attachable = tuple((type(source).__name__, _attachable(source)) for source in self._sources)

@@ -32,7 +32,7 @@ from hp_otel.always_on.model_tracker import ModelTracker
 from hp_otel.always_on.package import _instruments, _instruments_any
 from hp_otel.always_on.steps import StepSpans, begin_step, running, set_step_handler
 from hp_otel.common import launcher_env
-from hp_otel.record import installation
+from hp_otel.record import installation, metric_labels
 from hp_otel.record.call_stack import check_depth, depth_from_env
 from hp_otel.record.user_hooks import NO_HOOKS, UserHooks
 from hp_otel.spans import schema as s
@@ -85,9 +85,11 @@ class StepSession:
         module: Any = None,
         hooks: UserHooks = NO_HOOKS,
         stack_depth: int = 0,
+        metric_module_depth: int | None = metric_labels.ALWAYS_ON_DEFAULT,
     ) -> None:
         self.tracer_provider = tracer_provider
         self.stack_depth = stack_depth  # user frames per collective in sampled steps (0: off)
+        self.metric_module_depth = metric_module_depth  # parsed: None keeps the whole fqn
         self.meter_provider = meter_provider
         self.module = module
         self.hooks = hooks  # the user's span hooks, given to every step's window
@@ -123,6 +125,7 @@ class StepSession:
             module_hook=self.hooks.module,
             op_hook=self.hooks.op,
             stack=self.stack_depth,
+            metric_module_depth="full" if self.metric_module_depth is None else self.metric_module_depth,
         )
         token = otel_context.attach(spans.context)  # the window's spans nest under rank_step
         try:
@@ -226,7 +229,9 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     sampled step, as in `CommDebugMode`; a step's spans are built when the step ends, so
     the hooks run then. `stack=`: where each collective of a sampled step was called, as
     `CommDebugMode(stack=...)` (True, or a depth 1..64); default: `HP_OTEL_STACK_DEPTH`
-    (a depth, 0 or unset: off). An unsampled step walks no frame.
+    (a depth, 0 or unset: off). An unsampled step walks no frame. `metric_module_depth=`: module
+    levels the metrics keep (as in `CommDebugMode`; default $HP_OTEL_METRIC_MODULE_DEPTH, else 1:
+    the model's top-level children).
     """
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -247,6 +252,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         global _session
         hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
         stack_depth = _stack_depth(kwargs)
+        depth = metric_labels.resolve_depth(kwargs.get("metric_module_depth"), metric_labels.ALWAYS_ON_DEFAULT)
         if launcher_env.is_launcher_process():
             # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
             # and configuring export there would take rank 0's Prometheus port.
@@ -256,7 +262,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             kwargs.get("tracer_provider"), kwargs.get("meter_provider")
         )
         _warn_if_resource_lacks_rank(tracer_provider)
-        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks, stack_depth)
+        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks, stack_depth, depth)
         installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
         session.start()
         _session = session

@@ -50,6 +50,9 @@ class RankCall:
     in_flight: bool
     bytes: int = 0  # what it moved (its inputs' bytes, hp.collective.bytes); 0 where the file says none
     stack: tuple[str, ...] = ()  # where it was issued (`stack=`, a Flight Recorder dump's frames), innermost first
+    # NCCL-tests' bandwidths of this rank's call, bytes/s (0.0: none recorded: in flight, a barrier, older files)
+    algbw: float = 0.0
+    busbw: float = 0.0
 
     def signature(self) -> tuple[Any, ...]:
         """What must be equal on every rank of the group."""
@@ -199,6 +202,8 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         in_flight=match.in_flight,
         bytes=info.bytes,
         stack=codec.decode_call_stack(attrs),
+        algbw=float(attrs.get(s.COLLECTIVE_ALGBW, 0.0)),
+        busbw=float(attrs.get(s.COLLECTIVE_BUSBW, 0.0)),
     )
 
 
@@ -251,6 +256,8 @@ def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None)
                     in_flight=False,
                     bytes=int(node.get("bytes", 0)),
                     stack=tuple(str(f) for f in node.get("stack", ())),
+                    algbw=float(node.get("algbw_bytes_per_s", 0.0)),
+                    busbw=float(node.get("busbw_bytes_per_s", 0.0)),
                 )
             )
     except (AttributeError, TypeError, ValueError, KeyError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
+from hp_otel.analysis.bandwidth import bandwidth_report, bandwidth_to_json, format_bandwidth
 from hp_otel.analysis.comparing import RanksReport
 from hp_otel.common.safe_text import printable
 from hp_otel.spans import exposure
@@ -107,6 +108,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
             where = f"Module({k.module})" if k.module else "no module"
             lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
     lines += exposure_lines(report)
+    lines += format_bandwidth(bandwidth_report(report.files), top)
     lines += ["", verdict_line(report)]
     # Module, op and group names and paths come from the files: escaped, not acted on by the terminal.
     return "\n".join(map(printable, lines))
@@ -171,6 +173,7 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
             }
             for r in report.stragglers
         ],
+        "bandwidth": bandwidth_to_json(bandwidth_report(report.files)),
     }
 
 

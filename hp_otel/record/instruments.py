@@ -18,6 +18,7 @@ from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Me
 
 from hp_otel.common.per_provider import PerProvider
 from hp_otel.record.exposure_metrics import ExposureTotals
+from hp_otel.record.liveness import Liveness
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import MetricKey
@@ -88,8 +89,9 @@ class DeferredDurations:
     once `max_pending` wait, so memory stays bounded.
     """
 
-    def __init__(self, histogram: Histogram, max_pending: int = 8192) -> None:
+    def __init__(self, histogram: Histogram, max_pending: int = 8192, scale: float = 1e-9) -> None:
         self._histogram = histogram
+        self._scale = scale  # what one value added is in the histogram's unit (ns -> s by default)
         self._max_pending = max_pending
         self._pending: list[tuple[float, dict[str, Any], Any]] = []  # (seconds, attributes, context)
         self._lock = threading.Lock()
@@ -97,7 +99,8 @@ class DeferredDurations:
     def add(self, attributes: dict[str, Any], durations_ns: Iterable[int], context: Any = None) -> None:
         with self._lock:  # a periodic reader flushes from its own thread
             pending = self._pending
-            pending.extend((duration_ns / 1e9, attributes, context) for duration_ns in durations_ns)
+            scale = self._scale
+            pending.extend((value * scale, attributes, context) for value in durations_ns)
             full = len(pending) >= self._max_pending
         if full:
             self.flush()
@@ -119,6 +122,8 @@ class Instruments:
     duration: Histogram
     callback_errors: Counter
     durations: DeferredDurations
+    busbw: DeferredDurations  # bus bandwidths (bytes/s), handed over like the durations
+    liveness: Liveness
     exposure: ExposureTotals = None  # type: ignore[assignment]  # set by create(); exposed communication
 
     @classmethod
@@ -132,10 +137,22 @@ class Instruments:
             explicit_bucket_boundaries_advisory=list(s.DURATION_BUCKETS_S),
         )
         durations = DeferredDurations(histogram)
+        busbw = DeferredDurations(
+            meter.create_histogram(
+                s.METRIC_BUSBW,
+                unit=s.METRIC_BUSBW_UNIT,
+                description="Bus bandwidth of completed collectives (NCCL-tests' busbw, host time).",
+                explicit_bucket_boundaries_advisory=list(s.BUSBW_BUCKETS),
+            ),
+            scale=1.0,
+        )
+        liveness = Liveness()
+        liveness.register(meter, totals.fault)
 
         def observe_calls(options: CallbackOptions) -> Iterable[Observation]:
             try:  # a collection starts: the durations of ended windows go in first
                 durations.flush()
+                busbw.flush()
             except Exception as exc:
                 totals.fault("metric_durations", exc)
             return totals.observe_calls(options)
@@ -159,6 +176,8 @@ class Instruments:
             totals=totals,
             duration=histogram,
             durations=durations,
+            busbw=busbw,
+            liveness=liveness,
             callback_errors=meter.create_counter(
                 s.METRIC_CALLBACK_ERRORS,
                 unit=s.METRIC_CALLBACK_ERRORS_UNIT,

@@ -67,7 +67,8 @@ class Observer(Protocol):
         """That op returned `outputs` (or raised `error`)."""
 
     def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
-        """A collective is about to run: returns a ticket for `on_collective` (None when not recording).
+        """A collective is about to run: returns a ticket for `on_collective` (None when not recording;
+        in a counts-only window a light one that only the staleness gauges read).
 
         Optional for sources: a collective that never returns is visible only through this
         (the hang watchdog writes it as in flight), and its sequence number is taken here.

@@ -31,10 +31,12 @@ from hp_otel.record import matching
 from hp_otel.record.call_stack import CallStack
 from hp_otel.record.exposure_metrics import WindowRow, report_of
 from hp_otel.record.instruments import Instruments
+from hp_otel.record.metric_labels import ModuleLabel
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import NO_HOOKS
 from hp_otel.spans import schema as s
+from hp_otel.spans.bandwidth import bandwidth
 from hp_otel.spans.codec import MetricKey
 from hp_otel.spans.exposure import ExposureReport
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
@@ -73,6 +75,9 @@ class WindowRecorder:
         # FSDP: the module calls whose parameter group issues the collective running now (None: no group)
         self._param_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
         self._pending_durations: dict[MetricKey, list[int]] = {}
+        self._pending_busbw: dict[MetricKey, list[float]] = {}  # bus bandwidths (bytes/s), handed over at window end
+        self._liveness = instruments.liveness  # the staleness gauges' state (per provider, across windows)
+        self.module_label = ModuleLabel(None)  # the metrics' hp.module.fqn (metric_labels: its depth)
         # Async collectives awaiting completion: their duration is recorded when the window ends.
         self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
         # The window's collectives, for its exposed-communication figures (spans/exposure.py) at stop().
@@ -158,6 +163,13 @@ class WindowRecorder:
         awaiting, self._awaiting = self._awaiting, []
         for event, key in awaiting:  # completion times where seen, else the launch
             self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
+            try:
+                if event.completion == s.COMPLETION_LAUNCH:  # its completion will not be seen now
+                    self._liveness.forget(event)
+                else:
+                    self._add_busbw(key, event.info, event.end_ns - event.start_ns)
+            except Exception as exc:
+                self.on_fault("metrics", exc)
         self._flush_metrics()
         self._measure_exposure()
 
@@ -367,8 +379,14 @@ class WindowRecorder:
 
     # --- observer: collectives --------------------------------------------------
     def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
-        if not self.accepting or not (self.spans_enabled or self.wants_completion):  # counts need no issue record
+        if not self.accepting:
             return None
+        if not (self.spans_enabled or self.wants_completion):  # counts need no issue record: the gauges' only
+            try:
+                return self._liveness.ticket(start_ns, info.op, info.group)
+            except Exception as exc:
+                self.on_fault("collective_issue", exc)
+                return None
         try:
             modules = self._modules
             issued_by = None
@@ -392,6 +410,7 @@ class WindowRecorder:
             if len(in_flight) >= _MAX_IN_FLIGHT:  # work nobody waits for: forget the oldest
                 in_flight.pop(next(iter(in_flight)), None)
             in_flight[issue] = None
+            self._liveness.issued(issue, start_ns, info.op, info.group)
             self._emit(issue)
             return issue
         except Exception as exc:
@@ -420,6 +439,8 @@ class WindowRecorder:
             else:
                 self._in_flight.pop(issue, None)
         if not self.accepting:
+            if ticket is not None:
+                self._liveness.forget(ticket)
             return None
         try:
             seq = issue.seq if issue is not None else self._next_seq(info)
@@ -451,6 +472,9 @@ class WindowRecorder:
             key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
             if awaits:
                 self._awaiting.append((event, key))
+                self._liveness.launched(ticket, event, start_ns, info.op, info.group)
+            else:
+                self._liveness.completed(ticket, end_ns)
             self._emit(event)
             if self.spans_enabled and len(self._window_collectives) < _MAX_WINDOW_COLLECTIVES:
                 self._window_collectives.append(event)
@@ -466,6 +490,7 @@ class WindowRecorder:
         try:
             token.end_ns = max(end_ns, token.end_ns)
             token.completion = completion
+            self._liveness.completed(token, end_ns)
             builder = self._builder
             if self.live and builder is not None and threading.get_ident() == self._thread:
                 builder.complete_collective(token)
@@ -586,15 +611,23 @@ class WindowRecorder:
         error: BaseException | None = None,
     ) -> MetricKey:
         """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
-        key = MetricKey.of(info, phase, fqn, error)  # a failed call: its own series, with error.type
+        key = MetricKey.of(info, phase, self.module_label(fqn), error)  # a failed call: its own series
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
         if duration_ns is None:
             return key
+        if error is None:
+            self._add_busbw(key, info, duration_ns)
         if self.live:
             self._record_durations(key, (duration_ns,))
         else:
             self._pending_durations.setdefault(key, []).append(duration_ns)
         return key
+
+    def _add_busbw(self, key: MetricKey, info: CollectiveInfo, duration_ns: int) -> None:
+        """Note one completed call's bus bandwidth for the busbw histogram (none for a barrier, no bytes)."""
+        bw = bandwidth(info.op, info.bytes, info.group_size, duration_ns)
+        if bw is not None:
+            self._pending_busbw.setdefault(key, []).append(bw.busbw)
 
     def _flush_metrics(self) -> None:
         """Hand the window's durations to the histogram's next collection (see `DeferredDurations`)."""
@@ -604,6 +637,12 @@ class WindowRecorder:
         for key, durations in pending.items():
             try:
                 deferred.add(attributes(key), durations, self._window_context)
+            except Exception as exc:
+                self.on_fault("metrics", exc)
+        busbw, self._pending_busbw = self._pending_busbw, {}
+        for key, values in busbw.items():
+            try:
+                self._instruments.busbw.add(attributes(key), values, self._window_context)
             except Exception as exc:
                 self.on_fault("metrics", exc)
 

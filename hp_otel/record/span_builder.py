@@ -27,6 +27,7 @@ from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
+from hp_otel.spans.bandwidth import bandwidth_attributes
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
 
 _LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
@@ -294,6 +295,9 @@ class SpanBuilder:
             attrs[s.COLLECTIVE_ISSUED_BY] = e.issued_by
         if e.stack:
             codec.encode_call_stack(attrs, e.stack)
+        finished = e.error is None and e.completion != s.COMPLETION_LAUNCH
+        if finished:  # its end is known: the bandwidth goes in with the start's attributes (one SDK call less)
+            attrs.update(bandwidth_attributes(info.op, info.bytes, info.group_size, e.end_ns - e.start_ns))
         span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
         if e.issue is not None and e.issue.dumped_to:
             span.add_event(
@@ -306,9 +310,9 @@ class SpanBuilder:
         if e.completion == s.COMPLETION_LAUNCH:  # completion not seen yet: end it when it is, or at window end
             self._awaiting[id(e)] = (span, e)
             return
-        self._end_collective(span, e)
+        self._end_collective(span, e, with_bandwidth=False)
 
-    def _end_collective(self, span: Span, e: ev.Collective) -> None:
+    def _end_collective(self, span: Span, e: ev.Collective, with_bandwidth: bool = True) -> None:
         completion, end_ns = e.completion, e.end_ns
         if e.device is not None:  # CUDA: the device time, if its events are complete by now (never a sync)
             device_ns = self._device_ns(e)
@@ -318,6 +322,9 @@ class SpanBuilder:
         if completion != s.COMPLETION_CALL and e.returned_ns:  # what the exposure figures need (exposure.py)
             span.set_attribute(s.COLLECTIVE_CALL_NS, max(e.returned_ns - e.start_ns, 0))
             span.set_attribute(s.COLLECTIVE_WAITED_NS, e.waited_ns)
+        if with_bandwidth and e.error is None and completion != s.COMPLETION_LAUNCH:  # a launch says nothing
+            info = e.info
+            span.set_attributes(bandwidth_attributes(info.op, info.bytes, info.group_size, end_ns - e.start_ns))
         if self._collective_hook is not None:
             self._run_hook(self._collective_hook, span, e.info, COLLECTIVE_HOOK_FAULT)
         self._end_span(span, end_ns)

@@ -19,6 +19,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.files import write_text_atomically
+from hp_otel.render import bandwidth_fields
 from hp_otel.render.levels import NoiseLevel, noise_level
 from hp_otel.render.module_info import parameter_info, sharding_info
 from hp_otel.spans import codec
@@ -26,8 +27,8 @@ from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 _INDENT = "  "
-_PER_RECORD_FIELDS = ("duration_ns", "start_ns", "seq", "error", "children")
-_PER_RECORD_ATTRIBUTES = frozenset({s.COLLECTIVE_SEQ, s.COLLECTIVE_MATCH_ID})
+_PER_RECORD_FIELDS = ("duration_ns", "start_ns", "seq", *bandwidth_fields.FIELDS, "error", "children")
+_PER_RECORD_ATTRIBUTES = frozenset({s.COLLECTIVE_SEQ, s.COLLECTIVE_MATCH_ID, *bandwidth_fields.ATTRIBUTES})
 _CHUNK_CHARS = 1 << 16  # what one write() gets at most (roughly): the file grows as the tree is walked
 
 
@@ -79,6 +80,8 @@ def record_to_json(record: CallRecord) -> dict[str, Any]:
     if record.kind == s.KIND_COLLECTIVE and s.COLLECTIVE_SEQ in record.attributes:
         out["start_ns"] = record.start_ns
         out["seq"] = int(record.attributes[s.COLLECTIVE_SEQ])
+    if record.kind == s.KIND_COLLECTIVE:
+        out.update(bandwidth_fields.json_fields(record.attributes))
     if record.error:
         out["error"] = record.error
     out["children"] = []
@@ -186,7 +189,7 @@ class _Encoder:
         """`{` and every field up to `"duration_ns": ` (exclusive of its value)."""
         try:
             attrs = record.attributes
-            if s.COLLECTIVE_SEQ in attrs:  # a collective's identity changes every call: not part of its head
+            if s.COLLECTIVE_SEQ in attrs or s.COLLECTIVE_BUSBW in attrs:  # changes every call: not in its head
                 attrs = {k: v for k, v in attrs.items() if k not in _PER_RECORD_ATTRIBUTES}
             key: tuple[Any, ...] | None = (record.kind, record.name, depth, tuple(attrs.items()))
             head = self._heads.get(key)  # type: ignore[arg-type]
@@ -212,6 +215,9 @@ class _Encoder:
         seq = record.attributes.get(s.COLLECTIVE_SEQ) if record.kind == s.KIND_COLLECTIVE else None
         if seq is not None:
             text += f',{inner}"start_ns": {int.__repr__(record.start_ns)},{inner}"seq": {int.__repr__(int(seq))}'
+        if record.kind == s.KIND_COLLECTIVE:
+            for name, value in bandwidth_fields.json_fields(record.attributes).items():
+                text += f",{inner}{_encode_str(name)}: {_scalar(value)}"
         if record.error:
             text += "," + inner + '"error": ' + _encode_str(record.error)
         yield text + "," + inner + '"children": '

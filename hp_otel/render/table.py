@@ -15,6 +15,7 @@ from hp_otel.common.safe_text import printable
 from hp_otel.render.levels import NoiseLevel, noise_level
 from hp_otel.spans import codec, exposure
 from hp_otel.spans import schema as s
+from hp_otel.spans.bandwidth import format_rate
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 EMPTY_TABLE = "(no operations recorded)"
@@ -97,6 +98,7 @@ def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
                 detail += f" peers={','.join(map(str, c.peers))} tags={','.join(map(str, c.tags))}"
             if c.param_module:
                 detail += f" params_of={c.param_module}"
+            detail += bandwidth_detail(record.attributes)
         kind = "Collective"
     else:
         src, dst, shape = codec.decode_redistribute(record.attributes)
@@ -116,6 +118,15 @@ def _stack_lines(record: CallRecord) -> list[str]:
         f"{pad}  {'at' if i == 0 else 'from'} {printable(frame)}"
         for i, frame in enumerate(codec.decode_call_stack(record.attributes))
     ]
+
+
+def bandwidth_detail(attrs: Any) -> str:
+    """` busbw=12.3 GB/s algbw=6.1 GB/s` when the span has a bandwidth (level 3), else ``."""
+    busbw = attrs.get(s.COLLECTIVE_BUSBW)
+    algbw = attrs.get(s.COLLECTIVE_ALGBW)
+    if busbw is None or algbw is None:
+        return ""
+    return f" busbw={format_rate(float(busbw))} algbw={format_rate(float(algbw))}"
 
 
 def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None, dropped: int = 0) -> str:

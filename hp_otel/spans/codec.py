@@ -350,11 +350,11 @@ class MetricKey(NamedTuple):
     group_size: int
     dtype: str
     phase: str
-    module_fqn: str
+    module_fqn: str | None  # None: the attribute is dropped (metric_module_depth "none")
     error_type: str  # "" when the call succeeded
 
     @classmethod
-    def of(cls, info: CollectiveInfo, phase: str, fqn: str, error: BaseException | None = None) -> MetricKey:
+    def of(cls, info: CollectiveInfo, phase: str, fqn: str | None, error: BaseException | None = None) -> MetricKey:
         """The one place a key is made: a collective's series, in `phase` inside module `fqn`."""
         return cls(
             info.name, info.op, info.group_size, info.dtype, phase, fqn, "" if error is None else error_type(error)
@@ -369,8 +369,9 @@ def metric_attributes(key: MetricKey) -> dict[str, Any]:
         s.COLLECTIVE_GROUP_SIZE: key.group_size,
         s.COLLECTIVE_DTYPE: key.dtype,
         s.PHASE: key.phase,
-        s.MODULE_FQN: key.module_fqn,
     }
+    if key.module_fqn is not None:
+        attrs[s.MODULE_FQN] = key.module_fqn
     if key.error_type:
         attrs[s.ERROR_TYPE] = key.error_type
     return attrs

@@ -192,3 +192,21 @@ METRIC_ATTRIBUTE_KEYS: Final = (
 STEP: Final = "hp.step"  # the step number (or debug window name) every rank shares
 STEP_ROOT_SPAN_NAME: Final = "step"  # one per step, emitted by rank 0, id derived from run id + step
 RANK_STEP_SPAN_NAME: Final = "rank_step"  # one per rank and step, child of the step root
+
+# --- bandwidth (NCCL-tests' definitions, see hp_otel.spans.bandwidth and docs/bandwidth.md) ---
+# On a collective span that completed (not for a launch-only async span, nor barriers or empty calls):
+COLLECTIVE_ALGBW: Final = "hp.collective.algbw"  # bytes/s: the NCCL-tests size S over the span's duration
+COLLECTIVE_BUSBW: Final = "hp.collective.busbw"  # bytes/s: algbw times the op's bus factor
+COLLECTIVE_BW_BYTES: Final = "hp.collective.bw_bytes"  # the size S the bandwidths use (bytes)
+METRIC_BUSBW: Final = "hp.collective.busbw"
+METRIC_BUSBW_UNIT: Final = "By/s"
+# 1 MB/s .. 10 TB/s, three buckets a decade (PCIe/NVLink/IB live in 1e9..1e12).
+BUSBW_BUCKETS: Final = (*(m * 10.0**e for e in range(6, 13) for m in (1.0, 2.5, 5.0)), 1e13)
+
+# --- live staleness gauges (hp_otel.record.liveness) ------------------------
+METRIC_IN_FLIGHT: Final = "hp.collective.in_flight.count"
+METRIC_IN_FLIGHT_UNIT: Final = "{call}"
+METRIC_SINCE_COMPLETION: Final = "hp.collective.since_last_completion"
+METRIC_SINCE_COMPLETION_UNIT: Final = "s"
+METRIC_OLDEST_IN_FLIGHT: Final = "hp.collective.oldest_in_flight.age"
+METRIC_OLDEST_IN_FLIGHT_UNIT: Final = "s"

@@ -111,7 +111,8 @@ def test_level_3_adds_redistribute_and_backward(design_mode: CommDebugMode) -> N
         "Module               Module((root)) [backward]",
         "  Redistribute       Redistribute(Partial(sum) -> Replicate()) shape=(4, 16)",
         "    Collective       Collective(differentiable_all_reduce) group_size=2 input_shape=(4, 16) "
-        "output_shape=(4, 16) dtype=torch.float32 bytes=256 reduce_op=sum phase=backward",
+        "output_shape=(4, 16) dtype=torch.float32 bytes=256 reduce_op=sum phase=backward"
+        " busbw=256 MB/s algbw=256 MB/s",  # 256 B in 1 µs; all_reduce of 2: factor 2(2-1)/2 = 1
     ]
     # level 2 hides backward modules and redistributes: the collective is all that is left
     assert mode.generate_comm_debug_tracing_table(noise_level=2).splitlines()[2:] == [

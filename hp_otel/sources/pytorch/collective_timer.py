@@ -119,8 +119,9 @@ class CollectiveTimer:
         observer = self._observer
         try:
             phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
-            if not observer.spans_enabled and not observer.wants_completion:
-                return spec.describe_counts(args, kwargs), phase, None  # a counts-only window
+            if not observer.spans_enabled and not observer.wants_completion:  # a counts-only window
+                info = spec.describe_counts(args, kwargs)
+                return info, phase, observer.on_collective_issue(info, start, phase)  # the staleness gauges
             info = spec.describe(args, kwargs, None, param_module())
             return info, phase, observer.on_collective_issue(info, start, phase)
         except Exception as exc:
@@ -137,7 +138,8 @@ class CollectiveTimer:
         try:
             if info is None:
                 info = spec.describe(args, kwargs, result, param_module())
-            elif info.output_shape or ticket is not None:  # a counts-only info has no shapes to complete
+            elif info.output_shape or (ticket is not None and (observer.spans_enabled or observer.wants_completion)):
+                # (a counts-only info has no shapes to complete)
                 info = spec.complete(info, result)
             if ticket is not None and error is None and observer.wants_completion:
                 done = self._probe(spec, args, kwargs, result)

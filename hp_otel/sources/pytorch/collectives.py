@@ -217,10 +217,12 @@ class CollectiveSpec:
         inputs = self._arg(self._input, args, kwargs)
         first_in = _first_tensor(inputs)
         group = self._arg(self._group, args, kwargs)
+        ginfo = _group_info(group) if group is not None else NO_GROUP
         return CollectiveInfo(
             name=self.name,
             op=self.normalised,
-            group_size=_group_info(group).size if group is not None else 0,
+            group_size=ginfo.size,
+            group=ginfo.name,  # what the oldest in-flight gauge names
             dtype=dtype_name(first_in.dtype) if first_in is not None else "",
             bytes=_total_bytes(inputs),
             is_async=self.functional,

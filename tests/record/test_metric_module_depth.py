@@ -1,0 +1,126 @@
+"""metric_module_depth: how many label sets the collective metrics have, per setting.
+
+Measured on the TP + sequence-parallel transformer (torch's test Transformer, `cli/dtensor_transformer.py`)
+with 4 and 8 layers, one training step over the fake process group; the referee is the set of module
+fqns the window counted collectives for (`get_comm_module_counts`), cut to the depth by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+from events import ALL_REDUCE
+
+from hp_otel import CommDebugMode
+from hp_otel.record.metric_labels import ALWAYS_ON_DEFAULT, ENV_VAR, parse_depth, resolve_depth
+from hp_otel.spans import schema as s
+from hp_otel.spans.infos import ModuleInfo
+from hp_otel.testing import metric_points
+
+
+def _provider():  # type: ignore[no-untyped-def]
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    return MeterProvider(metric_readers=[reader]), reader
+
+
+@pytest.mark.parametrize(
+    ("value", "depth"), [("full", None), ("FULL", None), ("none", 0), (0, 0), (2, 2), ("3", 3), (" 1 ", 1)]
+)
+def test_parse(value: object, depth: int | None) -> None:
+    assert parse_depth(value) == depth
+
+
+@pytest.mark.parametrize("bad", [-1, "deep", 1.5, True, "", [1]])
+def test_bad_values_name_the_argument_and_what_is_allowed(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"metric_module_depth must be 'full', 'none' or an int >= 0"):
+        CommDebugMode(metric_module_depth=bad)  # type: ignore[arg-type]
+
+
+def test_env_var_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert resolve_depth(None, None) is None and resolve_depth(None, ALWAYS_ON_DEFAULT) == 1
+    monkeypatch.setenv(ENV_VAR, "none")
+    assert resolve_depth(None, ALWAYS_ON_DEFAULT) == 0
+    assert resolve_depth("full", ALWAYS_ON_DEFAULT) is None  # the argument wins
+    monkeypatch.setenv(ENV_VAR, "sideways")
+    with pytest.raises(ValueError, match=ENV_VAR):
+        resolve_depth(None, None)
+
+
+def _series(depth: object) -> list[dict]:
+    provider, reader = _provider()
+    with CommDebugMode(meter_provider=provider, metric_module_depth=depth) as mode:  # type: ignore[arg-type]
+        obs = mode.observer
+        for fqn in ("layers.0.attention", "layers.1.attention", "embed"):
+            obs.on_module_enter(ModuleInfo(fqn, fqn, "M"), "forward")
+            obs.on_collective(ALL_REDUCE, 0, 1000)
+            obs.on_module_exit(fqn, "forward")
+    assert mode.get_comm_module_counts().keys() == {"layers.0.attention", "layers.1.attention", "embed"}  # unaffected
+    return [dict(p.attributes) for p in metric_points(reader, s.METRIC_CALLS)]
+
+
+def test_depth_cuts_the_label_and_none_drops_it() -> None:
+    labels = {d: sorted(a.get(s.MODULE_FQN, "<absent>") for a in _series(d)) for d in ("full", 2, 1, "none")}
+    assert labels == {
+        "full": ["embed", "layers.0.attention", "layers.1.attention"],
+        2: ["embed", "layers.0", "layers.1"],
+        1: ["embed", "layers"],
+        "none": ["<absent>"],
+    }
+    (merged,) = [p for p in metric_points(_provider_with_calls("none"), s.METRIC_CALLS)]
+    assert merged.value == 3  # merged series keep the sum
+
+
+def _provider_with_calls(depth: object):  # type: ignore[no-untyped-def]
+    provider, reader = _provider()
+    with CommDebugMode(meter_provider=provider, metric_module_depth=depth) as mode:  # type: ignore[arg-type]
+        for fqn in ("a.x", "b.y", "c"):
+            mode.observer.on_module_enter(ModuleInfo(fqn, fqn, "M"), "forward")
+            mode.observer.on_collective(ALL_REDUCE, 0, 1000)
+            mode.observer.on_module_exit(fqn, "forward")
+    return reader
+
+
+def _cut(fqn: str, depth: int | None) -> str | None:
+    return fqn if depth is None else None if depth == 0 else ".".join(fqn.split(".")[:depth])
+
+
+@pytest.mark.slow  # five DTensor training steps per size (≈25-40 s on a loaded machine)
+@pytest.mark.parametrize("layers", [4, 8])
+def test_series_count_per_setting_on_a_transformer(fake_world: int, layers: int) -> None:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from hp_otel.cli.dtensor_transformer import Transformer, TransformerShape, parallelize
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (fake_world,))
+    model = parallelize(Transformer(TransformerShape(layers=layers)), mesh, sequence_parallel=True)
+    tokens = distribute_tensor(torch.randint(8, (4, 8)), device_mesh=mesh)
+    counts = {}
+    for depth in ("full", 3, 2, 1, "none"):
+        provider, reader = _provider()
+        with CommDebugMode(model, meter_provider=provider, metric_module_depth=depth, ops=False) as mode:
+            with sdpa_kernel(SDPBackend.MATH):
+                model(tokens).sum().backward()
+        model.zero_grad(set_to_none=True)
+        points = metric_points(reader, s.METRIC_CALLS)
+        # referee: the innermost module of each collective, as the spans say, cut by hand
+        parsed = parse_depth(depth)
+        spans = [sp for sp in mode.get_finished_spans() if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE]
+        expected = {
+            (sp.attributes[s.COLLECTIVE_NAME], sp.attributes[s.PHASE], _cut(sp.attributes[s.COLLECTIVE_MODULE], parsed))
+            for sp in spans
+        }
+        got = {(p.attributes[s.COLLECTIVE_NAME], p.attributes[s.PHASE], p.attributes.get(s.MODULE_FQN)) for p in points}
+        assert got == expected
+        assert sum(p.value for p in points) == len(spans)  # merging series loses no call
+        counts[depth] = len(points)
+    print(f"\n{layers} layers: series of {s.METRIC_CALLS} per setting: {counts}")
+    assert counts["full"] >= counts[3] >= counts[2] > counts[1] >= counts["none"]
+    assert counts[2] > layers  # a label set per layer and more
+    assert counts[1] < 12  # bounded by the model's top level, whatever its depth
