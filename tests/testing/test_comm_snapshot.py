@@ -95,24 +95,29 @@ def warmed_up(fake_world) -> None:  # type: ignore[no-untyped-def]
 INLINE = ("-p", "no:cacheprovider", "--assert=plain")  # an inline session of this suite takes ≈5 s
 
 
-@pytest.mark.slow  # six inline sessions
-def test_the_snapshot_workflow_end_to_end(warmed_up, pytester, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+SUBPROCESS = ("-p", "no:cacheprovider")
+
+
+@pytest.mark.slow  # six pytest sessions, each in a process of its own
+def test_the_snapshot_workflow_end_to_end(pytester, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each session in its own process, as a user's runs are: nothing of this suite's process (its
+    earlier tests' torch state) reaches the user's step."""
     tests = pytester.mkpydir("tests")
     (tests / "test_step.py").write_text(USER_TEST)
     snapshot = tests / "snapshots" / "step.json"  # beside the test file, not in the working directory
 
-    first = pytester.runpytest(*INLINE, "tests")
+    first = pytester.runpytest_subprocess(*SUBPROCESS, "tests")
     first.assert_outcomes(passed=1, warnings=1)
     first.stdout.fnmatch_lines(["*hp_otel: 1 communication snapshot(s) written*", f"*{snapshot}"])
     assert snapshot.read_text() == ROWWISE_SNAPSHOT
     assert not (pytester.path / "snapshots").exists()
 
-    again = pytester.runpytest(*INLINE, "tests")
+    again = pytester.runpytest_subprocess(*SUBPROCESS, "tests")
     again.assert_outcomes(passed=1)
     assert "snapshot(s) written" not in again.stdout.str()
 
     monkeypatch.setenv("PLAN", "colwise")
-    changed = pytester.runpytest(*INLINE, "tests")
+    changed = pytester.runpytest_subprocess(*SUBPROCESS, "tests")
     changed.assert_outcomes(failed=1)
     changed.stdout.fnmatch_lines(
         [
@@ -127,13 +132,13 @@ def test_the_snapshot_workflow_end_to_end(warmed_up, pytester, monkeypatch) -> N
     )
     assert snapshot.read_text() == ROWWISE_SNAPSHOT  # a failure leaves the snapshot alone
 
-    updated = pytester.runpytest(*INLINE, "tests", "--hp-otel-update-snapshots")
+    updated = pytester.runpytest_subprocess(*SUBPROCESS, "tests", "--hp-otel-update-snapshots")
     updated.assert_outcomes(passed=1, warnings=1)
     assert json.loads(snapshot.read_text())["collectives"] == COLWISE_ROWS
-    pytester.runpytest(*INLINE, "tests").assert_outcomes(passed=1)  # the option is gone again
+    pytester.runpytest_subprocess(*SUBPROCESS, "tests").assert_outcomes(passed=1)  # the option is gone again
 
     monkeypatch.delenv("PLAN")
-    pytester.runpytest(*INLINE, "tests").assert_outcomes(failed=1)
+    pytester.runpytest_subprocess(*SUBPROCESS, "tests").assert_outcomes(failed=1)
 
 
 def test_the_option_rewrites_and_the_summary_lists_it(warmed_up, pytester, monkeypatch) -> None:  # type: ignore[no-untyped-def]
