@@ -375,17 +375,29 @@ class Telemetry:
 
 
 def _bounded(work: Any, timeout_s: float, what: str) -> bool:
-    """Run `work` on a daemon thread and wait at most `timeout_s`; past that, give up on it (logged)."""
+    """Run `work` on a daemon thread and wait at most `timeout_s`; past that, give up on it (logged).
+
+    Exactly one warning per call: the worker's failure and the waiter's timeout can land in the same instant
+    (the SDK's own deadline is the same budget), so whichever claims the report first says it.
+    """
     result: list[bool] = []
-    gave_up = threading.Event()
+    report_lock = threading.Lock()
+    reported: list[bool] = []
+
+    def claim_report() -> bool:
+        with report_lock:
+            if reported:
+                return False
+            reported.append(True)
+            return True
 
     def run() -> None:
         try:
             result.append(bool(work()))
         except Exception as exc:
             # One line (the SDK's MeterProvider raises one exception naming every failed reader); the
-            # traceback at debug. After the timeout was reported, the late failure adds nothing new.
-            if not gave_up.is_set():
+            # traceback at debug.
+            if claim_report():
                 logger.warning("hp_otel: telemetry %s failed: %s", what, _one_line(exc))
             logger.debug("hp_otel: telemetry %s failed", what, exc_info=exc)
             result.append(False)
@@ -395,10 +407,12 @@ def _bounded(work: Any, timeout_s: float, what: str) -> bool:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        gave_up.set()
-        logger.warning(
-            "hp_otel: telemetry %s did not finish within %.1f s (endpoint down?); not waiting longer", what, timeout_s
-        )
+        if claim_report():
+            logger.warning(
+                "hp_otel: telemetry %s did not finish within %.1f s (endpoint down?); not waiting longer",
+                what,
+                timeout_s,
+            )
         return False
     logger.debug("hp_otel: telemetry %s took %.3f s", what, time.monotonic() - started)
     return bool(result and result[0])

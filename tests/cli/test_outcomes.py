@@ -130,6 +130,31 @@ def test_a_failed_shutdown_is_one_line_without_a_traceback(caplog) -> None:
     assert record.getMessage().startswith("hp_otel: telemetry shutdown failed: Exception: MeterProvider.shutdown")
 
 
+def test_a_failure_and_the_timeout_in_the_same_instant_say_one_line(caplog) -> None:
+    """CI saw both lines: the SDK's deadline is the same budget, so the worker's failure was still being
+    logged when the waiter's join timed out. A handler that is slow on the failure line reproduces that."""
+    from hp_otel.export.telemetry import _bounded
+
+    class SlowOnFailure(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "failed:" in record.getMessage():
+                time.sleep(0.4)  # the worker is still alive when the waiter's 0.1 s is up
+
+    def fails() -> bool:
+        raise Exception("deadline already exceeded")
+
+    slow = SlowOnFailure(level=logging.WARNING)
+    logging.getLogger("hp_otel").addHandler(slow)
+    try:
+        with caplog.at_level(logging.WARNING, logger="hp_otel"):
+            assert _bounded(fails, 0.1, "shutdown") is False
+            time.sleep(0.5)  # let the worker finish
+    finally:
+        logging.getLogger("hp_otel").removeHandler(slow)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "shutdown failed" in warnings[0], warnings
+
+
 @pytest.mark.slow  # a real dead endpoint: the exporter retries until the shutdown budget is spent
 def test_shutdown_with_a_dead_endpoint_and_prometheus_says_one_line() -> None:
     script = (
