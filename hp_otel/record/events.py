@@ -19,6 +19,9 @@ class ModuleEnter:
     time_ns: int
     module: ModuleInfo
     phase: str  # schema.PHASE_FORWARD | PHASE_BACKWARD
+    # (fqn, phase) of the open module span to nest under instead of the innermost open call
+    # (("", ""): the window's root): FSDP prefetching another module's parameters (param_owner.py)
+    under: tuple[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -86,6 +89,7 @@ class CollectiveIssue:
     pending: Callable[[], bool] | None = None
     returned: bool = False
     stack: tuple[str, ...] = ()  # the user's frames issuing it (call_stack.py), when asked for
+    opened: tuple[ModuleInfo, ...] = ()  # module spans opened around it, closed when it returns (param_owner.py)
 
 
 @dataclass(slots=True)

@@ -32,6 +32,7 @@ from hp_otel.record.call_stack import CallStack
 from hp_otel.record.exposure_metrics import WindowRow, report_of
 from hp_otel.record.instruments import Instruments
 from hp_otel.record.metric_labels import ModuleLabel
+from hp_otel.record.param_owner import ForwardOwner, forward_owner
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import NO_HOOKS
@@ -314,6 +315,38 @@ class WindowRecorder:
             return chain, None
         return owners, (chain[-1].module.fqn if chain else "")
 
+    def _forward_param_owner(self, modules: list[tuple[str, str]]) -> ForwardOwner | None:
+        """Outside backward: the module a parameter group issues the collective for, when that
+        module is not the one open (FSDP's forward prefetch); None otherwise."""
+        resolve = self._param_attribution
+        if resolve is None:
+            return None
+        try:
+            return forward_owner(modules, resolve())
+        except Exception as exc:
+            self.on_fault("param_attribution", exc)
+            return None
+
+    def _open_owner(self, owner: ForwardOwner, time_ns: int) -> None:
+        """Module spans of the group's module (and enclosing calls not open) around its collective."""
+        phase = self._modules[-1][1]
+        for i, module in enumerate(owner.opened):
+            self._emit(ev.ModuleEnter(time_ns, module, phase, (owner.under or ("", "")) if i == 0 else None))
+
+    def _open_forward_owner(self, time_ns: int) -> tuple[ModuleInfo, ...]:
+        """The collective's module spans when no issue record opened them (a source without one)."""
+        if not (self.spans_enabled and self._modules):
+            return ()
+        owner = self._forward_param_owner(self._modules)
+        if owner is None:
+            return ()
+        self._open_owner(owner, time_ns)
+        return owner.opened
+
+    def _close_owner(self, opened: tuple[ModuleInfo, ...], phase: str, time_ns: int) -> None:
+        for module in reversed(opened):
+            self._emit(ev.ModuleExit(time_ns, module.fqn, phase, None))
+
     def _follow_backward(self, chain: tuple[ModuleCall, ...], time_ns: int) -> None:
         """Close the open backward spans not in `chain`, open those of `chain` not open yet."""
         open_calls = self._backward_calls
@@ -390,10 +423,15 @@ class WindowRecorder:
         try:
             modules = self._modules
             issued_by = None
+            opened: tuple[ModuleInfo, ...] = ()
             if modules:
                 fqn, module_phase = modules[-1]
                 if module_phase == s.PHASE_RECOMPUTE:  # the source sees backward; it is a recomputed forward
                     phase = module_phase
+                owner = self._forward_param_owner(modules)
+                if owner is not None:  # FSDP prefetching another module's parameters
+                    fqn, issued_by, opened = owner.fqn, owner.issued_by, owner.opened
+                    self._open_owner(owner, start_ns)
             else:
                 fqn, module_phase = "", s.PHASE_FORWARD
                 chain, issued_by = self._backward_chain() if phase != s.PHASE_FORWARD else (None, None)
@@ -403,6 +441,7 @@ class WindowRecorder:
                 elif self._node_attribution is not None and phase != s.PHASE_BACKWARD:  # outside every module
                     phase = module_phase = s.PHASE_OUTSIDE
             issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), phase or module_phase, fqn, issued_by)
+            issue.opened = opened
             call_stack = self.call_stack
             if call_stack is not None:
                 issue.stack = call_stack.capture()
@@ -444,6 +483,7 @@ class WindowRecorder:
             return None
         try:
             seq = issue.seq if issue is not None else self._next_seq(info)
+            opened = issue.opened if issue is not None else self._open_forward_owner(start_ns)
             phase, fqn, issued_by = self._count(info, phase, start_ns)
             awaits = awaits_completion and error is None
             issued_in = issue.fqn if issue is not None else fqn
@@ -476,6 +516,8 @@ class WindowRecorder:
             else:
                 self._liveness.completed(ticket, end_ns)
             self._emit(event)
+            if opened:
+                self._close_owner(opened, phase, end_ns)
             if self.spans_enabled and len(self._window_collectives) < _MAX_WINDOW_COLLECTIVES:
                 self._window_collectives.append(event)
             return event if awaits else None
@@ -583,6 +625,12 @@ class WindowRecorder:
                 per_phase[name] = per_phase.get(name, 0) + 1
             return s.PHASE_BACKWARD, chain[-1].module.fqn, issued_by
         fqn, phase = modules[-1]
+        owner = self._forward_param_owner(modules)
+        if owner is not None:  # FSDP prefetching another module's parameters: that module's (param_owner.py)
+            for module_fqn in owner.counted:
+                per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
+                per_phase[name] = per_phase.get(name, 0) + 1
+            return phase, owner.fqn, owner.issued_by
         # The open modules of its own phase, exactly the module spans of that phase it nests
         # under: a recompute counts for the calls recomputed, not for the backward calls whose
         # node asked for it (their backward spans hold it, but it is no backward work of theirs).

@@ -165,9 +165,18 @@ class SpanBuilder:
 
     # --- stack ----------------------------------------------------------------
     def _push(
-        self, kind: str, key: Any, name: str, attrs: dict[str, Any], phase: str, time_ns: int, info: Any = None
+        self,
+        kind: str,
+        key: Any,
+        name: str,
+        attrs: dict[str, Any],
+        phase: str,
+        time_ns: int,
+        info: Any = None,
+        parent_ctx: Any = None,
     ) -> None:
-        parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
+        if parent_ctx is None:
+            parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
         span = self._start_span(name, parent_ctx, attrs, time_ns)
         # A span that failed to start is invisible: its children attach to its parent.
         ctx = parent_ctx if span is _LOST_SPAN else trace.set_span_in_context(span, parent_ctx)
@@ -244,7 +253,17 @@ class SpanBuilder:
         attrs = self._module_attrs.get(key)
         if attrs is None:
             attrs = self._module_attrs[key] = codec.encode_module(module, e.phase)
-        self._push(s.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns, module)
+        parent_ctx = self._module_ctx(e.under) if e.under is not None else None
+        self._push(
+            s.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns, module, parent_ctx
+        )
+
+    def _module_ctx(self, key: tuple[str, str]) -> Any:
+        """The context of the innermost open module span of `key` (the window's root if none is open)."""
+        for frame in reversed(self._stack):
+            if frame.kind == s.KIND_MODULE and frame.key == key:
+                return frame.ctx
+        return self._parent_ctx
 
     def _module_exit(self, e: ev.ModuleExit) -> None:
         frame = self._pop(s.KIND_MODULE, (e.fqn, e.phase))

@@ -302,3 +302,76 @@ class FsdpReferee(TorchDispatchMode):
             for fqn in self.chains[module]:
                 counts[fqn][phase][name] += 1
         return {fqn: {p: dict(c) for p, c in phases.items()} for fqn, phases in counts.items()}
+
+
+class FsdpGroupReferee(FsdpReferee):
+    """Like `FsdpReferee`, but it names the issuing parameter group itself: while entered, it wraps
+    `FSDPParamGroup.unshard` and `.post_backward` (where FSDP2 issues every collective of a group,
+    prefetches included: `FSDPParamGroup._prefetch_unshard` calls `unshard`), so each collective its
+    dispatch mode sees is labelled with the innermost group method running.  Enter it before
+    hp_otel's window (its wrappers then sit under hp_otel's and are restored last).
+    """
+
+    METHODS = ("unshard", "post_backward")
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self._fqns = {id(m): fqn or "(root)" for fqn, m in model.named_modules()}
+        self._groups: list[str] = []  # the group methods running, innermost last
+        self.running: list[str] = []  # the innermost module running at each collective ("" none)
+        self.labels: list[str] = []  # the issuing group's module of each collective in self.issued
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> Any:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+        for name in self.METHODS:
+            original = self._saved[name] = vars(FSDPParamGroup)[name]
+            setattr(FSDPParamGroup, name, self._wrap(original))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for name, original in self._saved.items():
+                setattr(FSDPParamGroup, name, original)
+
+    def _wrap(self, original: Any) -> Any:
+        def wrapper(group: Any, *args: Any, **kwargs: Any) -> Any:
+            self._groups.append(self._fqns.get(id(group.modules[0]), "?"))
+            try:
+                return original(group, *args, **kwargs)
+            finally:
+                self._groups.pop()
+
+        return wrapper
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if (
+            DTensor not in types
+            and func.namespace == "c10d"
+            and ("c10d", func._schema.name.split("::")[-1]) in COLLECTIVES
+        ):
+            self.labels.append(self._groups[-1] if self._groups else "")
+            self.running.append(self._stack[-1] if self._stack else "")
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def group_module_counts(self) -> dict[str, dict[str, dict[str, int]]]:
+        """The expected module counts: each collective for its group's module and the calls enclosing
+        that module's latest call (the referee's own forward hooks), in the phase it ran in."""
+        counts: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+        for (name, phase), module in zip(self.issued, self.labels, strict=True):
+            for fqn in self.chains[module]:
+                counts[fqn][phase][name] += 1
+        return {fqn: {p: dict(c) for p, c in phases.items()} for fqn, phases in counts.items()}
+
+    def running_module_counts(self) -> dict[str, dict[str, int]]:
+        """Forward collectives by the innermost module running when issued (what hp_otel counted before)."""
+        counts: dict[str, Counter[str]] = defaultdict(Counter)
+        for (name, phase), module in zip(self.issued, self.running, strict=True):
+            if phase == "forward":
+                counts[module][name] += 1
+        return {fqn: dict(c) for fqn, c in counts.items()}

@@ -38,19 +38,36 @@ def param_group_modules() -> tuple[Any, ...]:
     return _param_modules.get()
 
 
+def _fsdp_group(group: Any) -> tuple[str, tuple[Any, ...]]:
+    return _compat.fsdp_module_fqn(group) or s.ROOT_MODULE_FQN, _compat.fsdp_group_modules(group)
+
+
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    return group_method_wrapper(original, _fsdp_group)
+
+
+def group_method_wrapper(
+    original: Callable[..., Any], describe: Callable[[Any], tuple[str, tuple[Any, ...]]]
+) -> Callable[..., Any]:
+    """`original` (a method of a framework's parameter group issuing its collectives) naming, while it
+    runs, the group's module: `describe(group)` says (its name for `hp.collective.param_module`, ""
+    for none; the modules it was applied to).  Made once per original; hyper-parallel's
+    `fully_shard` uses it too (`hp_otel.sources.hyper_parallel_fsdp`)."""
     wrapper = _wrappers.get(original)
     if wrapper is None:
-        wrapper = _wrappers[original] = _make_wrapper(original)
+        wrapper = _wrappers[original] = _make_wrapper(original, describe)
     return wrapper
 
 
-def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+def _make_wrapper(
+    original: Callable[..., Any], describe: Callable[[Any], tuple[str, tuple[Any, ...]]]
+) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            token = _param_module.set(_compat.fsdp_module_fqn(self) or s.ROOT_MODULE_FQN)
-            modules_token = _param_modules.set(_compat.fsdp_group_modules(self))
+            fqn, modules = describe(self)
+            token = _param_module.set(fqn)
+            modules_token = _param_modules.set(modules)
         except Exception:  # never stand between FSDP and its work
             return original(self, *args, **kwargs)
         try:

@@ -579,13 +579,19 @@ class TorchModuleTracker:
     def param_group_chain(self) -> tuple[ModuleCall, ...] | None:
         """The calls (outermost first) of the module whose FSDP parameter group issues the collective
         running now: its latest call, with the calls enclosing it.  None outside FSDP's group
-        methods, or for a module outside this tree or not called yet."""
+        methods, or for a module outside this tree; for one not called yet, None in backward and
+        a call of its own in forward (a forward prefetch runs before the module's first call:
+        the recorder adds the open calls enclosing it, see `hp_otel.record.param_owner`)."""
         modules = param_group_modules()
         if not modules:
             return None
         info = self._module_info.get(id(modules[0]))
-        call = self._latest_call.get(info) if info is not None else None
-        return call.chain if call is not None else None
+        if info is None:
+            return None
+        call = self._latest_call.get(info)
+        if call is not None:
+            return call.chain
+        return (ModuleCall(info),) if _graph_task_id() == -1 else None
 
     def backward_start(self, call: ModuleCall) -> None:
         """The gradient of the call's output arrived: its backward work starts."""

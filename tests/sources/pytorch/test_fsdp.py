@@ -175,3 +175,98 @@ def test_fsdp_collectives_count_for_the_issuing_group_on_two_gloo_ranks() -> Non
     from hp_otel.cli.demo import free_port
 
     mp.spawn(_gloo_worker, args=(2, free_port()), nprocs=2, join=True)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block() for _ in range(depth))
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _prefetch_worker(rank: int, world_size: int, port: int) -> None:
+    import warnings
+    from collections import Counter
+
+    import torch.distributed as dist
+    from gloo_workers import _eq
+    from referee import FsdpGroupReferee
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from hp_otel.cli.demo import init_gloo
+
+    warnings.simplefilter("ignore")
+    init_gloo(rank, world_size, port)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        torch.manual_seed(0)
+        model = _Stack(3)
+        layers = list(model.layers)
+        for layer in layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        for i, layer in enumerate(layers):  # explicit prefetch: the next layer forward, the previous backward
+            if i + 1 < len(layers):
+                layer.set_modules_to_forward_prefetch([layers[i + 1]])
+            if i > 0:
+                layer.set_modules_to_backward_prefetch([layers[i - 1]])
+        x = torch.randn(4, 8)
+        model(x).sum().backward()  # FSDP's lazy init outside the windows
+        referee = FsdpGroupReferee(model)
+        with referee, CommDebugMode(module=model) as mode:
+            model(x).sum().backward()
+        ours = mode.get_comm_module_counts()
+        expected = referee.group_module_counts()
+        if rank == 0:
+            print("referee, by issuing group:", expected)
+            print("referee, forward by running module:", referee.running_module_counts())
+            print("hp_otel:", ours)
+        # the referee saw prefetches from another module's pre-forward and pre-backward hooks
+        pairs = set(zip(referee.labels, referee.running, [p for _, p in referee.issued], strict=True))
+        assert {("layers.1", "layers.0", "forward"), ("layers.2", "layers.1", "forward")} <= pairs, pairs
+        _eq(mode.get_comm_counts(), dict(Counter(name for name, _ in referee.issued)))
+        _eq(ours, expected)
+        _eq(ours, module_counts_from_spans(mode.get_finished_spans()))
+        issued_by = {
+            (sp.attributes[schema.COLLECTIVE_PARAM_MODULE], sp.attributes[schema.PHASE],
+             sp.attributes[schema.COLLECTIVE_ISSUED_BY])
+            for sp in mode.get_finished_spans()
+            if schema.COLLECTIVE_ISSUED_BY in sp.attributes
+        }  # fmt: skip
+        assert {("layers.1", "forward", "layers.0"), ("layers.2", "forward", "layers.1")} <= issued_by, issued_by
+        assert {m for m, p, _ in issued_by if p == "backward"} >= {"layers.0", "layers.1"}, issued_by
+        with CommDebugMode(module=model, record_spans=False) as counts_only:  # the same rule without spans
+            model(x).sum().backward()
+        _eq(counts_only.get_comm_module_counts(), ours)
+        _eq(mode.get_callback_error_counts(), {})
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two gloo processes
+def test_explicit_prefetch_counts_for_the_prefetched_module_on_two_gloo_ranks() -> None:
+    """Issue 19 item 3 with `set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`:
+    layer i+1's all_gather issued from layer i's pre-forward hook (and layer i-1's from layer i's
+    pre-backward) counts and nests under the prefetched layer, against a referee that wraps
+    FSDPParamGroup.unshard / post_backward itself."""
+    import torch.multiprocessing as mp
+
+    from hp_otel.cli.demo import free_port
+
+    mp.spawn(_prefetch_worker, args=(2, free_port()), nprocs=2, join=True)
