@@ -15,7 +15,9 @@
   (`torch.distributed.nn.functional`'s autograd functions).  One called from inside a
   traced platform collective is not reported again, so a forward `differentiable_*`
   stays one call.  The design document counts platform collectives only; without these
-  a backward pass and FSDP would show no communication at all.
+  a backward pass and FSDP would show no communication at all;
+- its `fully_shard` (torch platform): the state methods that issue a unit's collectives
+  are wrapped, so they count for that unit (`hyper_parallel_fsdp.py`).
 
 Counts use hyper-parallel's own names (`differentiable_all_reduce`), spans carry the
 normalised op (`all_reduce`) like every other source.  Module tracking is separate
@@ -42,6 +44,7 @@ from hp_otel.sources.function_collectives import (
     shape_of,
     wrap_collective,
 )
+from hp_otel.sources.hyper_parallel_fsdp import state_patches
 from hp_otel.sources.patching import (
     AttributePatch,
     ObserverSlot,
@@ -334,6 +337,7 @@ class HyperParallelSource:
         self._dispatch_patched = False
         self._observer_var: contextvars.ContextVar[Any] | None = None
         self._observer_token: contextvars.Token[Any] | None = None
+        self._fully_shard = False
 
     @property
     def uses_observer_slot(self) -> bool:
@@ -345,6 +349,11 @@ class HyperParallelSource:
         self._slot_token = _slot.push(observer)
         _collective_patches.acquire()
         self._collectives = True
+        try:  # fully_shard's per-module state: whose parameters its collectives move (hyper_parallel_fsdp.py)
+            state_patches.acquire()
+            self._fully_shard = True
+        except Exception as exc:
+            observer.on_fault("attach:hyper_parallel_fully_shard", exc)
         try:
             _infos.resolve()
             variable = getattr(importlib.import_module(OP_DISPATCH_MODULE), OBSERVER_VARIABLE, None)
@@ -359,7 +368,14 @@ class HyperParallelSource:
 
     def detach(self) -> None:
         """Undo attach in reverse order; every step runs even if an earlier one fails."""
-        run_every((self._reset_observer_slot, self._unpatch_dispatch, self._unpatch_collectives))
+        run_every(
+            (self._reset_observer_slot, self._unpatch_dispatch, self._unpatch_fully_shard, self._unpatch_collectives)
+        )
+
+    def _unpatch_fully_shard(self) -> None:
+        if self._fully_shard:
+            self._fully_shard = False
+            state_patches.release()
 
     def _reset_observer_slot(self) -> None:
         variable, token = self._observer_var, self._observer_token

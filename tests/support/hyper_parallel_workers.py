@@ -14,6 +14,7 @@ import tempfile
 import hp_mlp
 import torch
 import torch.distributed as dist
+from fully_shard_prefetch import check_fully_shard_prefetch
 from stand_in import RELEASES, hyper_parallel_release
 
 from hp_otel.testing import metric_points
@@ -164,6 +165,8 @@ def hyper_parallel_worker(rank: int, world_size: int, port: int) -> None:
                 _design_mlp(rank, world_size, release)
                 _backward(rank, world_size, release)
                 _redistributions(rank, world_size, release)
+        with hyper_parallel_release("newest"):  # fully_shard is the same in every variant
+            check_fully_shard_prefetch(world_size)
         dist.barrier()  # no rank tears gloo down while its peer still talks to it
     finally:
         dist.destroy_process_group()

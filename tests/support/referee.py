@@ -306,42 +306,48 @@ class FsdpReferee(TorchDispatchMode):
 
 class FsdpGroupReferee(FsdpReferee):
     """Like `FsdpReferee`, but it names the issuing parameter group itself: while entered, it wraps
-    `FSDPParamGroup.unshard` and `.post_backward` (where FSDP2 issues every collective of a group,
-    prefetches included: `FSDPParamGroup._prefetch_unshard` calls `unshard`), so each collective its
-    dispatch mode sees is labelled with the innermost group method running.  Enter it before
-    hp_otel's window (its wrappers then sit under hp_otel's and are restored last).
+    the group methods that issue the collectives (FSDP2: `FSDPParamGroup.unshard` and
+    `.post_backward`, prefetches included: `FSDPParamGroup._prefetch_unshard` calls `unshard`), so
+    each collective its dispatch mode sees is labelled with the innermost group method running.
+    `groups`: (class, method names, the group's module) for another framework (hyper-parallel's
+    `fully_shard`).  Enter it before hp_otel's window (its wrappers then sit under hp_otel's and
+    are restored last).
     """
 
-    METHODS = ("unshard", "post_backward")
-
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, groups: Any = None) -> None:
         super().__init__(model)
         self._fqns = {id(m): fqn or "(root)" for fqn, m in model.named_modules()}
+        self._group_methods = groups if groups is not None else self._fsdp2_groups()
         self._groups: list[str] = []  # the group methods running, innermost last
         self.running: list[str] = []  # the innermost module running at each collective ("" none)
         self.labels: list[str] = []  # the issuing group's module of each collective in self.issued
-        self._saved: dict[str, Any] = {}
+        self._saved: list[tuple[type, str, Any]] = []
 
-    def __enter__(self) -> Any:
+    @staticmethod
+    def _fsdp2_groups() -> Any:
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
-        for name in self.METHODS:
-            original = self._saved[name] = vars(FSDPParamGroup)[name]
-            setattr(FSDPParamGroup, name, self._wrap(original))
+        return [(FSDPParamGroup, ("unshard", "post_backward"), lambda group: group.modules[0])]
+
+    def __enter__(self) -> Any:
+        for owner, names, module_of in self._group_methods:
+            for name in names:
+                original = vars(owner)[name]
+                self._saved.append((owner, name, original))
+                setattr(owner, name, self._wrap(original, module_of))
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> Any:
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-
         try:
             return super().__exit__(*exc)
         finally:
-            for name, original in self._saved.items():
-                setattr(FSDPParamGroup, name, original)
+            for owner, name, original in reversed(self._saved):
+                setattr(owner, name, original)
+            self._saved.clear()
 
-    def _wrap(self, original: Any) -> Any:
+    def _wrap(self, original: Any, module_of: Any) -> Any:
         def wrapper(group: Any, *args: Any, **kwargs: Any) -> Any:
-            self._groups.append(self._fqns.get(id(group.modules[0]), "?"))
+            self._groups.append(self._fqns.get(id(module_of(group)), "?"))
             try:
                 return original(group, *args, **kwargs)
             finally:

@@ -1,0 +1,1 @@
+"""The torch platform's fully_shard state and scheduler (stand-in)."""
