@@ -23,8 +23,10 @@ framework's tracer); a subclass of DTensor that defines its own `__torch_functio
 (its instances would never reach ours).  `why_mode()` says which.
 
 Compiled code: dynamo wraps DTensors as traceable wrapper subclasses (plain tensor
-variables), so it never traces this hook; the ops it runs on fake DTensors while it
-compiles pass straight through (`torch.compiler.is_compiling()`, read first).
+variables), so it never traces this hook (which is why the context lookup may come before
+`torch.compiler.is_compiling()`, two Python calls); the ops it runs on fake DTensors while
+it compiles pass straight through.  A window no longer recompiles compiled frames (dynamo
+guards on the TorchFunctionMode stack the mode was on).
 """
 
 from __future__ import annotations
@@ -102,22 +104,27 @@ def _torch_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: An
     """DTensor's `__torch_function__` while a window records ops: report, and run the op as torch would."""
     if kwargs is None:
         kwargs = _NO_KWARGS
-    if _is_compiling():  # dynamo fakes DTensor ops while it compiles: nothing of ours in its graphs
-        return _original(func, types, args, kwargs)
     observer = _observer_here()
-    # Most calls are attribute reads (`__get__`) or come from a context with no window: out first.
+    if observer is None:  # a context with no window recording ops (another thread): straight through
+        return _original(func, types, args, kwargs)
+    # Most calls are attribute reads (`__get__`): out first, allocating nothing.
     try:
-        traced = observer is not None and observer.accepting
-        if traced:
-            name = getattr(func, "__name__", None)
+        name = getattr(func, "__name__", None)
+        traced = (
+            observer.accepting
+            and name is not None
+            and name not in SKIPPED_FUNCTIONS
             # inside backward (recomputes included) the mode it replaces saw nothing: the autograd
             # engine runs nodes with an empty TorchFunctionMode stack; keep the same spans
-            traced = name is not None and name not in SKIPPED_FUNCTIONS and _graph_task_id() == -1
+            and _graph_task_id() == -1
+            # dynamo runs DTensor ops on fake tensors while it compiles: nothing of ours in its
+            # graphs (it never traces this hook itself: DTensors are plain tensor variables to it)
+            and not _is_compiling()
+        )
     except Exception as exc:  # our check failed: run the user's call untraced
-        if observer is not None:
-            observer.on_fault("op_before", exc)
+        observer.on_fault("op_before", exc)
         traced = False
-    if not traced or observer is None:
+    if not traced:
         return _original(func, types, args, kwargs)
     try:
         with _no_subclass_hooks():  # our reads of shapes and dtypes do not come back here

@@ -217,3 +217,38 @@ def test_our_own_reads_in_the_module_hooks_do_not_reach_the_op_hook(tp_mlp, monk
         train_step(model, x)
     assert seen  # the user's ops
     assert [s for s in seen if "/hp_otel/" in s] == []
+
+
+@pytest.mark.parametrize(("when", "backend"), [("before", "eager"), ("inside", "aot_eager")])
+def test_compiled_fullgraph_no_break_and_no_recompile_for_the_hook(tp_mlp, when: str, backend: str) -> None:
+    """dynamo wraps DTensors as plain tensor variables: it never traces the hook, and unlike the
+    mode (on the function-mode stack dynamo guards on) a window does not recompile the frame."""
+    from torch._dynamo.utils import counters
+
+    model, x = tp_mlp
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        if when == "before":
+            model.compile(backend=backend, fullgraph=True)
+            train_step(model, x)
+        graphs: list[int] = []
+        for i in range(3):
+            with CommDebugMode(module=model) as mode:
+                assert _class_attr() is not DISABLED
+                if when == "inside" and i == 0:
+                    model.compile(backend=backend, fullgraph=True)  # traced while the hook is on
+                train_step(model, x)
+            assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 2}
+            assert mode.get_callback_error_counts() == {}
+            # the eager backend's graph calls the same torch functions on DTensors (seen, as by the
+            # mode); aot_eager's runs aten ops on the local tensors (no op spans, as with the mode)
+            assert _span_names(mode).count("linear") == (2 if backend == "eager" else 0)
+            graphs.append(counters["stats"]["unique_graphs"])
+        assert sum(counters["graph_break"].values()) == 0
+        # compiled before: no window recompiles; compiled inside: the next window drops the module
+        # hooks from it, once (tests/sources/pytorch/test_compiled.py), and no window after that
+        assert graphs == ([1, 1, 1] if when == "before" else [1, 2, 2])
+    finally:
+        torch._dynamo.reset()
+    assert _class_attr() is DISABLED
