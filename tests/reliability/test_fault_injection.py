@@ -26,6 +26,7 @@ import hp_otel.sources.pytorch.collectives as collectives
 import hp_otel.sources.pytorch.completion as completion_source
 import hp_otel.sources.pytorch.dtensor as dtensor_source
 import hp_otel.sources.pytorch.modules as module_source
+import hp_otel.sources.pytorch.op_hook as op_hook
 from hp_otel import CommDebugMode
 from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 from hp_otel.record import events as ev
@@ -79,6 +80,16 @@ def _fail(target: object, name: str) -> Callable[[pytest.MonkeyPatch], None]:
     return lambda monkeypatch: monkeypatch.setattr(target, name, _raise)
 
 
+def _in_op_mode(inject: Callable[[pytest.MonkeyPatch], None]) -> Callable[[pytest.MonkeyPatch], None]:
+    """The fault, with op spans from the fallback TorchFunctionMode (`HP_OTEL_TORCH_OP_HOOK=mode`)."""
+
+    def both(monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv(op_hook.OP_HOOK_ENV, "mode")
+        inject(monkeypatch)
+
+    return both
+
+
 class _ProcessorRaising(SimpleSpanProcessor):
     def __init__(self, exporter: SpanExporter, on: str) -> None:
         super().__init__(exporter)
@@ -114,9 +125,12 @@ class Fault:
 
 
 FAULTS = [
-    # DTensor op hooks (TorchFunctionMode): before the call, describing inputs/outputs, the callbacks
-    Fault("op hook before the call", _fail(dtensor_source, "_has_dtensor"), ("op_before",)),
-    Fault("op inputs/outputs", _fail(dtensor_source, "tensor_infos"), ("op_inputs", "op_outputs")),
+    # DTensor op hooks (the class hook, and the fallback TorchFunctionMode): before the call,
+    # describing inputs/outputs, the callbacks
+    Fault("op hook before the call", _fail(op_hook, "_graph_task_id"), ("op_before",)),
+    Fault("op inputs/outputs", _fail(op_hook, "tensor_infos"), ("op_inputs", "op_outputs")),
+    Fault("op mode before the call", _in_op_mode(_fail(dtensor_source, "_has_dtensor")), ("op_before",)),
+    Fault("op mode inputs/outputs", _in_op_mode(_fail(dtensor_source, "tensor_infos")), ("op_inputs", "op_outputs")),
     Fault("op enter callback", _fail_event(ev.OpEnter), ("op_enter",)),
     Fault("op exit callback", _fail_event(ev.OpExit), ("op_exit",)),
     # collective hooks (kernels or dispatch mode): before the real call, after it, the callback

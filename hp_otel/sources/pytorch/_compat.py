@@ -177,6 +177,15 @@ DisableTorchFunction: type = resolve(_declare(Symbol(
     "DisableTorchFunction", "torch._C", "DisableTorchFunction", CLASS,
     "hp_otel's own tensor calls (registering grad hooks) are not reported as the user's ops",
 )))  # fmt: skip
+DisableTorchFunctionSubclass: type = resolve(_declare(Symbol(
+    "DisableTorchFunctionSubclass", "torch._C", "DisableTorchFunctionSubclass", CLASS,
+    "the DTensor op hook reads its own tensors' shapes and dtypes without re-entering itself",
+)))  # fmt: skip
+disabled_torch_function_impl: Callable[..., Any] = resolve(_declare(Symbol(
+    "disabled_torch_function_impl", "torch._C", "_disabled_torch_function_impl", CALLABLE,
+    "DTensor's own `__torch_function__`: the op hook runs each op through it, exactly as DTensor does",
+    fallback="op spans come from a TorchFunctionMode over every torch call (slower, same spans)",
+), fallback=None))  # fmt: skip
 _stop_recomputation = resolve(_declare(Symbol(
     "StopRecomputationError", "torch.utils.checkpoint", "_StopRecomputationError", CLASS,
     "non-reentrant checkpointing ends a recomputed forward early on purpose: not an error of the module",

@@ -1,7 +1,10 @@
 """PyTorch DTensor source: ops, collectives and redistributes of `torch.distributed.tensor`.
 
-- ops at the level the user wrote them (`linear`, `gelu`, `matmul`): a
-  TorchFunctionMode that reports calls with at least one DTensor argument;
+- ops at the level the user wrote them (`linear`, `gelu`, `matmul`): DTensor's own
+  `__torch_function__`, swapped for a reporting one while a window records ops
+  (`op_hook`: only calls with a DTensor pay), or as a fallback where that class hook
+  cannot see the calls (`op_hook.why_mode()`) a TorchFunctionMode that reports calls
+  with at least one DTensor argument;
 - collectives at dispatch level, forward and backward (torch 2.13's DTensor dispatch is
   C++, so there is no Python dispatcher to wrap): Python kernels on the collective ops
   (`kernels`, registered once per process; no other op pays), or as a fallback
@@ -27,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
-from hp_otel.sources.pytorch import _compat, kernels, teardown
+from hp_otel.sources.pytorch import _compat, kernels, op_hook, teardown
 from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
@@ -36,11 +39,8 @@ from hp_otel.sources.pytorch.tensors import tensor_infos
 from hp_otel.sources.pytorch.waits import wait_slot, work_wait_patches
 from hp_otel.spans.codec import placements_text
 
-# Attribute access and hook registration: bookkeeping, not computation (torch's own
-# CommDebugMode registers grad hooks on DTensors while it runs).
-_SKIPPED_FUNCTIONS = frozenset(
-    {"__get__", "__set__", "__delete__", "register_hook", "register_post_accumulate_grad_hook"}
-)
+# Attribute access and hook registration: bookkeeping, not computation (op_hook's set).
+_SKIPPED_FUNCTIONS = op_hook.SKIPPED_FUNCTIONS
 _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 
 
@@ -55,7 +55,8 @@ def _has_dtensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
 
 
 class _OpMode(TorchFunctionMode):
-    """Reports torch-level calls that take a DTensor as op enter/exit."""
+    """Reports torch-level calls that take a DTensor as op enter/exit: the fallback where the
+    class hook (`op_hook`) cannot see them (`op_hook.why_mode()`), entered for every torch call."""
 
     def __init__(self, observer: Observer) -> None:
         super().__init__()
@@ -234,6 +235,7 @@ class TorchDTensorSource:
         teardown.register_once()
         self._specs = collective_specs()
         self._op_mode: _OpMode | None = None
+        self._op_window: op_hook.OpWindow | None = None
         self._collective_mode: _CollectiveMode | None = None
         self._observer: Observer | None = None
         self._token: contextvars.Token[Observer | None] | None = None
@@ -265,9 +267,11 @@ class TorchDTensorSource:
             collective_mode.__enter__()
             self._collective_mode = collective_mode  # only modes that entered are exited by detach
         if spans and observer.ops_enabled:
-            op_mode = _OpMode(observer)
-            op_mode.__enter__()
-            self._op_mode = op_mode
+            self._op_window = op_hook.open_window(observer)  # None: the class hook cannot see the ops
+            if self._op_window is None:
+                op_mode = _OpMode(observer)
+                op_mode.__enter__()
+                self._op_mode = op_mode
 
     def detach(self) -> None:
         """Undo attach in reverse order; every step runs even if an earlier one fails."""
@@ -292,6 +296,9 @@ class TorchDTensorSource:
         return None
 
     def _exit_op_mode(self) -> None:
+        window, self._op_window = self._op_window, None
+        if window is not None:
+            window.close()
         mode, self._op_mode = self._op_mode, None
         if mode is not None:
             mode.__exit__(None, None, None)

@@ -203,13 +203,14 @@ class _TrackedModule:
             if tracker.backward_spans and torch.is_grad_enabled():
                 # Outputs made by this call's own nodes: their gradient starts its backward
                 # (a module that returns its input unchanged has no backward work of its own).
-                outputs = [
-                    t
-                    for t in _grad_tensors(output)
-                    if t.grad_fn is not None and first_node <= _sequence_nr(t.grad_fn) != _NO_SEQUENCE_NR
-                ]
-                if outputs:
-                    tracker.add_grad_hook(outputs, functools.partial(tracker.backward_start, call))
+                with _compat.DisableTorchFunction():  # our reads: no user ops, no op hook or mode to pay
+                    outputs = [
+                        t
+                        for t in _grad_tensors(output)
+                        if t.grad_fn is not None and first_node <= _sequence_nr(t.grad_fn) != _NO_SEQUENCE_NR
+                    ]
+                    if outputs:
+                        tracker.add_grad_hook(outputs, functools.partial(tracker.backward_start, call))
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
 
