@@ -595,6 +595,10 @@ class CommDebugMode:
         self._recorder.materialise()
         return self._store.get_finished_spans()
 
+    def _span_count(self) -> int:
+        self._recorder.materialise()
+        return len(self._store)  # no span rebuilt to count them
+
     def get_metric_reader(self) -> InMemoryMetricReader | None:
         """The in-memory reader of hp_otel's default meter provider (None with your own provider)."""
         return self._metric_reader
@@ -674,7 +678,7 @@ class CommDebugMode:
 
         After a large window the memory they held goes back to the system where it can
         (`hp_otel.record.memory`; a small one is not worth a garbage collection)."""
-        large = len(self._store.get_finished_spans()) + len(self._recorder._pending) >= _LARGE_WINDOW_SPANS
+        large = len(self._store) + len(self._recorder._pending) >= _LARGE_WINDOW_SPANS
         self._recorder.reset()
         self._store.clear()
         if large:
@@ -684,7 +688,7 @@ class CommDebugMode:
         state = "active" if self._token is not None else "inactive"
         return (
             f"CommDebugMode({state}, module={type(self.module).__name__ if self.module is not None else None}, "
-            f"collectives={self.get_total_counts()}, spans={len(self.get_finished_spans())}, "
+            f"collectives={self.get_total_counts()}, spans={self._span_count()}, "
             f"dropped={self.get_dropped_record_count()})"
         )
 

@@ -4,9 +4,10 @@ The hot path (one call per module, op, redistribute or collective event) does th
 least it can: count collectives exactly, note which modules are open, and append a
 timestamped event.  Spans are built from those events by `SpanBuilder`:
 
-- deferred (default with hp_otel's own provider): when the spans are first read, or
-  when `max_pending` events have piled up — the training step pays for an append, not
-  for an SDK span (≈16-21 µs each here);
+- deferred (default with hp_otel's own provider): when the spans are first read, or,
+  once `max_pending` events have piled up, the oldest in slices of `_BUILD_SLICE` — the
+  training step pays for an append, not for an SDK span (≈16-21 µs each here), and a
+  long window's step never waits for more than one slice;
 - live (default with your `tracer_provider`): as events happen, so spans reach your
   processors at once and are the current span while their work runs.
 
@@ -45,7 +46,9 @@ from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorIn
 logger = logging.getLogger("hp_otel")
 _now = time.time_ns
 _MAX_IN_FLIGHT = 4096
-_MAX_WINDOW_COLLECTIVES = 65536  # what the exposure figures of one window are computed from
+_MAX_WINDOW_COLLECTIVES = 65536
+# Unbuilt events built at a time once `max_pending` wait (≈2-5 ms of the step here, at most).
+_BUILD_SLICE = 256  # what the exposure figures of one window are computed from
 
 
 class WindowRecorder:
@@ -228,6 +231,24 @@ class WindowRecorder:
                 except Exception as exc:
                     self.on_fault("span_build", exc)
 
+    def build_oldest(self, count: int | None = None) -> None:
+        """Build the spans of the oldest `count` unbuilt events: what the step pays once `max_pending`
+        wait, a slice at a time, so no single step pauses for the whole backlog (issue 20: 1-2 s
+        at 20,000 events); each later slice comes after as many new events."""
+        count = _BUILD_SLICE if count is None else count
+        with self._build_lock:
+            pending = self._pending
+            batch = pending[:count]
+            del pending[:count]
+            builder = self._builder
+            if builder is None:
+                return
+            for event in batch:
+                try:
+                    builder.feed(event)
+                except Exception as exc:
+                    self.on_fault("span_build", exc)
+
     def _emit(self, event: ev.Event) -> None:
         if not self.spans_enabled:
             return
@@ -241,7 +262,7 @@ class WindowRecorder:
             return
         self._pending.append(event)
         if len(self._pending) >= self._max_pending:  # bound memory: build now, the store caps what it keeps
-            self.materialise()
+            self.build_oldest()
 
     # --- observer: modules ----------------------------------------------------
     def on_module_enter(self, module: ModuleInfo, phase: str) -> None:

@@ -10,6 +10,8 @@ open call.
 
 from __future__ import annotations
 
+import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +54,13 @@ class _Frame:
         self.info = info  # what a user hook is given: the ModuleInfo, or an op's inputs
 
 
+def _weak(fn: Callable[[str, BaseException], None]) -> Callable[[], Callable[[str, BaseException], None] | None]:
+    """A bound method held weakly, anything else strongly; call the result to get it back."""
+    if isinstance(fn, types.MethodType):
+        return weakref.WeakMethod(fn)
+    return lambda: fn
+
+
 def mark_error(span: Span, error: BaseException | str) -> None:
     """Error status, the exception event, and `error.type` (OTel's convention; `_OTHER` without an exception)."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -88,7 +97,9 @@ class SpanBuilder:
         self._issued: dict[ev.CollectiveIssue, Any] = {}  # in flight -> the parent context it was issued under
         # A user's span processor raising inside start/end: counted here, and the span
         # still reaches the local store (the SDK sets the end time before the processors run).
-        self._on_fault = on_fault or _ignore_fault
+        # Held weakly when it is a bound method (the recorder's): no reference cycle between the
+        # recorder and its builder, so a window's records are freed as soon as the mode is dropped.
+        self._fault_sink = _weak(on_fault or _ignore_fault)
         self._store = store
         self._parent_ctx = parent_ctx
         self._live = live  # live: make each open span the current span of this thread
@@ -98,23 +109,11 @@ class SpanBuilder:
         # Encodings that repeat every step, made once per window.
         self._collective_attrs: dict[CollectiveInfo, dict[str, Any]] = {}
         self._module_attrs: dict[tuple[ModuleInfo, str], dict[str, Any]] = {}
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.ModuleEnter: self._module_enter,
-            ev.ModuleExit: self._module_exit,
-            ev.OpEnter: self._op_enter,
-            ev.OpExit: self._op_exit,
-            ev.RedistributeEnter: self._redistribute_enter,
-            ev.RedistributeExit: self._redistribute_exit,
-            ev.CollectiveIssue: self._collective_issue,
-            ev.Collective: self._collective,
-            ev.BackwardEnd: self._backward_end,
-            ev.WindowEnd: self._window_end,
-        }
 
     def feed(self, event: ev.Event) -> None:
         if self._store_only and (self._skipped or self._store.full) and self._skip(event):
             return
-        self._handlers[type(event)](event)
+        _HANDLERS[type(event)](self, event)
 
     def _skip(self, event: ev.Event) -> bool:
         """With the store full: True for an event whose span would only be dropped (counted as dropped)."""
@@ -162,6 +161,11 @@ class SpanBuilder:
         else:
             self._skipped[key] = open_skipped - 1
         return True
+
+    def _on_fault(self, where: str, exc: BaseException) -> None:
+        sink = self._fault_sink()
+        if sink is not None:
+            sink(where, exc)
 
     # --- stack ----------------------------------------------------------------
     def _push(
@@ -424,3 +428,19 @@ class SpanBuilder:
         finally:
             if self._live:  # the context of the window's start, whatever order the spans closed in
                 otel_context.attach(self._parent_ctx)
+
+
+# Event type -> handler, at class level: a per-instance table of bound methods is a reference
+# cycle that only the garbage collector frees (and with it the window's whole store).
+_HANDLERS: dict[type, Callable[[SpanBuilder, Any], None]] = {
+    ev.ModuleEnter: SpanBuilder._module_enter,
+    ev.ModuleExit: SpanBuilder._module_exit,
+    ev.OpEnter: SpanBuilder._op_enter,
+    ev.OpExit: SpanBuilder._op_exit,
+    ev.RedistributeEnter: SpanBuilder._redistribute_enter,
+    ev.RedistributeExit: SpanBuilder._redistribute_exit,
+    ev.CollectiveIssue: SpanBuilder._collective_issue,
+    ev.Collective: SpanBuilder._collective,
+    ev.BackwardEnd: SpanBuilder._backward_end,
+    ev.WindowEnd: SpanBuilder._window_end,
+}

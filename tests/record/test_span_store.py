@@ -1,0 +1,171 @@
+"""The local span store at scale: kept spans as compact records the garbage collector does not
+track, rebuilt equal to what the SDK ended; no span built past the cap; the step's synchronous
+build bounded; no reference cycle left by a window; memory per span bounded."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+import weakref
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from hp_otel import CommDebugMode
+from hp_otel import mode as mode_module
+from hp_otel.cli.bench_scale import mlp_forward_events, record_window
+from hp_otel.record import recorder as recorder_module
+from hp_otel.record import span_builder
+from hp_otel.render.json_dump import build_json_dump
+from hp_otel.render.table import render_table
+from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
+
+
+def _tracked() -> int:
+    for _ in range(3):  # each pass untracks the tuples whose items the one before untracked
+        gc.collect()
+    return len(gc.get_objects())
+
+
+def _window(spans: int) -> CommDebugMode:
+    mode = record_window(spans)
+    assert mode.get_dropped_record_count() == 0 and len(mode.get_finished_spans()) == spans  # built now
+    mode.get_metric_reader().get_metrics_data()  # the durations waiting for a collection (bounded) go
+    return mode
+
+
+def test_kept_spans_add_no_object_the_garbage_collector_tracks() -> None:
+    """10x more kept spans, about as many tracked objects: a full collection's work does not grow
+    with the spans kept (the SDK's span is ≈11 tracked objects: +21,000 here before)."""
+    record_window(70).clear()  # imports and one-time caches
+    start = _tracked()
+    small = _window(210)
+    middle = _tracked()
+    large = _window(2_100)
+    growth = _tracked() - 2 * middle + start  # (large's growth) - (small's growth)
+    assert growth < 190, growth  # under 0.1 tracked object per kept span
+    assert not any(gc.is_tracked(record) for record in large._store._spans)
+    del small
+
+
+def _deferred_to_an_exporter() -> tuple[CommDebugMode, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    mode = CommDebugMode(tracer_provider=provider, live_spans=False)
+    with mode:
+        for _ in range(3):
+            mlp_forward_events(mode.observer)
+        observer = mode.observer
+        observer.on_module_enter(ModuleInfo("boom", "Boom", "Boom"), "forward")  # error status and event
+        info = CollectiveInfo("x", "all_reduce", 2, "tp", (0, 1), (1,), (1,), "f32", 4, "sum")
+        observer.on_collective(info, 10, 20, error=RuntimeError("lost rank"))
+        observer.on_module_exit("boom", "forward", ValueError("bad shape"))
+    return mode, exporter
+
+
+def test_rebuilt_spans_are_the_spans_the_sdk_ended_field_by_field() -> None:
+    mode, exporter = _deferred_to_an_exporter()
+    exported, stored = exporter.get_finished_spans(), mode.get_finished_spans()
+    assert len(stored) == len(exported) == 3 * 7 + 2
+    assert any(s.events for s in exported) and any(s.links for s in exported)  # the record keeps both
+    for sdk_span, span in zip(exported, stored, strict=True):
+        assert isinstance(span, ReadableSpan) and span is not sdk_span
+        assert span.to_json() == sdk_span.to_json()  # name, ids, parent, kind, times, status, attributes,
+        assert span.instrumentation_scope is sdk_span.instrumentation_scope  # events, links, resource
+        assert (span.dropped_attributes, span.dropped_events, span.dropped_links) == (0, 0, 0)
+        assert [e.attributes for e in span.events] == [dict(e.attributes) for e in sdk_span.events]
+        assert [link.context for link in span.links] == [link.context for link in sdk_span.links]
+    assert stored == mode.get_finished_spans()  # two reads: equal spans (new objects)
+    assert render_table(stored, 3) == render_table(exported, 3)
+    counts = mode.get_comm_counts(), mode.get_comm_module_counts()
+    assert build_json_dump(stored, 3, *counts, 0) == build_json_dump(exported, 3, *counts, 0)
+
+
+def test_no_readable_span_is_made_past_the_cap(monkeypatch) -> None:
+    """3,000 steps of 7 spans with max_spans=100: spans made are the 100 kept (and the open calls
+    of the step that filled the store), then the 100 read back: never the 21,000."""
+    made = 0
+    original = ReadableSpan.__init__
+
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal made
+        made += 1
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ReadableSpan, "__init__", counting)
+    with CommDebugMode(max_spans=100) as mode:
+        for _ in range(3_000):
+            mlp_forward_events(mode.observer)
+    assert mode.get_dropped_record_count() == 3_000 * 7 - 100
+    built = made
+    assert built <= 2 * (100 + 7), built  # the SDK makes two a span: the span, and the copy on_end gets
+    assert len(mode.get_finished_spans()) == 100 and made == built + 100
+
+
+def test_the_step_never_waits_for_more_than_one_slice_of_the_backlog(monkeypatch) -> None:
+    """Once max_pending events wait, each step builds at most one slice of them (before: the whole
+    backlog at once, 20,000 events and 1-2 s in one step); every span is still built, in order."""
+    monkeypatch.setattr(mode_module, "_MAX_PENDING_EVENTS", 1_000)
+    monkeypatch.setattr(recorder_module, "_BUILD_SLICE", 64, raising=False)
+    fed = 0
+    original = span_builder.SpanBuilder.feed
+
+    def counting(self, event):  # type: ignore[no-untyped-def]
+        nonlocal fed
+        fed += 1
+        original(self, event)
+
+    monkeypatch.setattr(span_builder.SpanBuilder, "feed", counting)
+    longest, steps = 0, 400  # 5,200 events
+    with CommDebugMode() as mode:
+        for _ in range(steps):
+            fed = 0
+            mlp_forward_events(mode.observer)
+            longest = max(longest, fed)
+            assert len(mode._recorder._pending) <= 1_000
+    assert 0 < longest <= 64  # one slice, whatever the step (13 events a step)
+    spans = mode.get_finished_spans()
+    assert len(spans) == steps * 7 and mode.get_dropped_record_count() == 0
+    assert [s.name for s in spans[:7]] == ["linear", "fc1", "gelu", "all_reduce", "linear", "fc2", "MLP"]
+
+
+def test_a_dropped_window_is_freed_without_the_garbage_collector() -> None:
+    """No reference cycle between the recorder, its span builder and the store: the window's
+    records go when the mode does (before: only a collection freed them, 34 objects a window)."""
+    mode = record_window(70)
+    mode.get_dropped_record_count()  # built, with the builder still there
+    store, recorder = weakref.ref(mode._store), weakref.ref(mode._recorder)
+    gc.disable()
+    try:
+        del mode
+        assert store() is None and recorder() is None
+    finally:
+        gc.enable()
+
+
+def test_memory_is_bounded_by_the_cap_and_small_per_span() -> None:
+    """tracemalloc: a kept span costs under 1.5 KB (3.6 KB as the SDK's span), and 1,000 steps
+    under max_spans=500 hold no more than a cap's worth (its records, at most 1,000 unbuilt events)."""
+    record_window(70).clear()  # one-time caches
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        mode = record_window(3_500)
+        mode.get_dropped_record_count()
+        gc.collect()
+        per_span = (tracemalloc.get_traced_memory()[0] - base) / 3_500
+        del mode
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        capped = record_window(7_000, max_spans=500)
+        assert len(capped.get_finished_spans()) == 500
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert per_span < 1_500, per_span
+    print(f"{per_span:.0f} B/span, capped peak {peak / 2**20:.2f} MiB")
+    assert peak < 2 * 2**20, peak
