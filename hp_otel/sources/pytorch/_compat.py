@@ -237,6 +237,19 @@ def class_call_impl(module: torch.nn.Module) -> Callable[..., Any]:
     return type(module)._call_impl
 
 
+_declare(Symbol(
+    "replicate_for_data_parallel", "torch.nn", "Module", ATTRIBUTE,
+    "`nn.DataParallel` copies a module's `__dict__` into each replica here: a guard beside the call stand-in "
+    "keeps ours out of the replicas", member="_replicate_for_data_parallel", sample=lambda: torch.nn.Linear(1, 1),
+))  # fmt: skip
+REPLICATE = "_replicate_for_data_parallel"
+
+
+def class_replicate(module: torch.nn.Module) -> Callable[[], torch.nn.Module]:
+    """The class's `_replicate_for_data_parallel`, bound to `module` (whatever its instance attribute)."""
+    return type(module)._replicate_for_data_parallel.__get__(module)
+
+
 def set_module_call_impl(module: torch.nn.Module, call: Any) -> None:
     """Put `call` (None: remove it) where `nn.Module.__call__` looks up `self._call_impl`, bypassing
     `Module.__setattr__` (a user's override of it must not see our attribute)."""

@@ -326,28 +326,33 @@ class _CallStandIn:
     Dynamo never compiles its frame (`torch.compile(model)` calls it eagerly, as it ran the
     model's own hooks) and traced into a graph it does nothing.
 
-    The module also gets a `__getstate__` (`_getstate_without_stand_ins`): `copy.copy`,
-    `copy.deepcopy`, pickling and `torch.save` then see the module's state without either.
+    The module also gets two guards of ours beside it (`_GUARDS`): a `__getstate__`, so
+    `copy.copy`, `copy.deepcopy`, pickling and `torch.save` see the module's state without
+    any of them, and a `_replicate_for_data_parallel`, so `nn.DataParallel`'s replicas carry
+    none either (a stand-in bound to the original would run the original).
     """
 
-    __slots__ = ("__weakref__", "call", "inner", "prev", "prev_getstate", "tracked")
+    __slots__ = ("__weakref__", "call", "guarded", "inner", "prev", "tracked")
 
     def __init__(self, tracked: _TrackedModule, module: nn.Module) -> None:
         self.tracked: _TrackedModule | None = tracked
         self.prev: Any = _compat.module_call_impl(module)  # what `_call_impl` was before (None: nothing)
         below = _stand_in_of(self.prev)
-        getstate = vars(module).get("__getstate__")
-        if _is_our_getstate(getstate):  # a stand-in of ours is there already: the original is in its record
-            self.prev_getstate: Any = below.prev_getstate if below is not None else None
+        # what the guards' names held before ours (None: nothing); nested: the outer stand-in's record
+        if below is not None:
+            self.guarded: dict[str, Any] = below.guarded
         else:
-            self.prev_getstate = getstate
+            own = vars(module)
+            self.guarded = {name: None if _is_guard(own.get(name)) else own.get(name) for name in _GUARDS}
         self.inner: Callable[..., Any] = _inner_call(module, self.prev)
         self.call = types.MethodType(_stand_in_function(self), module)
 
     def put_on(self, module: nn.Module) -> None:
         _compat.set_module_call_impl(module, self.call)
-        if not _is_our_getstate(vars(module).get("__getstate__")):
-            object.__setattr__(module, "__getstate__", types.MethodType(_getstate_without_stand_ins, module))
+        own = vars(module)
+        for name, guard in _GUARDS.items():
+            if not _is_guard(own.get(name)):
+                object.__setattr__(module, name, types.MethodType(guard, module))
 
     def take_off(self, module: nn.Module) -> None:
         """Restore what was there before, exactly (out of order too: a stand-in put on after ours stays,
@@ -363,13 +368,8 @@ class _CallStandIn:
             if above is not None:
                 above.prev = self.prev
                 above.inner = _inner_call(module, self.prev)
-        if _stand_in_of(_compat.module_call_impl(module)) is None and _is_our_getstate(
-            vars(module).get("__getstate__")
-        ):
-            if self.prev_getstate is None:
-                del vars(module)["__getstate__"]
-            else:
-                object.__setattr__(module, "__getstate__", self.prev_getstate)
+        if _stand_in_of(_compat.module_call_impl(module)) is None:  # the last of ours: the guards go too
+            _restore_guarded(vars(module), self.guarded)
 
 
 def _stand_in_of(value: Any) -> _CallStandIn | None:
@@ -377,8 +377,33 @@ def _stand_in_of(value: Any) -> _CallStandIn | None:
     return getattr(getattr(value, "__func__", None), "__hp_otel_stand_in__", None)
 
 
-def _is_our_getstate(value: Any) -> bool:
-    return getattr(value, "__func__", None) is _getstate_without_stand_ins
+def _is_guard(value: Any) -> bool:
+    return getattr(value, "__func__", None) in _GUARD_FUNCTIONS
+
+
+def _restore_guarded(own: dict[str, Any], guarded: dict[str, Any]) -> None:
+    """In a module's `__dict__` (or a copy's state): each guard of ours back to what it replaced."""
+    for name in _GUARDS:
+        if _is_guard(own.get(name)):
+            if guarded.get(name) is None:
+                del own[name]
+            else:
+                own[name] = guarded[name]
+
+
+def _without_stand_ins(own: dict[str, Any]) -> None:
+    """A copy's `__dict__` (or state) as the module's would be without our stand-ins and guards."""
+    value = own.get("_call_impl")
+    top = _stand_in_of(value)
+    if top is None:
+        return
+    while (stand_in := _stand_in_of(value)) is not None:
+        value = stand_in.prev
+    if value is None:
+        own.pop("_call_impl", None)
+    else:
+        own["_call_impl"] = value
+    _restore_guarded(own, top.guarded)
 
 
 def _inner_call(module: nn.Module, prev: Any) -> Callable[..., Any]:
@@ -422,23 +447,32 @@ def _stand_in_function(stand_in: _CallStandIn) -> Callable[..., Any]:
 def _getstate_without_stand_ins(self: nn.Module) -> Any:
     """The module's `__getstate__` while stand-ins are on it: its state as it would be without them."""
     top = _stand_in_of(_compat.module_call_impl(self))
-    getstate = top.prev_getstate if top is not None else None
+    getstate = top.guarded.get("__getstate__") if top is not None else None
     state = getstate() if getstate is not None else type(self).__getstate__(self)
     if isinstance(state, dict):
         state = dict(state)
-        value = state.get("_call_impl")
-        while (stand_in := _stand_in_of(value)) is not None:
-            value = stand_in.prev
-        if value is None:
-            state.pop("_call_impl", None)
-        else:
-            state["_call_impl"] = value
-        if _is_our_getstate(state.get("__getstate__")):
-            if getstate is None:
-                del state["__getstate__"]
-            else:
-                state["__getstate__"] = getstate
+        if top is not None:
+            _without_stand_ins(state)
+        else:  # only a guard left (a stand-in someone else's wraps): drop it
+            _restore_guarded(state, {})
     return state
+
+
+def _replica_without_stand_ins(self: nn.Module) -> nn.Module:
+    """`nn.DataParallel` makes each replica from a copy of the module's `__dict__`: without ours in it."""
+    top = _stand_in_of(_compat.module_call_impl(self))
+    replicate = top.guarded.get(_compat.REPLICATE) if top is not None else None
+    replica = replicate() if replicate is not None else _compat.class_replicate(self)()
+    _without_stand_ins(vars(replica))
+    return replica
+
+
+# name -> our guard: put beside the stand-ins, taken off with the last of them
+_GUARDS: dict[str, Callable[..., Any]] = {
+    "__getstate__": _getstate_without_stand_ins,
+    _compat.REPLICATE: _replica_without_stand_ins,
+}
+_GUARD_FUNCTIONS = tuple(_GUARDS.values())
 
 
 def _compiled_call(tracked: _TrackedModule, module: nn.Module, compiled: Callable[..., Any]) -> Callable[..., Any]:

@@ -26,7 +26,7 @@ import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel.sources.pytorch import modules
 
-_OURS = ("_call_impl", "__getstate__")
+_OURS = ("_call_impl", "__getstate__", "_replicate_for_data_parallel")
 
 
 class _Block(nn.Module):
@@ -138,7 +138,7 @@ def test_stand_ins_taken_off_out_of_order_restore_exactly() -> None:
     assert linear(torch.ones(1, 2)).shape == (1, 2)
     second.remove()
     assert vars(linear)["_call_impl"] is foreign
-    assert "__getstate__" not in vars(linear)
+    assert set(vars(linear)) & set(_OURS) == {"_call_impl"}
 
 
 def test_kept_hooks_stay_between_windows_and_uninstall_restores(fake_world) -> None:
@@ -224,6 +224,9 @@ def test_copies_pickles_saves_and_scripting_inside_a_window_work_and_carry_nothi
             else:
                 assert _ours_on(other) == [], how
             assert torch.equal(other(x), expected), how
+        replica = model.a._replicate_for_data_parallel()  # what nn.DataParallel makes each replica from
+        assert not any(key in vars(replica) for key in _OURS)
+        assert "_call_impl" in vars(model.a)
         state = model.state_dict()
         assert set(state) == {"a.fc.weight", "a.fc.bias", "b.fc.weight", "b.fc.bias"}
         scripted = torch.jit.script(nn.Sequential(nn.Linear(8, 8)))  # a model scripted while ours are on another
