@@ -206,7 +206,13 @@ def _module_hooks(model: torch.nn.Module) -> list[dict]:
     return [
         dict(hooks)
         for m in model.modules()
-        for hooks in (m._forward_pre_hooks, m._forward_hooks, m._backward_hooks, m._backward_pre_hooks)
+        for hooks in (
+            m._forward_pre_hooks,
+            m._forward_hooks,
+            m._backward_hooks,
+            m._backward_pre_hooks,
+            {k: v for k, v in vars(m).items() if k in ("_call_impl", "__getstate__", "_replicate_for_data_parallel")},
+        )
     ]
 
 
