@@ -662,7 +662,8 @@ class WindowRecorder:
         error: BaseException | None = None,
     ) -> MetricKey:
         """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
-        key = MetricKey.of(info, phase, self.module_label(fqn), error)  # a failed call: its own series
+        label = self.module_label
+        key = MetricKey.of(info, phase, fqn if label.depth is None else label(fqn), error)  # failed: its own series
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
         if duration_ns is None:
             return key

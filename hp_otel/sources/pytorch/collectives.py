@@ -218,11 +218,11 @@ class CollectiveSpec:
         """Only what counting and the metrics need (name, op, group size, dtype, bytes): a
         counts-only window skips the reduce op (a TorchScript call), ranks, peers and shapes."""
         inputs = self._arg(self._input, args, kwargs)
-        first_in = _first_tensor(inputs)
+        first_in = inputs if isinstance(inputs, torch.Tensor) else _first_tensor(inputs)
         group = self._arg(self._group, args, kwargs)
         ginfo = _group_info(group) if group is not None else NO_GROUP
         dtype = first_in.dtype if first_in is not None else None
-        nbytes = _total_bytes(inputs)
+        nbytes = inputs.numel() * inputs.element_size() if first_in is inputs else _total_bytes(inputs)
         key = (ginfo.name, ginfo.size, dtype, nbytes)
         info = self._counts_infos.get(key)
         if info is None:  # a step repeats the same few: made once, not per call
