@@ -58,7 +58,7 @@ def test_counts_only_window_settles_completed_collectives_and_keeps_a_late_one()
         t = 1_000
         for step in range(STEPS):
             tokens = []
-            for i in range(PER_STEP):
+            for _ in range(PER_STEP):
                 tokens.append((observer.on_collective(ALL_REDUCE, t, t + 5, awaits_completion=True), t))
                 t += 10
             for i, (token, start) in enumerate(tokens):  # completes (its wait) some time after the launch
