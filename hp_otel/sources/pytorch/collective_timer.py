@@ -64,7 +64,6 @@ class CollectiveTimer:
 
     def __init__(self, observer: Observer, device_timer: DeviceTimer | None = None) -> None:
         self._observer = observer
-        self.observer = observer  # the kernels read `observer.accepting` (one attribute, no frame)
         self._completions = Completions(observer)
         self._device_timer = device_timer or DeviceTimer()  # CUDA tensors only (device_timing.py)
         # No CUDA tensor exists before CUDA is initialised: the default timer then looks at no tensor

@@ -106,7 +106,7 @@ def _collective_kernel(spec: CollectiveSpec, op: Any) -> Any:
         timer = None
         try:
             timer = timer_slot.current()
-            traced = timer is not None and not getattr(_depth, "active", False) and timer.observer.accepting
+            traced = timer is not None and not getattr(_depth, "active", False) and timer.accepting
             # meta tensors: shape propagation (fake tensors while torch.compile traces), no communication
             traced = traced and not below.has(_META)
         except Exception as exc:  # our check failed: run the user's op untraced
