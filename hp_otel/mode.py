@@ -43,6 +43,7 @@ from hp_otel.record.user_hooks import CollectiveHook, ModuleHook, OpHook, UserHo
 from hp_otel.record.watchdog import HangWatchdog
 from hp_otel.render import json_dump, module_info, table
 from hp_otel.render.levels import noise_level as parse_noise_level
+from hp_otel.sources import check_engine, default_sources, is_mindspore_cell, is_torch_module
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 from hp_otel.spans.exposure import ExposureReport
 
@@ -75,10 +76,10 @@ def _say_once(kind: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
-# Windows open on each thread (with the asyncio task that opened them), and the modules
-# traced now, each submodule too (id -> (thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
+# Windows open on each thread (with the asyncio task that opened them), and the root modules
+# traced now (id -> (module, thread ident, open windows)): see CommDebugMode._claim_thread_and_module.
 _thread_state = threading.local()
-_traced_modules: dict[int, tuple[int, int]] = {}
+_traced_modules: dict[int, tuple[Any, int, int]] = {}
 
 
 def _windows_of_this_thread() -> list[tuple[Any, Any]]:
@@ -110,8 +111,6 @@ def _thread_name(ident: int) -> str:
 
 def _module_tree(module: Any) -> list[Any]:
     """The module and every submodule (torch `modules()`, MindSpore `cells_and_names()`), each once."""
-    from hp_otel.sources import is_torch_module
-
     if is_torch_module(module):
         return list(module.modules())
     cells = getattr(module, "cells_and_names", None)
@@ -125,8 +124,6 @@ def _module_tree(module: Any) -> list[Any]:
 
 def _check_module(module: Any, engine: str) -> None:
     """A torch `nn.Module` or a MindSpore `Cell`, matching an explicit engine."""
-    from hp_otel.sources import is_mindspore_cell, is_torch_module
-
     if module is None:
         return
     if is_torch_module(module):
@@ -137,6 +134,28 @@ def _check_module(module: Any, engine: str) -> None:
             raise TypeError("module must be a torch.nn.Module for engine='torch', got a mindspore.nn.Cell")
     else:
         raise TypeError(f"module must be a torch.nn.Module, a mindspore.nn.Cell or None, got {type(module).__name__}")
+
+
+def _refuse_modules_of_other_threads(module: Any, others: list[tuple[Any, int]]) -> None:
+    """Refuse a window on `module` if it, or one of its submodules, is in a tree that a window on
+    another thread traces now (`others`: (root, thread ident)); module hooks belong to the module."""
+    owners: dict[int, int] = {}
+    for root, owner in others:
+        for traced in _module_tree(root):
+            owners.setdefault(id(traced), owner)
+    for i, submodule in enumerate(_module_tree(module)):  # the module itself first, then its submodules
+        owner = owners.get(id(submodule))
+        if owner is None:
+            continue
+        name = type(module).__name__
+        what = f"module {name} is" if i == 0 else f"module {name} has a submodule ({type(submodule).__name__}) that is"
+        raise RuntimeError(
+            f"CommDebugMode: {what} already traced by a window on another thread "
+            f"({_thread_name(owner)}). Module hooks belong to the module, not the thread, so two "
+            "threads tracing one model (or a model and one of its submodules) would mix their module "
+            "spans: trace it on one thread at a time, or give each thread its own model "
+            "(or module=None)"
+        )
 
 
 class CommDebugMode:
@@ -225,8 +244,6 @@ class CommDebugMode:
         stack: bool | int | None = None,
         metric_module_depth: int | str | None = None,
     ) -> None:
-        from hp_otel.sources import check_engine, default_sources
-
         self.engine = check_engine(engine)
         _check_module(module, self.engine)
         if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 0:
@@ -393,28 +410,14 @@ class CommDebugMode:
                     "time (e.g. under an asyncio.Lock) or run each task's traced work in its own thread"
                 )
             if self.module is not None:
-                tree = _module_tree(self.module)
                 me = threading.get_ident()
-                for i, module in enumerate(tree):  # the module itself first, then its submodules
-                    owner, _windows = _traced_modules.get(id(module), (None, 0))
-                    if owner is not None and owner != me:
-                        name = type(self.module).__name__
-                        what = (
-                            f"module {name} is"
-                            if i == 0
-                            else f"module {name} has a submodule ({type(module).__name__}) that is"
-                        )
-                        raise RuntimeError(
-                            f"CommDebugMode: {what} already traced by a window on another thread "
-                            f"({_thread_name(owner)}). Module hooks belong to the module, not the thread, so two "
-                            "threads tracing one model (or a model and one of its submodules) would mix their module "
-                            "spans: trace it on one thread at a time, or give each thread its own model "
-                            "(or module=None)"
-                        )
-                for module in tree:
-                    _owner, windows = _traced_modules.get(id(module), (None, 0))
-                    _traced_modules[id(module)] = (me, windows + 1)
-                self._claimed_ids = [id(module) for module in tree]
+                others = [(module, owner) for module, owner, _windows in _traced_modules.values() if owner != me]
+                if others:  # only then are trees walked: a window per step on one thread walks none
+                    _refuse_modules_of_other_threads(self.module, others)
+                key = id(self.module)
+                _module, _owner, windows = _traced_modules.get(key, (None, me, 0))
+                _traced_modules[key] = (self.module, me, windows + 1)
+                self._claimed_ids = [key]
             stack.append((self, task))
             self._window_stack = stack  # exiting on another thread still removes it from this one
 
@@ -427,11 +430,11 @@ class CommDebugMode:
                     break
             claimed, self._claimed_ids = self._claimed_ids, []
             for key in claimed:
-                owner, windows = _traced_modules.get(key, (None, 1))
+                module, owner, windows = _traced_modules.get(key, (None, 0, 1))
                 if windows <= 1:
                     _traced_modules.pop(key, None)
                 else:
-                    _traced_modules[key] = (owner, windows - 1)
+                    _traced_modules[key] = (module, owner, windows - 1)
 
     def _deactivate(self, exc: BaseException | None) -> None:
         """Undo `_activate` (or the part of it that ran); safe to call again."""

@@ -18,7 +18,7 @@ import sysconfig
 from collections.abc import Iterable
 from types import CodeType
 
-from hp_otel.common.launcher_env import env_value
+from hp_otel.common.env_read import getenv
 
 DEPTH_VARIABLE = "HP_OTEL_STACK_DEPTH"
 DEFAULT_DEPTH = 8
@@ -43,7 +43,8 @@ def check_depth(value: object, name: str = "stack") -> int:
 
 def depth_from_env(environ: dict[str, str] | None = None) -> int:
     """`HP_OTEL_STACK_DEPTH`: unset, blank or 0 is off; a number 1..64 is the depth."""
-    text = env_value(DEPTH_VARIABLE, os.environ if environ is None else environ)
+    raw = getenv(DEPTH_VARIABLE) if environ is None else environ.get(DEPTH_VARIABLE)
+    text = raw.strip() if raw is not None and raw.strip() else None
     if text is None:
         return 0
     if not text.isdigit() or int(text) > MAX_DEPTH:

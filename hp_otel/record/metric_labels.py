@@ -12,7 +12,7 @@ the last value per attribute set), so the totals themselves are merged here.
 
 from __future__ import annotations
 
-import os
+from hp_otel.common.env_read import getenv
 
 ENV_VAR = "HP_OTEL_METRIC_MODULE_DEPTH"
 FULL = "full"
@@ -39,7 +39,7 @@ def resolve_depth(value: object, default: int | None) -> int | None:
     """The depth to use: `value` if given, else $HP_OTEL_METRIC_MODULE_DEPTH if set, else `default`."""
     if value is not None:
         return parse_depth(value)
-    env = os.environ.get(ENV_VAR)
+    env = getenv(ENV_VAR)
     if env is not None and env.strip():
         return parse_depth(env, ENV_VAR)
     return default

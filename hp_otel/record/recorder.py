@@ -46,9 +46,15 @@ from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorIn
 logger = logging.getLogger("hp_otel")
 _now = time.time_ns
 _MAX_IN_FLIGHT = 4096
-_MAX_WINDOW_COLLECTIVES = 65536
+_MAX_WINDOW_COLLECTIVES = 65536  # what the exposure figures of one window are computed from
 # Unbuilt events built at a time once `max_pending` wait (≈2-5 ms of the step here, at most).
-_BUILD_SLICE = 256  # what the exposure figures of one window are computed from
+_BUILD_SLICE = 256
+# Async collectives awaiting completion inside one window: those completed meanwhile are settled
+# (their durations handed on) once this many wait, and at most _MAX_AWAITING still-awaited ones
+# are kept (work nobody waits for: the oldest then count with their launch time, as at window end).
+_AWAITING_SWEEP = 256
+_MAX_AWAITING = 4096
+_MAX_PENDING_VALUES = 8192  # durations and bandwidths held for the window's end: beyond, handed on at once
 
 
 class WindowRecorder:
@@ -82,8 +88,12 @@ class WindowRecorder:
         self._pending_busbw: dict[MetricKey, list[float]] = {}  # bus bandwidths (bytes/s), handed over at window end
         self._liveness = instruments.liveness  # the staleness gauges' state (per provider, across windows)
         self.module_label = ModuleLabel(None)  # the metrics' hp.module.fqn (metric_labels: its depth)
-        # Async collectives awaiting completion: their duration is recorded when the window ends.
+        # Async collectives awaiting completion: their duration is recorded when they complete (settled
+        # every `_awaiting_limit` launches, so a long window keeps only the ones still awaited) or at window end.
         self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
+        self._awaiting_limit = _AWAITING_SWEEP
+        self._pending_values = 0  # durations and bandwidths waiting in _pending_durations / _pending_busbw
+        self._parent_ctx: Any = None  # the window's parent context (a span builder made later nests there)
         # The window's collectives, for its exposed-communication figures (spans/exposure.py) at stop().
         self._window_collectives: list[ev.Collective] = []
         self._exposure_rows: list[WindowRow] = []  # the last stopped window's, for `exposure`
@@ -134,26 +144,32 @@ class WindowRecorder:
         self.materialise()  # spans of an earlier window are built with that window's builder
         parent_ctx = otel_context.get_current()
         self._window_context = parent_ctx  # the step's span: durations' exemplars link to it
+        self._parent_ctx = parent_ctx
         self.window = matching.window_for(parent_ctx)
         self._seqs.clear()
         self._in_flight.clear()
-        self._builder = SpanBuilder(
+        # A counts-only window builds no span: its builder is made only if one is asked for (in_flight_spans)
+        self._builder = self._new_builder() if self.spans_enabled else None
+        self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
+        self._modules.clear()
+        self._backward_calls = ()
+        self._awaiting = []
+        self._awaiting_limit = _AWAITING_SWEEP
+        self._window_collectives = []
+        self._thread = threading.get_ident()
+        self.active = True
+
+    def _new_builder(self) -> SpanBuilder:
+        return SpanBuilder(
             self._tracer,
             self._store,
-            parent_ctx,
+            self._parent_ctx,
             self.live,
             self.on_fault,
             self.window,
             self.hooks,
             store_only=self.store_only and not self.live,
         )
-        self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
-        self._modules.clear()
-        self._backward_calls = ()
-        self._awaiting = []
-        self._window_collectives = []
-        self._thread = threading.get_ident()
-        self.active = True
 
     def stop(self, error: BaseException | None = None) -> None:
         """End the window: spans still open end now (with error status if the window raised)."""
@@ -166,16 +182,39 @@ class WindowRecorder:
         self._backward_calls = ()
         awaiting, self._awaiting = self._awaiting, []
         for event, key in awaiting:  # completion times where seen, else the launch
-            self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
-            try:
-                if event.completion == s.COMPLETION_LAUNCH:  # its completion will not be seen now
-                    self._liveness.forget(event)
-                else:
-                    self._add_busbw(key, event.info, event.end_ns - event.start_ns)
-            except Exception as exc:
-                self.on_fault("metrics", exc)
+            self._settle(event, key)
         self._flush_metrics()
         self._measure_exposure()
+
+    def _settle(self, event: ev.Collective, key: MetricKey) -> None:
+        """Hand an awaited collective's duration to the metrics: to its completion where seen, else its launch."""
+        self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
+        self._pending_values += 1
+        try:
+            if event.completion == s.COMPLETION_LAUNCH:  # its completion will not be seen now
+                self._liveness.forget(event)
+            else:
+                self._add_busbw(key, event.info, event.end_ns - event.start_ns)
+        except Exception as exc:
+            self.on_fault("metrics", exc)
+
+    def _settle_completed(self) -> None:
+        """Settle the awaited collectives that completed meanwhile; keep those still awaited (at most
+        `_MAX_AWAITING`: beyond, the oldest are settled with their launch time, as at window end)."""
+        still: list[tuple[ev.Collective, MetricKey]] = []
+        for event, key in self._awaiting:
+            if event.completion == s.COMPLETION_LAUNCH:
+                still.append((event, key))
+            else:
+                self._settle(event, key)
+        if len(still) > _MAX_AWAITING:
+            for event, key in still[:-_MAX_AWAITING]:
+                self._settle(event, key)
+            still = still[-_MAX_AWAITING:]
+        self._awaiting = still
+        self._awaiting_limit = max(_AWAITING_SWEEP, 2 * len(still))  # amortised: each entry swept O(1) times
+        if self._pending_values >= _MAX_PENDING_VALUES:
+            self._flush_metrics()
 
     def _measure_exposure(self) -> None:
         """Snapshot the window's collectives for its exposed communication (computed when asked for or
@@ -503,17 +542,23 @@ class WindowRecorder:
                 self._liveness.forget(ticket)
             return None
         try:
-            seq = issue.seq if issue is not None else self._next_seq(info)
-            opened = issue.opened if issue is not None else self._open_forward_owner(start_ns)
             phase, fqn, issued_by = self._count(info, phase, start_ns)
             awaits = awaits_completion and error is None
+            key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
+            spans = self.spans_enabled
+            if not (awaits or spans):  # counts only, finished: nothing more to keep
+                self._liveness.completed(ticket, end_ns)
+                return None
+            seq = issue.seq if issue is not None else self._next_seq(info) if spans else -1
+            # FSDP's forward prefetch: the spans of the module whose parameters move (spans only)
+            opened = issue.opened if issue is not None else self._open_forward_owner(start_ns)
             issued_in = issue.fqn if issue is not None else fqn
             if issue is not None:
                 issued_by = issue.issued_by
                 stack = issue.stack
             else:
                 call_stack = self.call_stack
-                stack = call_stack.capture() if call_stack is not None and self.spans_enabled else ()
+                stack = call_stack.capture() if call_stack is not None and spans else ()
             event = ev.Collective(
                 start_ns,
                 end_ns,
@@ -530,16 +575,20 @@ class WindowRecorder:
                 issued_by,
                 stack,
             )
-            key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
             if awaits:
-                self._awaiting.append((event, key))
+                awaiting = self._awaiting
+                awaiting.append((event, key))
+                if len(awaiting) >= self._awaiting_limit:
+                    self._settle_completed()
                 self._liveness.launched(ticket, event, start_ns, info.op, info.group)
             else:
                 self._liveness.completed(ticket, end_ns)
+            if not spans:
+                return event if awaits else None
             self._emit(event)
             if opened:
                 self._close_owner(opened, phase, end_ns)
-            if self.spans_enabled and len(self._window_collectives) < _MAX_WINDOW_COLLECTIVES:
+            if len(self._window_collectives) < _MAX_WINDOW_COLLECTIVES:
                 self._window_collectives.append(event)
             return event if awaits else None
         except Exception as exc:
@@ -602,6 +651,9 @@ class WindowRecorder:
         self.forget_completed()
         self.materialise()
         builder = self._builder
+        if builder is None and self._active and self._in_flight:  # a counts-only window's first one
+            with self._build_lock:
+                builder = self._builder = self._builder or self._new_builder()
         if builder is None:
             return []
         spans = []
@@ -680,7 +732,8 @@ class WindowRecorder:
         error: BaseException | None = None,
     ) -> MetricKey:
         """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
-        key = MetricKey.of(info, phase, self.module_label(fqn), error)  # a failed call: its own series
+        label = self.module_label
+        key = MetricKey.of(info, phase, fqn if label.depth is None else label(fqn), error)  # failed: its own series
         self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
         if duration_ns is None:
             return key
@@ -690,6 +743,9 @@ class WindowRecorder:
             self._record_durations(key, (duration_ns,))
         else:
             self._pending_durations.setdefault(key, []).append(duration_ns)
+            self._pending_values += 1
+            if self._pending_values >= _MAX_PENDING_VALUES:  # a long window: hand them on now
+                self._flush_metrics()
         return key
 
     def _add_busbw(self, key: MetricKey, info: CollectiveInfo, duration_ns: int) -> None:
@@ -701,6 +757,7 @@ class WindowRecorder:
     def _flush_metrics(self) -> None:
         """Hand the window's durations to the histogram's next collection (see `DeferredDurations`)."""
         pending, self._pending_durations = self._pending_durations, {}
+        self._pending_values = 0
         deferred = self._instruments.durations
         attributes = self._instruments.totals.attributes
         for key, durations in pending.items():

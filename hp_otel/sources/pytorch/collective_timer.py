@@ -19,6 +19,7 @@ from hp_otel.sources.pytorch.fsdp import param_module
 from hp_otel.spans import schema as s
 
 _in_backward: Callable[[], int] = _compat.current_graph_task_id  # -1 outside autograd
+_cuda_initialized: Callable[[], bool] = torch.cuda.is_initialized
 
 
 class _Waited:
@@ -65,6 +66,9 @@ class CollectiveTimer:
         self._observer = observer
         self._completions = Completions(observer)
         self._device_timer = device_timer or DeviceTimer()  # CUDA tensors only (device_timing.py)
+        # No CUDA tensor exists before CUDA is initialised: the default timer then looks at no tensor
+        # (a window opened before the first CUDA use keeps host times only).
+        self._times_devices = type(self._device_timer) is not DeviceTimer or _cuda_initialized()
 
     @property
     def accepting(self) -> bool:
@@ -77,7 +81,7 @@ class CollectiveTimer:
         """Run `call(*args, **kwargs)`, the collective op `spec` describes, and report it."""
         start = time.time_ns()
         info, phase, ticket = self._issue(spec, args, kwargs, start)
-        device = self._device_start(spec, args, kwargs) if ticket is not None else None
+        device = self._device_start(spec, args, kwargs) if ticket is not None and self._times_devices else None
         try:
             result = call(*args, **kwargs)
         except BaseException as error:

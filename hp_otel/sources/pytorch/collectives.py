@@ -67,6 +67,7 @@ _NORMALISED: dict[str, str] = {
     "c10d.reduce_": "reduce",
 }
 
+_MAX_CACHED_INFOS = 256  # counts-only infos kept per collective op (a step has a few shapes)
 _INPUT_ARGS = ("input", "self", "input_tensor", "input_tensors", "inputs", "tensors", "tensor")
 _OUTPUT_ARGS = ("output", "out", "output_tensor", "output_tensors")
 _GROUP_ARGS = ("group_name", "process_group", "group")
@@ -167,6 +168,8 @@ class CollectiveSpec:
         )
         self._peer = next((n for n in _PEER_ARGS if n in self._index), None)
         self._tag = next((n for n in _TAG_ARGS if n in self._index), None)
+        # (group name, group size, dtype, bytes) -> the counts-only info (frozen: shared by every call like it)
+        self._counts_infos: dict[tuple[str, int, Any, int], CollectiveInfo] = {}
 
     def _arg(self, name: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if name is None:
@@ -215,18 +218,26 @@ class CollectiveSpec:
         """Only what counting and the metrics need (name, op, group size, dtype, bytes): a
         counts-only window skips the reduce op (a TorchScript call), ranks, peers and shapes."""
         inputs = self._arg(self._input, args, kwargs)
-        first_in = _first_tensor(inputs)
+        first_in = inputs if isinstance(inputs, torch.Tensor) else _first_tensor(inputs)
         group = self._arg(self._group, args, kwargs)
         ginfo = _group_info(group) if group is not None else NO_GROUP
-        return CollectiveInfo(
-            name=self.name,
-            op=self.normalised,
-            group_size=ginfo.size,
-            group=ginfo.name,  # what the oldest in-flight gauge names
-            dtype=dtype_name(first_in.dtype) if first_in is not None else "",
-            bytes=_total_bytes(inputs),
-            is_async=self.functional,
-        )
+        dtype = first_in.dtype if first_in is not None else None
+        nbytes = inputs.numel() * inputs.element_size() if first_in is inputs else _total_bytes(inputs)
+        key = (ginfo.name, ginfo.size, dtype, nbytes)
+        info = self._counts_infos.get(key)
+        if info is None:  # a step repeats the same few: made once, not per call
+            info = CollectiveInfo(
+                name=self.name,
+                op=self.normalised,
+                group_size=ginfo.size,
+                group=ginfo.name,  # what the oldest in-flight gauge names
+                dtype=dtype_name(dtype) if dtype is not None else "",
+                bytes=nbytes,
+                is_async=self.functional,
+            )
+            if len(self._counts_infos) < _MAX_CACHED_INFOS:
+                self._counts_infos[key] = info
+        return info
 
     def complete(self, info: CollectiveInfo, result: Any) -> CollectiveInfo:
         """The info described at issue, with the output the op returned (functional ops return theirs)."""

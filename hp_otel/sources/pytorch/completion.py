@@ -64,7 +64,7 @@ class Completions:
             if len(pending) >= _MAX_PENDING:
                 pending.clear()
                 self._devices.clear()
-            for tensor in _tensors(result):
+            for tensor in (result,) if isinstance(result, torch.Tensor) else _tensors(result):
                 key = _storage_key(tensor)
                 pending[key] = token
                 if device is not None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +27,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 
+from hp_otel.common.env_read import getenv
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
 from hp_otel.sources.pytorch import _compat, kernels, op_hook, teardown
@@ -205,7 +205,7 @@ _HOOK_CHOICES = {"": KERNELS, "kernels": KERNELS, "dispatch": DISPATCH_MODE, "di
 
 
 def _requested_hook() -> str:
-    value = os.environ.get(HOOK_ENV, "").strip().lower()
+    value = (getenv(HOOK_ENV) or "").strip().lower()
     hook = _HOOK_CHOICES.get(value)
     if hook is None:
         raise ValueError(f"{HOOK_ENV}={value!r}: allowed values are 'kernels' (default) and 'dispatch'")
