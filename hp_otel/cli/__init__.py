@@ -162,6 +162,12 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.instructions and (args.export_down or args.scale or args.pieces):
+        print(
+            "hp-otel bench: --instructions counts the variants' steps; not with --export-down, --scale or --pieces",
+            file=sys.stderr,
+        )
+        return 2
     if args.export_down:
         from hp_otel.cli.bench_export import main as bench_export
 

@@ -44,6 +44,12 @@ def test_missing_valgrind_stops_the_bench_before_any_timing(monkeypatch, capsys)
     assert err == ["hp-otel bench: valgrind is not on PATH (Debian/Ubuntu: apt-get install valgrind)"]
 
 
+@pytest.mark.parametrize("other", ["--export-down", "--scale", "--pieces"])
+def test_instructions_is_refused_with_the_other_measurements(other, capsys) -> None:
+    assert main(["bench", "--instructions", other]) == 2
+    assert "not with --export-down, --scale or --pieces" in capsys.readouterr().err
+
+
 def test_a_missing_c_compiler_is_named(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with pytest.raises(ToolMissing, match=r"no C compiler \(.*no-such-cc\) on PATH .*apt-get install gcc"):
