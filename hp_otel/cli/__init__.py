@@ -85,6 +85,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench_arguments(bench: argparse.ArgumentParser) -> None:
+    from hp_otel.cli.bench_instructions import DEFAULT_STEPS
+    from hp_otel.cli.bench_variants import UNTRACED, VARIANT_NAMES
     from hp_otel.cli.bench_workloads import ALIASES, WORKLOADS
 
     per_workload = ", ".join(f"{name} {spec.rounds}x{spec.steps}" for name, spec in WORKLOADS.items())
@@ -128,9 +130,44 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
         help="instead: what each part of tracing costs the --model step, one part added at a time "
         "(kept hooks idle, window + counting, module hooks, spans, op mode, install per window)",
     )
+    bench.add_argument(
+        "--variant",
+        action="append",
+        choices=VARIANT_NAMES,
+        metavar="NAME",
+        help=f"time only this variant (repeat for more; {UNTRACED!r} always runs); default: all. Names: "
+        + "; ".join(VARIANT_NAMES),
+    )
+    bench.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count each variant's instructions per step under valgrind's callgrind (needs valgrind and a C "
+        "compiler; each variant in its own process, ≈50x slower than native, about a minute or more each): "
+        "they repeat within ±0.2 %% whatever the load, where wall clock drifts 0.5-2 %%",
+    )
+    bench.add_argument(
+        "--counted-steps",
+        type=positive,
+        default=DEFAULT_STEPS,
+        metavar="N",
+        help="--instructions: steps counted per variant, after a dozen warm-up steps (few: they repeat exactly)",
+    )
+    bench.add_argument(
+        "--jobs",
+        type=positive,
+        default=1,
+        metavar="N",
+        help="--instructions: callgrind processes at a time (the counts do not depend on it; each takes ≈1 GB)",
+    )
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.instructions and (args.export_down or args.scale or args.pieces):
+        print(
+            "hp-otel bench: --instructions counts the variants' steps; not with --export-down, --scale or --pieces",
+            file=sys.stderr,
+        )
+        return 2
     if args.export_down:
         from hp_otel.cli.bench_export import main as bench_export
 
@@ -149,10 +186,23 @@ def _bench(args: argparse.Namespace) -> int:
     import json
 
     from hp_otel.cli.bench import format_results, results_json, run_bench
+    from hp_otel.cli.bench_instructions import ToolMissing
     from hp_otel.cli.bench_workloads import WORKLOADS
 
     names = list(WORKLOADS) if args.model == "all" else [args.model]
-    results = run_bench(names, rounds=args.rounds, steps=args.steps, progress=to_stderr("bench"))
+    try:
+        results = run_bench(
+            names,
+            rounds=args.rounds,
+            steps=args.steps,
+            only=args.variant,
+            progress=to_stderr("bench"),
+            instruction_steps=args.counted_steps if args.instructions else None,
+            jobs=args.jobs,
+        )
+    except ToolMissing as exc:
+        print(printable(f"hp-otel bench: {exc}"), file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(results_json(results), indent=2))
     else:

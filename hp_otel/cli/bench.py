@@ -4,7 +4,9 @@ Variants (bench_variants.py) of a workload's step (bench_workloads.py) run inter
 round after round in shuffled order, each timed block after `gc.collect()`. The ratio
 to untraced is the median of per-round ratios (each round's variant time over that
 round's untraced time), so a slow spell of the machine moves both sides of a ratio
-instead of one variant; the interquartile range of those ratios says how steady it was.
+instead of one variant; the interquartile range of those ratios says how steady it was. With `instructions`, each
+variant's instructions per step under callgrind are counted too (bench_instructions.py):
+the figure that stays put when the machine is loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hp_otel.cli.bench_instructions import InstructionCount
 from hp_otel.cli.bench_variants import UNTRACED, Variant, build_variants
 from hp_otel.cli.bench_workloads import Workload
 from hp_otel.cli.progress import Progress, quiet
@@ -76,6 +79,7 @@ class VariantResult:
     ratio: RatioSummary
     records_events: bool
     per_round_us: list[float]  # each round's median µs per step, for --json
+    instructions: InstructionCount | None = None  # --instructions: counted under callgrind
 
 
 @dataclass
@@ -224,14 +228,27 @@ def run_bench(
     steps: int | None = None,
     only: Sequence[str] | None = None,
     progress: Progress = quiet,
+    instruction_steps: int | None = None,
+    jobs: int = 1,
 ) -> list[WorkloadResult]:
-    """Build and time each workload in turn (one at a time: the models are not kept)."""
+    """Build and time each workload in turn (one at a time: the models are not kept); with
+    `instruction_steps`, then count each timed variant's instructions over that many steps,
+    `jobs` callgrind children at a time (valgrind and the client library are checked first,
+    so a missing tool stops the bench before any timing: `bench_instructions.ToolMissing`)."""
+    from hp_otel.cli.bench_instructions import count_variants, find_tools
     from hp_otel.cli.bench_workloads import build_workload
 
+    tools = find_tools() if instruction_steps else None
     results = []
     for name in model_names:
         progress(f"{name}: building")
-        results.append(run_workload(build_workload(name), rounds, steps, only, progress))
+        result = run_workload(build_workload(name), rounds, steps, only, progress)
+        if instruction_steps:
+            names = [variant.name for variant in result.variants]
+            counts = count_variants(result.workload, names, instruction_steps, jobs, progress, tools)
+            for variant in result.variants:
+                variant.instructions = counts[variant.name]
+        results.append(result)
     return results
 
 
@@ -240,29 +257,47 @@ def _load_text(load: float | None) -> str:
 
 
 def format_results(result: WorkloadResult) -> Iterator[str]:
-    """One workload's table: µs per step, ratio to untraced (median, IQR), µs per recorded event."""
+    """One workload's table: µs per step, ratio to untraced (median, IQR), µs per recorded event;
+    with instructions counted, instructions per step and their ratio to untraced."""
+    counted = [v.instructions for v in result.variants if v.instructions is not None]
     yield f"== {result.workload}: {result.summary}"
     yield (
         f"   {result.events_per_step} events and {result.collectives_per_step} collectives a step; "
         f"{result.rounds} rounds x {result.steps} steps"
+        + (f"; instructions over {counted[0].steps} steps under callgrind" if counted else "")
     )
-    yield f"{'variant':<34}{'median µs/step':>15}{'ratio':>9}{'IQR of ratios':>16}{'µs/event':>10}"
+    header = f"{'variant':<34}{'median µs/step':>15}{'ratio':>9}{'IQR of ratios':>16}{'µs/event':>10}"
+    yield header + (f"{'MIr/step':>11}{'Ir ratio':>10}" if counted else "")
     for variant in result.variants:
         ratio = variant.ratio
         per_event = f"{ratio.us_per_event:>10.1f}" if ratio.us_per_event is not None else f"{'':>10}"
         spread = f"{ratio.q1:.2f}–{ratio.q3:.2f}"
-        yield f"{variant.name:<34}{variant.median_us:>15.0f}{ratio.median:>8.2f}x{spread:>16}{per_event}"
+        line = f"{variant.name:<34}{variant.median_us:>15.0f}{ratio.median:>8.2f}x{spread:>16}{per_event}"
+        yield line + (_instruction_columns(variant.instructions) if counted else "")
     for name, reason in result.skipped.items():
         yield f"{name:<34}{'skipped':>15}   {reason}"
     yield (
         "ratio: median over rounds of (variant / untraced) in the same round; IQR: their 25th–75th percentile; "
         "µs/event: median µs added per round / events a step"
     )
+    if counted:
+        yield (
+            "MIr/step: millions of instructions per counted step (callgrind, each variant in its own process, "
+            "after a warm-up); Ir ratio: over untraced's. They repeat within ±0.2 % whatever the load: "
+            "trust them over wall clock on a busy machine"
+        )
     yield (
         f"1-minute load average: {_load_text(result.load_start)} at start, {_load_text(result.load_end)} at end, "
         f"peak {_load_text(result.load_max)} ({result.cores} cores)"
     )
     yield from result.warnings
+
+
+def _instruction_columns(count: InstructionCount | None) -> str:
+    if count is None:
+        return f"{'':>11}{'':>10}"
+    ratio = f"{count.ratio:>9.3f}x" if count.ratio is not None else f"{'':>10}"
+    return f"{count.ir_per_step / 1e6:>11.3f}{ratio}"
 
 
 def results_json(results: Sequence[WorkloadResult]) -> dict[str, Any]:

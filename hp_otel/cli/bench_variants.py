@@ -31,6 +31,23 @@ TORCH_COMM = "torch CommDebugMode"
 TORCH_DEBUG = "torch DebugMode"
 PROFILER = "torch.profiler, record_shapes"
 FLOOR = "floor: bare torch modes"
+# Every variant's name, in the tables' order (`--variant`'s help lists them).
+VARIANT_NAMES = (
+    UNTRACED,
+    HP_OTEL,
+    HP_OTEL_STACK,
+    HP_OTEL_KEPT,
+    COUNTS_ONLY,
+    COUNTS_ONLY_KEPT,
+    INSTRUMENTOR,
+    DISPATCH_HOOK,
+    KERNEL_HOOK,
+    INACTIVE,
+    TORCH_COMM,
+    TORCH_DEBUG,
+    PROFILER,
+    FLOOR,
+)
 
 
 @dataclass
