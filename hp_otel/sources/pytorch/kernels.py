@@ -66,6 +66,7 @@ _lock = threading.Lock()
 # after `reset()`) so registering again makes none.
 _libraries: dict[str, Any] = {}
 _kernels: dict[Any, Any] = {}  # op -> its kernel (hidden from dynamo), made on first registration
+_planned_for: dict[str, Any] = {}  # specs -> plan: what `_register` does, worked out once
 # registered: the kernels are in the dispatcher; users: windows recording through them now
 _state: dict[str, Any] = {"registered": False, "error": None, "users": 0}
 
@@ -156,30 +157,41 @@ def _library(namespace: str) -> Any:
     return library
 
 
-def _register_one(op: Any, make_kernel: Any) -> None:
-    """Register `make_kernel(op)` on the op's `BackendSelect` key (collectives have no kernel there)."""
+def _planned(op: Any, make_kernel: Any) -> tuple[str, Any, str, Any]:
+    """(qualified name, library, name to register, kernel) for `op`; its kernel made once, so
+    registering again makes nothing and imports nothing."""
     qualified = _compat.op_schema(op).name
-    if _compat.dispatch_has_kernel_for_dispatch_key(qualified, _KEY):
-        raise RuntimeError(f"{qualified} already has a {_KEY} kernel; hp_otel will not replace it")
     namespace, name = qualified.split("::", 1)
     overload = _compat.overload_name(op)
     if overload != "default":
         name = f"{name}.{overload}"
     kernel = _kernels.get(op)
-    if kernel is None:  # made once: registering again makes nothing and imports nothing
+    if kernel is None:
         kernel = _kernels[op] = make_kernel(op)
-    _library(namespace).impl(name, _KEY, kernel, True)  # True: the kernel gets the dispatch key set
+    return qualified, _library(namespace), name, kernel
+
+
+def _plan(specs: dict[Any, CollectiveSpec]) -> list[tuple[str, Any, str, Any]]:
+    """What registering does, worked out once for these specs (each window registers again)."""
+    if _planned_for.get("specs") is not specs:
+        plan = [_planned(op, functools.partial(_collective_kernel, spec)) for op, spec in specs.items()]
+        plan.append(_planned(_compat.WAIT_TENSOR, _wait_kernel))
+        _planned_for.update(specs=specs, plan=plan)
+    plan: list[tuple[str, Any, str, Any]] = _planned_for["plan"]
+    return plan
 
 
 def _register(specs: dict[Any, CollectiveSpec]) -> bool:
-    """Put every kernel in the dispatcher (under `_lock`); False, the reason kept, and
-    torch as it was, if that failed."""
+    """Put every kernel on its op's `BackendSelect` key (collectives have none there) under
+    `_lock`; False, the reason kept, and torch as it was, if that failed."""
     try:
+        plan = _plan(specs)
         with warnings.catch_warnings():  # torch warns about Python kernels on some keys: not for users
             warnings.simplefilter("ignore", UserWarning)
-            for op, spec in specs.items():
-                _register_one(op, functools.partial(_collective_kernel, spec))
-            _register_one(_compat.WAIT_TENSOR, _wait_kernel)
+            for qualified, library, name, kernel in plan:
+                if _compat.dispatch_has_kernel_for_dispatch_key(qualified, _KEY):
+                    raise RuntimeError(f"{qualified} already has a {_KEY} kernel; hp_otel will not replace it")
+                library.impl(name, _KEY, kernel, True)  # True: the kernel gets the dispatch key set
     except Exception as exc:  # leave torch as it was: drop what was registered
         _state["error"] = exc
         try:
