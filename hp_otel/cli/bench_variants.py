@@ -126,7 +126,7 @@ def _nothing_installed() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _after_a_window() -> Iterator[None]:
-    """hp_otel used earlier in the process, idle now: one empty window registers what stays."""
+    """hp_otel used earlier in the process, idle now: one empty window, and whatever it left."""
     from hp_otel import CommDebugMode
 
     with CommDebugMode():

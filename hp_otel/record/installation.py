@@ -70,9 +70,8 @@ def install() -> None:
 def uninstall() -> None:
     """Remove every hook hp_otel keeps installed, restoring what it patched exactly.
 
-    Hooks of windows still open are removed when those windows close; torch's collective
-    kernels (kept between windows even without `install()`) are unregistered here if no
-    window is open, else by the next `uninstall()`.  Releases every holder (the
+    Hooks of windows still open are removed when those windows close (torch's collective
+    kernels too: the last window out unregisters them).  Releases every holder (the
     instrumentor's too: its later windows install and remove their own).
     """
     with _lock:

@@ -336,9 +336,11 @@ HigherOrderOperator: Any = resolve(_declare(Symbol(
     "HigherOrderOperator", "torch._ops", "HigherOrderOperator", CLASS,
     "the drop-in's dispatch mode runs higher-order operators through, as torch's does",
 )))  # fmt: skip
-destroy_library: Callable[[Any], None] = resolve(_declare(Symbol(
-    "destroy_library", "torch.library", "Library._destroy", CALLABLE,
-    "take hp_otel's kernels out of the dispatcher again (`hp_otel.uninstall()`, a failed registration)",
+dispatch_library: Callable[..., Any] = resolve(_declare(Symbol(
+    "dispatch_library", "torch._C", "_dispatch_library", CALLABLE,
+    "the dispatcher's own library object (what `torch.library.Library` wraps): registering the kernels on it "
+    "takes half the time, and `reset()` takes them out again, so each window can register and unregister them",
+    fallback="kernels are not available: collectives are seen by the dispatch mode",
 )))  # fmt: skip
 WAIT_TENSOR: Any = resolve(_declare(Symbol(
     "WAIT_TENSOR", "torch", "ops._c10d_functional.wait_tensor.default", ATTRIBUTE,

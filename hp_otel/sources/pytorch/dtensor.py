@@ -7,7 +7,7 @@
   with at least one DTensor argument;
 - collectives at dispatch level, forward and backward (torch 2.13's DTensor dispatch is
   C++, so there is no Python dispatcher to wrap): Python kernels on the collective ops
-  (`kernels`, registered once per process; no other op pays), or as a fallback
+  (`kernels`, registered while a window records; no other op pays), or as a fallback
   (`collective_hook()` says which is active) a TorchDispatchMode that lets DTensor run
   (`NotImplemented`) and sees the collective ops its local ops issue.  Both hand each
   collective to the window's `CollectiveTimer`;
@@ -259,7 +259,7 @@ class TorchDTensorSource:
             work_wait_patches.acquire()
             self._wait_token = wait_slot.push(timer)
             self._wait_timer = timer
-        if collective_hook() == KERNELS and kernels.ensure_registered(self._specs):
+        if collective_hook() == KERNELS and kernels.acquire(self._specs):
             self._timer_token = kernels.timer_slot.push(timer)
             self._timer = timer
         else:
@@ -308,8 +308,11 @@ class TorchDTensorSource:
         if mode is not None:
             mode.__exit__(None, None, None)
         timer, token, self._timer, self._timer_token = self._timer, self._timer_token, None, None
-        if timer is not None and token is not None:  # the kernels stay registered and pass straight through
-            kernels.timer_slot.pop(timer, token)
+        if timer is not None and token is not None:
+            try:
+                kernels.timer_slot.pop(timer, token)
+            finally:  # the last window out unregisters them, unless hooks are kept
+                kernels.release()
 
     def _unpatch(self) -> None:
         token, self._token = self._token, None

@@ -18,20 +18,24 @@ tensors under the lock the next collective takes, then needs the GIL — a deadl
 in the real-gloo tests and reproduced by tests/support/repro_kernel_gil_deadlock.py.)
 
 Rules:
-- registered on the first window and kept (registering costs ≈1.3 ms the first time, then
-  ≈0.4 ms; the first also imports `torch._dynamo`, ≈0.8 s once per process): while no
-  window records, a kernel reads one slot and redispatches (≈6–16 µs a collective op
-  call, the round trip into Python); `hp_otel.uninstall()` unregisters them when no
-  window is open;
+- registered while a window records through them: the first window that needs them
+  registers them (≈0.2 ms; the first time in a process also makes the kernels, which
+  imports `torch._dynamo`, ≈0.8 s once), and the last one to close unregisters them
+  (≈0.01 ms), so after a plain window nothing of hp_otel's runs on a collective and the
+  dispatcher is as torch left it.  While hooks are kept (`hp_otel.install()`, the
+  always-on instrumentor) they stay registered between windows and pass every call
+  straight through (one slot read and a redispatch, ≈6–16 µs a collective op call: the
+  round trip into Python); `hp_otel.uninstall()` takes them out when no window uses them;
 - a collective op can call another (a functional `all_reduce` runs `c10d.allreduce_`
   through the dispatcher): only the outermost one on a thread is recorded, as a
   dispatch mode would;
-- `_c10d_functional.wait_tensor` gets a kernel too: it completes functional collectives;
+- `_c10d_functional.wait_tensor` gets a kernel too: it completes functional collectives
+  (one waited after its window closed is not seen: no window is there to record it);
 - kernels are hidden from dynamo (`_compat.hide_from_dynamo`): a compiled graph that
   calls a collective must not try to compile our Python.
 
-Every private torch symbol used here (dispatch keys, `redispatch_boxed`, `Library._destroy`,
-...) comes from `_compat`.
+Every private torch symbol used here (dispatch keys, `redispatch_boxed`, the dispatcher's
+library object, ...) comes from `_compat`.
 """
 
 from __future__ import annotations
@@ -41,8 +45,6 @@ import threading
 import time
 import warnings
 from typing import Any
-
-import torch
 
 from hp_otel.record import installation
 from hp_otel.sources.patching import ObserverSlot
@@ -60,16 +62,22 @@ _META = _compat.DispatchKey.Meta
 timer_slot: ObserverSlot[CollectiveTimer] = ObserverSlot("hp_otel_collective_timer")
 _depth = threading.local()  # .active: a collective of this thread is being recorded
 _lock = threading.Lock()
-_libraries: dict[str, torch.library.Library] = {}  # namespace -> library, while registered
+# namespace -> the dispatcher's library object the kernels are registered on; kept (empty
+# after `reset()`) so registering again makes none.
+_libraries: dict[str, Any] = {}
 _kernels: dict[Any, Any] = {}  # op -> its kernel (hidden from dynamo), made on first registration
-_state: dict[str, Any] = {"registered": False, "error": None}
+_planned_for: dict[str, Any] = {}  # specs -> plan: what `_register` does, worked out once
+# registered: the kernels are in the dispatcher; users: windows recording through them now
+_state: dict[str, Any] = {"registered": False, "error": None, "users": 0}
 
 
 def available() -> bool:
     """This torch takes Python kernels that get their dispatch key set and can redispatch
     (`Library.impl(..., with_keyset=True)`, `OperatorHandle.redispatch_boxed`)."""
-    return not _compat.is_missing(_compat.dispatch_has_kernel_for_dispatch_key) and hasattr(
-        _compat.DispatchKeySet, "remove"
+    return (
+        not _compat.is_missing(_compat.dispatch_has_kernel_for_dispatch_key)
+        and not _compat.is_missing(_compat.dispatch_library)
+        and hasattr(_compat.DispatchKeySet, "remove")
     )
 
 
@@ -142,63 +150,111 @@ def _wait_kernel(op: Any) -> Any:
     return _hide_from_dynamo(kernel)
 
 
-def _library(namespace: str) -> torch.library.Library:
+def _library(namespace: str) -> Any:
     library = _libraries.get(namespace)
     if library is None:
-        library = _libraries[namespace] = torch.library.Library(namespace, "IMPL")
+        library = _libraries[namespace] = _compat.dispatch_library("IMPL", namespace, "", __file__, 0)
     return library
 
 
-def _register_one(op: Any, make_kernel: Any) -> None:
-    """Register `make_kernel(op)` on the op's `BackendSelect` key (collectives have no kernel there)."""
+def _planned(op: Any, make_kernel: Any) -> tuple[str, Any, str, Any]:
+    """(qualified name, library, name to register, kernel) for `op`; its kernel made once, so
+    registering again makes nothing and imports nothing."""
     qualified = _compat.op_schema(op).name
-    if _compat.dispatch_has_kernel_for_dispatch_key(qualified, _KEY):
-        raise RuntimeError(f"{qualified} already has a {_KEY} kernel; hp_otel will not replace it")
     namespace, name = qualified.split("::", 1)
     overload = _compat.overload_name(op)
     if overload != "default":
         name = f"{name}.{overload}"
     kernel = _kernels.get(op)
-    if kernel is None:  # made once: registering again after `uninstall()` costs ≈0.4 ms, not 1.3
+    if kernel is None:
         kernel = _kernels[op] = make_kernel(op)
-    _library(namespace).impl(name, kernel, _KEY, with_keyset=True)
+    return qualified, _library(namespace), name, kernel
 
 
-def ensure_registered(specs: dict[Any, CollectiveSpec]) -> bool:
-    """Register the kernels once per process; False (and the reason kept) if that failed."""
-    if _state["registered"]:
-        return True
-    with _lock:
-        if _state["registered"] or _state["error"] is not None:
-            return bool(_state["registered"])
+def _plan(specs: dict[Any, CollectiveSpec]) -> list[tuple[str, Any, str, Any]]:
+    """What registering does, worked out once for these specs (each window registers again)."""
+    if _planned_for.get("specs") is not specs:
+        plan = [_planned(op, functools.partial(_collective_kernel, spec)) for op, spec in specs.items()]
+        plan.append(_planned(_compat.WAIT_TENSOR, _wait_kernel))
+        _planned_for.update(specs=specs, plan=plan)
+    plan: list[tuple[str, Any, str, Any]] = _planned_for["plan"]
+    return plan
+
+
+def _register(specs: dict[Any, CollectiveSpec]) -> bool:
+    """Put every kernel on its op's `BackendSelect` key (collectives have none there) under
+    `_lock`; False, the reason kept, and torch as it was, if that failed."""
+    try:
+        plan = _plan(specs)
+        with warnings.catch_warnings():  # torch warns about Python kernels on some keys: not for users
+            warnings.simplefilter("ignore", UserWarning)
+            for qualified, library, name, kernel in plan:
+                if _compat.dispatch_has_kernel_for_dispatch_key(qualified, _BACKEND_SELECT):
+                    raise RuntimeError(f"{qualified} already has a {_KEY} kernel; hp_otel will not replace it")
+                # the key as the enum, not its name: pybind reads a name ≈15× slower than the rest of `impl`
+                library.impl(name, _BACKEND_SELECT, kernel, True)  # True: the kernel gets the dispatch key set
+    except Exception as exc:  # leave torch as it was: drop what was registered
+        _state["error"] = exc
         try:
-            with warnings.catch_warnings():  # torch warns about Python kernels on some keys: not for users
-                warnings.simplefilter("ignore", UserWarning)
-                for op, spec in specs.items():
-                    _register_one(op, functools.partial(_collective_kernel, spec))
-                _register_one(_compat.WAIT_TENSOR, _wait_kernel)
-        except Exception as exc:  # leave torch as it was: drop what was registered
-            _state["error"] = exc
-            for library in _libraries.values():
-                _compat.destroy_library(library)
-            _libraries.clear()
+            _unregister()
+        except Exception:  # nothing more to do: the reason kept is the registration's
+            pass
+        return False
+    _state["registered"] = True
+    return True
+
+
+def _unregister() -> None:
+    """Take every kernel out of the dispatcher (under `_lock`): torch's own kernels again."""
+    _state["registered"] = False
+    errors = []
+    for library in _libraries.values():
+        try:
+            library.reset()
+        except Exception as exc:  # one that cannot be reset must not keep the others in
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def acquire(specs: dict[Any, CollectiveSpec]) -> bool:
+    """A window records through the kernels: registered now unless they already are (kept
+    by `install()`, or another window's); False (the reason kept) if registering failed."""
+    if _state["error"] is not None:
+        return False
+    installation.claim(_state)  # outside `_lock`: `uninstall()` runs removers under installation's lock
+    with _lock:
+        if _state["error"] is not None:
             return False
-        _state["registered"] = True
-        installation.linger(_state, unregister_unused)  # `hp_otel.uninstall()` takes them out
+        if not _state["registered"] and not _register(specs):
+            return False
+        _state["users"] += 1
         return True
 
 
-def unregister_unused() -> None:
-    """Take every kernel out again, unless a window records through them (the next window
-    registers them anew, ≈0.4 ms).  Between windows each kernel costs a collective call
-    the round trip into Python (≈6–16 µs here); `hp_otel.uninstall()` calls this."""
+def release() -> None:
+    """The window's end: the last window out unregisters the kernels, unless hooks are
+    kept (they pass calls straight through until `hp_otel.uninstall()`)."""
     with _lock:
-        if not _state["registered"]:
+        if _state["users"] == 0:
             return
-        if timer_slot.installed():
-            installation.linger(_state, unregister_unused)  # in use: the next uninstall() tries again
+        _state["users"] -= 1
+        if _state["users"] > 0:
             return
-        for library in _libraries.values():
-            _compat.destroy_library(library)
-        _libraries.clear()
-        _state["registered"] = False
+        keep = installation.keeping()
+        if not keep:
+            _unregister()
+    if keep:
+        installation.linger(_state, _remove_kept)
+
+
+def _remove_kept() -> None:
+    """`hp_otel.uninstall()` (or the last holder gone): out, unless a window took them over."""
+    with _lock:
+        if _state["users"] == 0 and _state["registered"]:
+            _unregister()
+
+
+def in_use() -> int:
+    """How many windows record through the kernels now."""
+    return int(_state["users"])

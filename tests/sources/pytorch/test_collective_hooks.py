@@ -54,18 +54,19 @@ def test_window_in_inference_mode_sees_collectives(fake_world, monkeypatch) -> N
     assert mode.get_comm_counts() == {"c10d.allreduce_": 1}
 
 
-def test_kernel_path_installs_no_dispatch_mode_and_registers_once(fake_world, monkeypatch) -> None:
+def test_kernel_path_installs_no_dispatch_mode_and_makes_its_libraries_once(fake_world, monkeypatch) -> None:
     monkeypatch.setenv(torch_dtensor.HOOK_ENV, "kernels")
     with CommDebugMode():
         assert _get_current_dispatch_mode_stack() == []
         dist.all_reduce(torch.ones(2))
-    libraries = dict(torch_kernels._libraries)
-    assert torch_kernels.registered() and libraries
+        libraries = dict(torch_kernels._libraries)
+        assert torch_kernels.registered() and libraries
+    assert not torch_kernels.registered()  # the window was the last user (tests/sources/pytorch/test_inactive.py)
     with CommDebugMode() as mode:
         dist.all_reduce(torch.ones(2))
     assert {k: id(v) for k, v in torch_kernels._libraries.items()} == {k: id(v) for k, v in libraries.items()}
     assert mode.get_comm_counts() == {"c10d.allreduce_": 1}
-    dist.all_reduce(torch.ones(2))  # outside a window: the kernel passes straight through
+    dist.all_reduce(torch.ones(2))  # outside a window: torch's own kernels
     assert mode.get_comm_counts() == {"c10d.allreduce_": 1}
 
 

@@ -33,7 +33,7 @@ def test_nothing_is_missing_on_this_torch() -> None:
     from hp_otel.sources.pytorch import dtensor  # noqa: F401
 
     assert _compat.missing() == {}
-    for name in ("current_graph_task_id", "unbox_work", "destroy_library", "TorchDispatchMode", "FakeWork"):
+    for name in ("current_graph_task_id", "unbox_work", "dispatch_library", "TorchDispatchMode", "FakeWork"):
         assert not _compat.is_missing(getattr(_compat, name)), name
 
 
