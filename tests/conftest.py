@@ -22,6 +22,17 @@ if SUPPORT not in sys.path:
     sys.path.insert(0, SUPPORT)
 
 
+@pytest.fixture(autouse=True)
+def _one_off_windows(monkeypatch):
+    """The suite's windows follow each other within milliseconds; in a program that makes the
+    collective kernels stay registered between windows (`kernels.REOPEN_WITHIN_S`). Each test
+    sees one-off windows unless it sets that itself (tests/sources/pytorch/test_inactive.py)."""
+    try:
+        monkeypatch.setattr("hp_otel.sources.pytorch.kernels.REOPEN_WITHIN_S", 0.0)
+    except ImportError:  # no torch: no kernels
+        pass
+
+
 @pytest.fixture(scope="session")
 def fake_world():
     """A 2-rank world in this process over torch's fake process group (collectives return at once)."""

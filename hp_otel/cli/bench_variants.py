@@ -126,9 +126,14 @@ def _nothing_installed() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _after_a_window() -> Iterator[None]:
-    """hp_otel used earlier in the process, idle now: one empty window, and whatever it left."""
+    """hp_otel used earlier in the process, idle now: one empty window, and whatever it left.
+
+    What the variants before it kept is taken out first (`uninstall()`): their windows came
+    one after another, which keeps the collective kernels registered between windows."""
+    import hp_otel
     from hp_otel import CommDebugMode
 
+    hp_otel.uninstall()
     with CommDebugMode():
         pass
     yield

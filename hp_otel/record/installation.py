@@ -26,6 +26,7 @@ _lock = threading.RLock()
 _holders: set[str] = set()
 # id(owner) -> (owner, remover): what lingers, in the order it was left installed.
 _lingering: dict[int, tuple[object, Callable[[], None]]] = {}
+_uninstalls = [0]  # how many times uninstall() ran: what a window did before it is forgotten
 
 
 def keeping() -> bool:
@@ -76,7 +77,14 @@ def uninstall() -> None:
     """
     with _lock:
         _holders.clear()
+        _uninstalls[0] += 1
         _remove_lingering()
+
+
+def uninstalls() -> int:
+    """How many times `uninstall()` ran (hooks that adapt to how windows follow each other start
+    afresh after it)."""
+    return _uninstalls[0]
 
 
 def lingering_count() -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -37,6 +38,8 @@ _WAIT_KERNEL = "_wait_kernel.<locals>.kernel"
 @pytest.fixture(autouse=True)
 def _kernel_hook(monkeypatch):
     monkeypatch.delenv(torch_dtensor.HOOK_ENV, raising=False)
+    # Windows here follow each other within milliseconds: as one-off windows unless a test says otherwise.
+    monkeypatch.setattr(kernels, "REOPEN_WITHIN_S", 0.0)
     hp_otel.uninstall()
     yield
     hp_otel.uninstall()
@@ -230,3 +233,39 @@ def test_a_failed_registration_falls_back_and_leaves_torch_as_it_was(fake_world,
         foreign._destroy()
         monkeypatch.setitem(kernels._state, "error", None)
     assert _dispatcher() == before
+
+
+def test_windows_one_after_another_keep_the_kernels_until_uninstall(fake_world, monkeypatch, caplog) -> None:
+    """A window per step would register the kernels again every step (≈1.5 M instructions): once a
+    plain window opens within REOPEN_WITHIN_S of the previous one's end, they stay between windows
+    (said once), as under install(); uninstall() takes them out, and the next window starts afresh."""
+    monkeypatch.setattr(kernels, "REOPEN_WITHIN_S", 0.5)
+    before = _dispatcher()
+    with CommDebugMode():
+        _collectives()
+    assert not kernels.registered() and _dispatcher() == before  # the first window: a one-off so far
+    with caplog.at_level("INFO", logger="hp_otel"):
+        for _ in range(3):
+            with CommDebugMode() as mode:
+                _collectives()
+            assert kernels.registered() and installation.lingering_count() == 1
+    told = [r for r in caplog.records if "one after another" in r.getMessage()]
+    assert len(told) <= 1  # once per process (an earlier test may have said it already)
+    assert mode.get_total_counts() > 0
+    assert _COLLECTIVE_KERNEL in _run_spied(_collectives)  # kept: they pass calls through
+    hp_otel.uninstall()
+    assert not kernels.registered() and _dispatcher() == before
+    with CommDebugMode():  # right after uninstall(): a one-off window again
+        _collectives()
+    assert not kernels.registered() and _run_spied(_collectives) == []
+
+
+def test_windows_further_apart_unregister_each_time(fake_world, monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "REOPEN_WITHIN_S", 0.05)
+    before = _dispatcher()
+    for _ in range(3):
+        with CommDebugMode() as mode:
+            _collectives()
+        assert mode.get_total_counts() > 0
+        assert not kernels.registered() and _dispatcher() == before
+        time.sleep(0.1)
