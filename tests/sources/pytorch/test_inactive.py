@@ -122,13 +122,18 @@ def test_kept_hooks_keep_the_kernels_until_uninstall(fake_world) -> None:
 
 
 def test_the_instrumentor_keeps_them_while_instrumented(fake_world) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
     from hp_otel.always_on.instrumentation import HpOtelInstrumentor
 
     before = _dispatcher()
     instrumentor = HpOtelInstrumentor()
-    instrumentor.instrument(tracer_provider=TracerProvider())
+    # both providers given: without them the instrumentor configures hp_otel's process-wide telemetry,
+    # which later tests' default windows would then use (their in-memory reader None)
+    instrumentor.instrument(
+        tracer_provider=TracerProvider(shutdown_on_exit=False), meter_provider=MeterProvider(shutdown_on_exit=False)
+    )
     try:
         with hp_otel.step(0):
             _collectives()
