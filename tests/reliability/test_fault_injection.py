@@ -193,17 +193,7 @@ def _redistribute_functions() -> list:
 
 
 def _hook_state(model: torch.nn.Module) -> list:
-    return [
-        (dict(m._forward_pre_hooks), dict(m._forward_hooks), dict(m._backward_hooks), _call_stand_ins(m))
-        for m in model.modules()
-    ]
-
-
-def _call_stand_ins(module: torch.nn.Module) -> dict[str, object]:
-    """What a window puts on a module's instance: its `_call_impl` stand-in and the guards beside it."""
-    return {
-        k: v for k, v in vars(module).items() if k in ("_call_impl", "__getstate__", "_replicate_for_data_parallel")
-    }
+    return [(dict(m._forward_pre_hooks), dict(m._forward_hooks), dict(m._backward_hooks)) for m in model.modules()]
 
 
 def _run_steps(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:

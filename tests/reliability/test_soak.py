@@ -206,13 +206,7 @@ def _module_hooks(model: torch.nn.Module) -> list[dict]:
     return [
         dict(hooks)
         for m in model.modules()
-        for hooks in (
-            m._forward_pre_hooks,
-            m._forward_hooks,
-            m._backward_hooks,
-            m._backward_pre_hooks,
-            {k: v for k, v in vars(m).items() if k in ("_call_impl", "__getstate__", "_replicate_for_data_parallel")},
-        )
+        for hooks in (m._forward_pre_hooks, m._forward_hooks, m._backward_hooks, m._backward_pre_hooks)
     ]
 
 

@@ -228,47 +228,6 @@ def set_compiled_call(module: torch.nn.Module, call: Any) -> None:
 
 
 _declare(Symbol(
-    "module_call_impl", "torch.nn", "Module", ATTRIBUTE,
-    "`nn.Module.__call__` looks the call up on the instance (`self._call_impl`): a window's stand-in there "
-    "notes each call around all of the module's hooks, and leaves torch's fast path to modules without hooks",
-    member="_call_impl", sample=lambda: torch.nn.Linear(1, 1),
-))  # fmt: skip
-_CALL_IMPL = "_call_impl"
-
-
-def module_call_impl(module: torch.nn.Module) -> Any:
-    """The module's own `_call_impl` instance attribute (a stand-in put there), None if it has none."""
-    return vars(module).get(_CALL_IMPL)
-
-
-def class_call_impl(module: torch.nn.Module) -> Callable[..., Any]:
-    """What `module._call_impl` is without an instance attribute: its class's (`nn.Module._call_impl`), unbound."""
-    return type(module)._call_impl
-
-
-_declare(Symbol(
-    "replicate_for_data_parallel", "torch.nn", "Module", ATTRIBUTE,
-    "`nn.DataParallel` copies a module's `__dict__` into each replica here: a guard beside the call stand-in "
-    "keeps ours out of the replicas", member="_replicate_for_data_parallel", sample=lambda: torch.nn.Linear(1, 1),
-))  # fmt: skip
-REPLICATE = "_replicate_for_data_parallel"
-
-
-def class_replicate(module: torch.nn.Module) -> Callable[[], torch.nn.Module]:
-    """The class's `_replicate_for_data_parallel`, bound to `module` (whatever its instance attribute)."""
-    return type(module)._replicate_for_data_parallel.__get__(module)
-
-
-def set_module_call_impl(module: torch.nn.Module, call: Any) -> None:
-    """Put `call` (None: remove it) where `nn.Module.__call__` looks up `self._call_impl`, bypassing
-    `Module.__setattr__` (a user's override of it must not see our attribute)."""
-    if call is None:
-        vars(module).pop(_CALL_IMPL, None)
-    else:
-        object.__setattr__(module, _CALL_IMPL, call)
-
-
-_declare(Symbol(
     "OptimizedModule", "torch._dynamo.eval_frame", "OptimizedModule", CLASS,
     "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names",
     fallback="the wrapper is tracked as it is (names start with `_orig_mod.`)",
@@ -398,20 +357,6 @@ def hide_from_dynamo(fn: Any) -> Any:
         return torch.compiler.disable(fn, recursive=True)
     except Exception:  # no dynamo in this build: nothing to hide from
         return fn
-
-
-def hide_frame_from_dynamo(fn: Any) -> bool:
-    """Dynamo never compiles `fn`'s own frame (no cost per call), but compiles what it calls as usual:
-    a module call's stand-in runs eagerly when `torch.compile(model)` calls it, and the model's
-    `forward` it goes on to is compiled.  False where this torch cannot (then dynamo may compile the
-    stand-in's frame: that call is noted as a compiled region's, not eagerly)."""
-    try:
-        strategy = require("FrameExecStrategy")
-        action = require("FrameAction")
-        require("set_code_exec_strategy")(fn.__code__, strategy(action.SKIP, action.DEFAULT))
-        return True
-    except Exception:
-        return False
 
 
 def top_frame_compiled(fn: Any) -> bool:

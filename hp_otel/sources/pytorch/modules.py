@@ -1,12 +1,9 @@
 """Module tracking for torch `nn.Module`, forward and backward.
 
-Forward: a stand-in for the module's `_call_impl`, an instance attribute that
-`nn.Module.__call__` finds before the class's (`_CallStandIn`): it notes the call around
-all of the module's own hooks (it sees the inputs before parallel-style input hooks
-convert them, the final output, and the error when forward raises), and a module with no
-hooks of its own keeps torch's fast path (a pre- and post-hook on it would force the slow
-one).  Each call is a `ModuleCall`.  Copies, pickles and `torch.save` of a module never see
-the stand-in (`__getstate__`), and removing it restores the module's attributes exactly.
+Forward: a pre-hook registered first (it sees the inputs before parallel-style input
+hooks convert them) and a post-hook registered last with `always_call=True` (it sees
+the module's final output, and runs when forward raises).  Each call is a
+`ModuleCall`.
 
 Backward, by autograd node: every autograd node gets a sequence number from a
 per-thread counter when it is created, so the nodes one forward call creates are the
@@ -18,8 +15,6 @@ output arrives (its first node runs) and closes when backward work of a call out
 it starts, when a collective from outside it is issued, or when the pass ends — so
 sibling modules that share an input (attention's wq/wk/wv) follow each other instead
 of nesting.  Names are `named_modules()` names, the root is "(root)".
-The boundaries of a top-level call are forgotten once the autograd nodes its outputs
-got are gone (`NodeOwners.trim`), so a window over many steps keeps none that grow.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ import functools
 import logging
 import sys
 import threading
-import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -101,109 +95,29 @@ def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
     return described
 
 
-class _Alive:
-    """Put in the metadata of a top-level call's output nodes: alive while any of them is."""
-
-    __slots__ = ("__weakref__",)
-
-
-_ALIVE_KEY = "hp_otel_call"  # our key in `Node.metadata`
-_TRIM_EVERY = 16
-
-
 class NodeOwners:
     """Which module call created each autograd node made on one thread.
 
     A boundary list over the thread's node sequence numbers: nodes numbered from
     `bounds[i]` on were created while `owners[i]` was the innermost call (None: no
     tracked module).  The counter only grows, so marking is an append and lookup a bisect.
-    A mark with no node made since the previous one replaces it (that one covers nothing).
-
-    Bounded: each top-level call is a unit, alive while an autograd node of its outputs
-    is; `trim()` (at the next top-level forward) folds the boundaries of the units whose
-    nodes are all gone into one "no module" boundary.  Their nodes cannot run backward
-    any more, so no lookup changes (a backward started later from a tensor the call made
-    but did not return, none of its outputs being alive, would count outside the call).
     """
 
-    __slots__ = ("_table", "_trim_at", "_units")
+    __slots__ = ("bounds", "owners")
 
     def __init__(self) -> None:
-        # (bounds, owners): replaced as one attribute, so a lookup from another thread never mixes two tables
-        self._table: tuple[list[int], list[ModuleCall | None]] = ([], [])
-        self._units: list[tuple[int, weakref.ref[_Alive] | None]] = []  # (first node number, keeper)
-        self._trim_at = _TRIM_EVERY  # trim when this many units are kept (amortized: a trim walks the table)
-
-    @property
-    def bounds(self) -> list[int]:
-        return self._table[0]
-
-    @property
-    def owners(self) -> list[ModuleCall | None]:
-        return self._table[1]
+        self.bounds: list[int] = []
+        self.owners: list[ModuleCall | None] = []
 
     def mark(self, call: ModuleCall | None) -> int:
         seq = _next_sequence_nr()
-        bounds, owners = self._table
-        if bounds and bounds[-1] == seq:  # no node since the last mark: a lookup never returns that one
-            owners[-1] = call
-        else:
-            bounds.append(seq)
-            owners.append(call)
+        self.bounds.append(seq)
+        self.owners.append(call)
         return seq
 
     def owner(self, sequence_nr: int) -> ModuleCall | None:
-        bounds, owners = self._table
-        i = bisect.bisect_right(bounds, sequence_nr) - 1
-        return owners[i] if i >= 0 else None
-
-    def close_unit(self, first_node: int, output: Any) -> None:
-        """A top-level call (numbered from `first_node`) returned `output`: it lives as long as its output nodes."""
-        keeper: weakref.ref[_Alive] | None = None
-        with _compat.DisableTorchFunction():  # our own tensor reads are not the user's ops
-            nodes = [t.grad_fn for t in _grad_tensors(output) if t.grad_fn is not None]
-            if nodes:
-                alive = _Alive()
-                for node in nodes:
-                    node.metadata[_ALIVE_KEY] = alive
-                keeper = weakref.ref(alive)
-        self._units.append((first_node, keeper))
-
-    def maybe_trim(self) -> None:
-        """Trim once enough units piled up since the last trim (twice the units it kept, and 16 more)."""
-        if len(self._units) >= self._trim_at:
-            self.trim()
-            self._trim_at = 2 * len(self._units) + _TRIM_EVERY
-
-    def trim(self) -> None:
-        """Fold the boundaries of every unit whose output nodes are gone (none: made no node
-        the caller got) into one boundary owned by no module."""
-        units = self._units
-        dead: list[tuple[int, float]] = []
-        live: list[tuple[int, weakref.ref[_Alive] | None]] = []
-        for i, (first, keeper) in enumerate(units):
-            if keeper is None or keeper() is None:
-                dead.append((first, units[i + 1][0] if i + 1 < len(units) else float("inf")))
-            else:
-                live.append((first, keeper))
-        if not dead:
-            return
-        bounds, owners = self._table
-        new_bounds: list[int] = []
-        new_owners: list[ModuleCall | None] = []
-        d = 0
-        for seq, call in zip(bounds, owners, strict=True):
-            while d < len(dead) and seq >= dead[d][1]:
-                d += 1
-            if d < len(dead) and seq >= dead[d][0]:  # inside a dead unit
-                if seq == dead[d][0] and new_owners and new_owners[-1] is not None:
-                    new_bounds.append(seq)
-                    new_owners.append(None)
-                continue
-            new_bounds.append(seq)
-            new_owners.append(call)
-        self._table = (new_bounds, new_owners)
-        self._units = live
+        i = bisect.bisect_right(self.bounds, sequence_nr) - 1
+        return self.owners[i] if i >= 0 else None
 
 
 class _ThreadState:
@@ -217,14 +131,13 @@ class _ThreadState:
 
 
 class _TrackedModule:
-    """One module's call, noted for the hook set's tracker while a window uses it.
+    """Hooks for one module; they report to the hook set's tracker while a window uses it.
 
-    Eagerly its stand-in (`_CallStandIn`) notes each call.  Inside a compiled graph
-    (`torch.compile`, `nn.Module.compile()`) dynamo traces the stand-in: there it does
-    nothing (anything more would break the graph, or fail it under `fullgraph=True`), and the
-    call of the module that was compiled is noted eagerly around its graph instead
-    (`_compiled_call`; `torch.compile(model)` runs the model's own call eagerly, and a window
-    given that wrapper hooks the wrapper, with `forward_pre` / `forward_post`).
+    Inside a compiled graph (`torch.compile`, `nn.Module.compile()`) dynamo traces the hooks:
+    there they do nothing (anything more would break the graph, or fail it under
+    `fullgraph=True`), and the call of the module that was compiled is noted eagerly around
+    its graph instead (`_compiled_call`; `torch.compile(model)` runs the model's own hooks
+    eagerly, and a window given that wrapper hooks the wrapper).
     """
 
     __slots__ = ("compiled_calls", "fqn", "hooks", "info")
@@ -246,7 +159,6 @@ class _TrackedModule:
         return True
 
     def forward_pre(self, module: nn.Module, args: Any) -> None:
-        """A forward pre-hook (on a `torch.compile(model)` wrapper; the compiled call's stand-in)."""
         if _is_compiling():  # traced into a graph: first, so dynamo reads (and guards on) nothing of ours
             return
         tracker = self.hooks.tracker
@@ -255,10 +167,6 @@ class _TrackedModule:
         observer = tracker.observer
         if observer is None or not observer.accepting or self.compiled_calls:
             return  # (compiled_calls: its compiled call was noted already, and dynamo ran the hooks eagerly)
-        self.enter(tracker, observer)
-
-    def enter(self, tracker: TorchModuleTracker, observer: Observer) -> None:
-        """The call starts (recording, not compiling, not noted by a compiled call around it)."""
         # A forward inside backward is activation checkpointing's recomputation.
         phase = s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD
         try:
@@ -268,13 +176,6 @@ class _TrackedModule:
         observer.on_module_enter(self.info, phase)
 
     def forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        """A forward hook with `always_call=True` (it runs in forward's except block when forward raised)."""
-        if _is_compiling():
-            return
-        self.leave(output, sys.exc_info()[1])
-
-    def leave(self, output: Any, error: BaseException | None) -> None:
-        """The call returned `output`, or raised `error`."""
         if _is_compiling():
             return
         tracker = self.hooks.tracker
@@ -283,14 +184,15 @@ class _TrackedModule:
         observer = tracker.observer
         if observer is None or not observer.accepting or self.compiled_calls:
             return
+        error = sys.exc_info()[1]  # set when forward raised (always_call hooks run in its except block)
         if isinstance(error, _STOP_RECOMPUTATION):  # checkpointing ends a recompute early on purpose
             error = None
         try:
-            entry = tracker.exit_call(self.info, output)
+            entry = tracker.exit_call(self.info)
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
             entry = None
-        if entry is None:  # the call's start could not be noted: close its span all the same
+        if entry is None:  # the pre-hook could not note the call: close its span all the same
             observer.on_module_exit(self.fqn, s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD, error)
             return
         call, phase, first_node = entry
@@ -307,172 +209,10 @@ class _TrackedModule:
                         for t in _grad_tensors(output)
                         if t.grad_fn is not None and first_node <= _sequence_nr(t.grad_fn) != _NO_SEQUENCE_NR
                     ]
-                if outputs:
-                    tracker.add_grad_hook(outputs, functools.partial(tracker.backward_start, call))
+                    if outputs:
+                        tracker.add_grad_hook(outputs, functools.partial(tracker.backward_start, call))
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
-
-
-class _CallStandIn:
-    """What one hook set puts in one module's `_call_impl` (an instance attribute): `call`, bound to the module.
-
-    `nn.Module.__call__` looks `self._call_impl` up on the instance, so the call is noted around
-    all of the module's own hooks (as a pre-hook registered first and an `always_call` post-hook
-    registered last did), and a module without hooks of its own keeps torch's fast path.
-    `inner` is what it goes on to, taking the module first: the stand-in of a window nested on
-    the same tree wraps the outer one's (so the inner window's is outermost, as its prepended
-    pre-hook was), else the class's `_call_impl`.  A stand-in taken off (`tracked` None) passes
-    every call through, for a compiled call that captured it (`nn.Module.compile()` inside a window).
-    Dynamo never compiles its frame (`torch.compile(model)` calls it eagerly, as it ran the
-    model's own hooks) and traced into a graph it does nothing.
-
-    The module also gets two guards of ours beside it (`_GUARDS`): a `__getstate__`, so
-    `copy.copy`, `copy.deepcopy`, pickling and `torch.save` see the module's state without
-    any of them, and a `_replicate_for_data_parallel`, so `nn.DataParallel`'s replicas carry
-    none either (a stand-in bound to the original would run the original).
-    """
-
-    __slots__ = ("__weakref__", "call", "guarded", "inner", "prev", "tracked")
-
-    def __init__(self, tracked: _TrackedModule, module: nn.Module) -> None:
-        self.tracked: _TrackedModule | None = tracked
-        self.prev: Any = _compat.module_call_impl(module)  # what `_call_impl` was before (None: nothing)
-        below = _stand_in_of(self.prev)
-        # what the guards' names held before ours (None: nothing); nested: the outer stand-in's record
-        if below is not None:
-            self.guarded: dict[str, Any] = below.guarded
-        else:
-            own = vars(module)
-            self.guarded = {name: None if _is_guard(own.get(name)) else own.get(name) for name in _GUARDS}
-        self.inner: Callable[..., Any] = _inner_call(module, self.prev)
-        self.call = types.MethodType(_stand_in_function(self), module)
-
-    def put_on(self, module: nn.Module) -> None:
-        _compat.set_module_call_impl(module, self.call)
-        own = vars(module)
-        for name, guard in _GUARDS.items():
-            if not _is_guard(own.get(name)):
-                object.__setattr__(module, name, types.MethodType(guard, module))
-
-    def take_off(self, module: nn.Module) -> None:
-        """Restore what was there before, exactly (out of order too: a stand-in put on after ours stays,
-        and goes on to what ours went on to)."""
-        self.tracked = None
-        top = _compat.module_call_impl(module)
-        if top is self.call:
-            _compat.set_module_call_impl(module, self.prev)
-        else:
-            above = _stand_in_of(top)
-            while above is not None and above.prev is not self.call:
-                above = _stand_in_of(above.prev)
-            if above is not None:
-                above.prev = self.prev
-                above.inner = _inner_call(module, self.prev)
-        if _stand_in_of(_compat.module_call_impl(module)) is None:  # the last of ours: the guards go too
-            _restore_guarded(vars(module), self.guarded)
-
-
-def _stand_in_of(value: Any) -> _CallStandIn | None:
-    """The stand-in whose call `value` is (a method bound to a module), None for anything else."""
-    return getattr(getattr(value, "__func__", None), "__hp_otel_stand_in__", None)
-
-
-def _is_guard(value: Any) -> bool:
-    return getattr(value, "__func__", None) in _GUARD_FUNCTIONS
-
-
-def _restore_guarded(own: dict[str, Any], guarded: dict[str, Any]) -> None:
-    """In a module's `__dict__` (or a copy's state): each guard of ours back to what it replaced."""
-    for name in _GUARDS:
-        if _is_guard(own.get(name)):
-            if guarded.get(name) is None:
-                del own[name]
-            else:
-                own[name] = guarded[name]
-
-
-def _without_stand_ins(own: dict[str, Any]) -> None:
-    """A copy's `__dict__` (or state) as the module's would be without our stand-ins and guards."""
-    value = own.get("_call_impl")
-    top = _stand_in_of(value)
-    if top is None:
-        return
-    while (stand_in := _stand_in_of(value)) is not None:
-        value = stand_in.prev
-    if value is None:
-        own.pop("_call_impl", None)
-    else:
-        own["_call_impl"] = value
-    _restore_guarded(own, top.guarded)
-
-
-def _inner_call(module: nn.Module, prev: Any) -> Callable[..., Any]:
-    """What a stand-in goes on to, taking the module first: the `_call_impl` it replaced, else the class's."""
-    if prev is None:
-        return _compat.class_call_impl(module)
-    if isinstance(prev, types.MethodType) and prev.__self__ is module:
-        return prev.__func__
-    return lambda _module, *args, **kwargs: prev(*args, **kwargs)
-
-
-def _stand_in_function(stand_in: _CallStandIn) -> Callable[..., Any]:
-    """The function a stand-in binds to its module: named `_call_impl`, as what it stands in for."""
-
-    def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():  # traced into a graph: first, so dynamo reads nothing of ours but `inner`
-            return stand_in.inner(self, *args, **kwargs)
-        inner = stand_in.inner
-        tracked = stand_in.tracked
-        if tracked is None:  # taken off, yet called (a compiled call captured it)
-            return inner(self, *args, **kwargs)
-        tracker = tracked.hooks.tracker
-        if tracker is None:  # kept between windows: nothing records
-            return inner(self, *args, **kwargs)
-        observer = tracker.observer
-        if observer is None or not observer.accepting or tracked.compiled_calls:
-            return inner(self, *args, **kwargs)
-        tracked.enter(tracker, observer)
-        try:
-            output = inner(self, *args, **kwargs)
-        except BaseException as error:
-            tracked.leave(None, error)
-            raise
-        tracked.leave(output, None)
-        return output
-
-    _call_impl.__hp_otel_stand_in__ = stand_in  # type: ignore[attr-defined]
-    return _call_impl
-
-
-def _getstate_without_stand_ins(self: nn.Module) -> Any:
-    """The module's `__getstate__` while stand-ins are on it: its state as it would be without them."""
-    top = _stand_in_of(_compat.module_call_impl(self))
-    getstate = top.guarded.get("__getstate__") if top is not None else None
-    state = getstate() if getstate is not None else type(self).__getstate__(self)
-    if isinstance(state, dict):
-        state = dict(state)
-        if top is not None:
-            _without_stand_ins(state)
-        else:  # only a guard left (a stand-in someone else's wraps): drop it
-            _restore_guarded(state, {})
-    return state
-
-
-def _replica_without_stand_ins(self: nn.Module) -> nn.Module:
-    """`nn.DataParallel` makes each replica from a copy of the module's `__dict__`: without ours in it."""
-    top = _stand_in_of(_compat.module_call_impl(self))
-    replicate = top.guarded.get(_compat.REPLICATE) if top is not None else None
-    replica = replicate() if replicate is not None else _compat.class_replicate(self)()
-    _without_stand_ins(vars(replica))
-    return replica
-
-
-# name -> our guard: put beside the stand-ins, taken off with the last of them
-_GUARDS: dict[str, Callable[..., Any]] = {
-    "__getstate__": _getstate_without_stand_ins,
-    _compat.REPLICATE: _replica_without_stand_ins,
-}
-_GUARD_FUNCTIONS = tuple(_GUARDS.values())
 
 
 def _compiled_call(tracked: _TrackedModule, module: nn.Module, compiled: Callable[..., Any]) -> Callable[..., Any]:
@@ -494,12 +234,12 @@ def _compiled_call(tracked: _TrackedModule, module: nn.Module, compiled: Callabl
         tracked.compiled_calls += 1
         try:
             output = compiled(*args, **kwargs)
-        except BaseException as error:
+        except BaseException:
             tracked.compiled_calls -= 1
-            tracked.leave(None, error)
+            tracked.forward_post(module, args, None)  # sees the error, as an always_call hook does
             raise
         tracked.compiled_calls -= 1
-        tracked.leave(output, None)
+        tracked.forward_post(module, args, output)
         return output
 
     compiled_call.__hp_otel_compiled__ = compiled  # type: ignore[attr-defined]
@@ -510,16 +250,14 @@ _hidden: list[bool] = []
 
 
 def _hide_hooks_from_dynamo() -> None:
-    """Our hooks and stand-ins run eagerly even when torch code that dynamo skips calls them while a
-    compiled call is starting (`torch.compile(model)` runs the model's own call so): dynamo would
-    compile them as frames of their own, to nothing.  The stand-in's frame only: what it calls
-    (the model's `forward`) is compiled as before.  Inlined into a graph they do nothing (`_is_compiling`)."""
+    """Our hooks run eagerly even when torch code that dynamo skips calls them while a compiled call
+    is starting (`torch.compile(model)` runs the model's own hooks so): dynamo would compile them as
+    frames of their own, to nothing.  Inlined into a graph they still do nothing (`_is_compiling`)."""
     if _hidden or "torch._dynamo" not in sys.modules:  # no dynamo yet: nothing compiles
         return
     _hidden.append(True)
-    for hook in (_TrackedModule.forward_pre, _TrackedModule.forward_post, _TrackedModule.enter, _TrackedModule.leave):
+    for hook in (_TrackedModule.forward_pre, _TrackedModule.forward_post):
         _compat.hide_from_dynamo(hook)
-    _compat.hide_frame_from_dynamo(_stand_in_function(None))  # type: ignore[arg-type]  # one code for every stand-in
 
 
 _told_scripted: set[str] = set()  # the ScriptModule types already named in the log
@@ -551,7 +289,7 @@ def _within(fqn: str, roots: list[str]) -> bool:
 
 
 class _ModuleHooks:
-    """A call stand-in on every module of one tree, reporting to `tracker` while a window uses them.
+    """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
 
     One set per root is kept (`_hook_sets`): with hooks kept between windows
     (`hp_otel.install()`) the next window takes it over instead of hooking every module
@@ -564,8 +302,7 @@ class _ModuleHooks:
         self.module_info: dict[int, ModuleInfo] = {}  # id(module) -> its description
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
-        # (module, its stand-in), both weakly: a stand-in lives in its module, which this set must not keep alive
-        self._stand_ins: list[tuple[weakref.ref[nn.Module], weakref.ref[_CallStandIn]]] = []
+        self._handles: list[RemovableHandle] = []
         self._compiled: list[tuple[nn.Module, Callable[..., Any]]] = []  # (module, our stand-in for its call)
         self._wrapper: nn.Module | None = None  # the `torch.compile(root)` wrapper hooked too
         self._wrapper_handles: list[RemovableHandle] = []
@@ -636,9 +373,8 @@ class _ModuleHooks:
                     continue
                 if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
                     continue
-                stand_in = _CallStandIn(tracked, module)
-                stand_in.put_on(module)
-                self._stand_ins.append((weakref.ref(module), weakref.ref(stand_in)))
+                self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
+                self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
             self._wrap_compiled(modules)
         self.param_owner = {}
         self.module_info = {
@@ -675,21 +411,14 @@ class _ModuleHooks:
             self._detach()
 
     def _detach(self) -> None:
-        stand_ins, self._stand_ins = self._stand_ins, []
+        handles, self._handles = self._handles, []
         self._tracked, self._structure = [], []
         try:
             self._unhook_wrapper()
             self._unwrap_compiled()
         finally:
-            for module_ref, stand_in_ref in reversed(stand_ins):
-                module, stand_in = module_ref(), stand_in_ref()
-                if module is None or stand_in is None:
-                    continue
-                try:
-                    stand_in.take_off(module)
-                except Exception:  # one that cannot be taken off must not keep the others on
-                    name = type(module).__qualname__
-                    logger.warning("hp_otel: restoring %s's _call_impl failed", name, exc_info=True)
+            for handle in handles:
+                handle.remove()
 
 
 # The hook set kept for each root module (weakly: a model that goes away takes its entry along).
@@ -812,15 +541,13 @@ class TorchModuleTracker:
             parent = chain[-1] if chain else None
         else:
             parent = None
-        if not stack and phase == s.PHASE_FORWARD:  # between steps (never inside backward): forget dead ones
-            state.owners.maybe_trim()
         call = ModuleCall(info, parent)
         first_node = state.owners.mark(call)
         stack.append((call, phase, first_node))
         self._latest_owners = state.owners
         self._latest_call[info] = call
 
-    def exit_call(self, info: ModuleInfo, output: Any = None) -> tuple[ModuleCall, str, int] | None:
+    def exit_call(self, info: ModuleInfo) -> tuple[ModuleCall, str, int] | None:
         state = self._thread_state()
         stack = state.stack
         for i in range(len(stack) - 1, -1, -1):
@@ -828,8 +555,6 @@ class TorchModuleTracker:
                 entry = stack.pop(i)
                 del stack[i:]  # calls that never exited (their forward raised past them)
                 state.owners.mark(stack[-1][0] if stack else None)
-                if not stack:  # a top-level call: its boundaries live as long as its output nodes
-                    state.owners.close_unit(entry[2], output)
                 return entry
         return None
 
