@@ -119,7 +119,9 @@ def test_an_all_reduce_one_rank_never_issued_is_the_hang_suspect(tmp_path: Path)
     extra = _referee(tmp_path, 0)[-1]
     assert extra[0] == "all_reduce" and len(_referee(tmp_path, 0)) == len(_referee(tmp_path, 1)) + 1
     fr0 = read_any_rank_file(_fr(tmp_path)[0])
-    assert [(c.seq, c.in_flight) for c in fr0.calls][-2:] == [(4, False), (5, True)]
+    # The unfinished all_reduce is the last entry, in flight. Whether torch's recorder has retired the
+    # broadcast before it (#4) when the dump is taken is gloo's timing (seen both ways under load).
+    assert [c.seq for c in fr0.calls][-2:] == [4, 5] and fr0.calls[-1].in_flight
     result = _cli(*_fr(tmp_path))
     print(result.stdout)
     assert result.returncode == 3, result.stdout + result.stderr
