@@ -361,7 +361,8 @@ class WindowRecorder:
 
     def _backward_chain(self) -> tuple[tuple[ModuleCall, ...] | None, str | None]:
         """The module calls a backward collective belongs to, and who issued it when that differs
-        (FSDP prefetching a layer's parameters from another's hook, or from the final callback)."""
+        (FSDP prefetching a layer's parameters from another's hook, or from the final callback);
+        None when the running module is the one it counts for."""
         chain = self._running_chain()
         resolve = self._param_attribution
         if chain is None or resolve is None:
@@ -373,7 +374,10 @@ class WindowRecorder:
             return chain, None
         if owners is None:
             return chain, None
-        return owners, (chain[-1].module.fqn if chain else "")
+        issuer = chain[-1].module.fqn if chain else ""
+        if owners and owners[-1].module.fqn == issuer:  # its own group's work: nobody else issued it
+            return owners, None
+        return owners, issuer
 
     def _forward_param_owner(self, modules: list[tuple[str, str]]) -> ForwardOwner | None:
         """Outside backward: the module a parameter group issues the collective for, when that

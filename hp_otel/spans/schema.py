@@ -95,7 +95,8 @@ COLLECTIVE_TAGS: Final = "hp.collective.tags"  # point-to-point: tag(s)
 COLLECTIVE_PARAM_MODULE: Final = "hp.collective.param_module"  # FSDP: whose parameters it moves
 # FSDP in backward: the module whose backward work was running when the collective was issued
 # (a prefetch from the next layer's pre-backward hook; "" from the root's final callback).  The
-# collective itself counts, and nests, under the module whose parameter group issued it.
+# collective itself counts, and nests, under the module whose parameter group issued it; the
+# attribute is set only when the issuer differs from that module.
 COLLECTIVE_ISSUED_BY: Final = "hp.collective.issued_by"
 # Where a collective span ends: the call returned (sync), the functional collective's
 # wait_tensor ran, the c10d Work completed, or only the launch was seen.

@@ -52,6 +52,11 @@ def check_fsdp_module_counts(mode: CommDebugMode, referee: Referee, fsdp_referee
     # layers.0's backward all_gather is prefetched from layers.1's pre-backward hook; the root
     # reduce-scatters from its final callback, outside every module's backward work
     assert ("layers.0", "layers.1") in issued_by and ("(root)", "") in issued_by, issued_by
+    # set only where someone else issued it: never the module the collective counts for
+    same = [sp.attributes[schema.COLLECTIVE_MODULE] for sp in mode.get_finished_spans()
+            if schema.COLLECTIVE_ISSUED_BY in sp.attributes
+            and sp.attributes[schema.COLLECTIVE_ISSUED_BY] == sp.attributes[schema.COLLECTIVE_MODULE]]  # fmt: skip
+    assert same == [], same
 
 
 def run_fsdp_step(mesh, *, tp: bool = False, hsdp: bool = False) -> None:
@@ -251,6 +256,7 @@ def _prefetch_worker(rank: int, world_size: int, port: int) -> None:
         }  # fmt: skip
         assert {("layers.1", "forward", "layers.0"), ("layers.2", "forward", "layers.1")} <= issued_by, issued_by
         assert {m for m, p, _ in issued_by if p == "backward"} >= {"layers.0", "layers.1"}, issued_by
+        assert not [t for t in issued_by if t[0] == t[2]], issued_by  # set only when another module issued it
         with CommDebugMode(module=model, record_spans=False) as counts_only:  # the same rule without spans
             model(x).sum().backward()
         _eq(counts_only.get_comm_module_counts(), ours)
