@@ -15,6 +15,8 @@ output arrives (its first node runs) and closes when backward work of a call out
 it starts, when a collective from outside it is issued, or when the pass ends — so
 sibling modules that share an input (attention's wq/wk/wv) follow each other instead
 of nesting.  Names are `named_modules()` names, the root is "(root)".
+The boundaries of a top-level call are forgotten once the autograd nodes its outputs
+got are gone (`NodeOwners.trim`), so a window over many steps keeps none that grow.
 """
 
 from __future__ import annotations
@@ -95,29 +97,115 @@ def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
     return described
 
 
+class _Alive:
+    """Put in the metadata of a top-level call's output nodes: alive while any of them is."""
+
+    __slots__ = ("__weakref__",)
+
+
+_ALIVE_KEY = "hp_otel_call"  # our key in `Node.metadata`
+_TRIM_EVERY = 16  # units kept before the first trim (then twice those a trim keeps, and 16 more)
+
+
 class NodeOwners:
     """Which module call created each autograd node made on one thread.
 
     A boundary list over the thread's node sequence numbers: nodes numbered from
     `bounds[i]` on were created while `owners[i]` was the innermost call (None: no
     tracked module).  The counter only grows, so marking is an append and lookup a bisect.
+    A mark with no node made since the previous one replaces it (that one covers nothing).
+
+    Bounded in a window over many steps: each top-level call is a unit, alive while an
+    autograd node of its outputs is (`close_unit`); `maybe_trim()`, at a top-level forward,
+    folds the boundaries of the units whose output nodes are all gone into one "no module"
+    boundary.  Those nodes' graph was run or dropped, so no lookup a backward can still make
+    changes (the one exception: a backward started later from a tensor the call made but did
+    not return, while none of its outputs is alive, counts outside the call).
     """
 
-    __slots__ = ("bounds", "owners")
+    __slots__ = ("_table", "_trim_at", "_units")
 
     def __init__(self) -> None:
-        self.bounds: list[int] = []
-        self.owners: list[ModuleCall | None] = []
+        # (bounds, owners): replaced as one attribute, so a lookup from another thread never mixes two tables
+        self._table: tuple[list[int], list[ModuleCall | None]] = ([], [])
+        self._units: list[tuple[int, weakref.ref[_Alive] | None]] = []  # (first node number, keeper)
+        self._trim_at = _TRIM_EVERY  # amortized: a trim walks the table
+
+    @property
+    def bounds(self) -> list[int]:
+        return self._table[0]
+
+    @property
+    def owners(self) -> list[ModuleCall | None]:
+        return self._table[1]
+
+    def __len__(self) -> int:
+        """The boundaries kept (what a long window's memory here is)."""
+        return len(self._table[0])
 
     def mark(self, call: ModuleCall | None) -> int:
         seq = _next_sequence_nr()
-        self.bounds.append(seq)
-        self.owners.append(call)
+        bounds, owners = self._table
+        if bounds and bounds[-1] == seq:  # no node since the last mark: a lookup never returns that one
+            owners[-1] = call
+        else:
+            bounds.append(seq)
+            owners.append(call)
         return seq
 
     def owner(self, sequence_nr: int) -> ModuleCall | None:
-        i = bisect.bisect_right(self.bounds, sequence_nr) - 1
-        return self.owners[i] if i >= 0 else None
+        bounds, owners = self._table
+        i = bisect.bisect_right(bounds, sequence_nr) - 1
+        return owners[i] if i >= 0 else None
+
+    def close_unit(self, first_node: int, output: Any) -> None:
+        """A top-level call (its nodes numbered from `first_node`) returned `output`: its boundaries
+        are kept as long as an autograd node of its output is alive."""
+        keeper: weakref.ref[_Alive] | None = None
+        if _next_sequence_nr() != first_node:  # it made nodes (none: nothing to keep)
+            with _compat.DisableTorchFunction():  # our own tensor reads are not the user's ops
+                nodes = [t.grad_fn for t in _grad_tensors(output) if t.grad_fn is not None]
+                if nodes:
+                    alive = _Alive()
+                    for node in nodes:
+                        node.metadata[_ALIVE_KEY] = alive
+                    keeper = weakref.ref(alive)
+        self._units.append((first_node, keeper))
+
+    def maybe_trim(self) -> None:
+        """Trim once enough units piled up since the last trim."""
+        if len(self._units) >= self._trim_at:
+            self.trim()
+            self._trim_at = 2 * len(self._units) + _TRIM_EVERY
+
+    def trim(self) -> None:
+        """Fold the boundaries of every unit whose output nodes are gone into one boundary owned by no module."""
+        units = self._units
+        dead: list[tuple[int, float]] = []  # [first node, first node of the next unit)
+        live: list[tuple[int, weakref.ref[_Alive] | None]] = []
+        for i, (first, keeper) in enumerate(units):
+            if keeper is None or keeper() is None:
+                dead.append((first, units[i + 1][0] if i + 1 < len(units) else float("inf")))
+            else:
+                live.append((first, keeper))
+        if not dead:
+            return
+        bounds, owners = self._table
+        new_bounds: list[int] = []
+        new_owners: list[ModuleCall | None] = []
+        d = 0
+        for seq, call in zip(bounds, owners, strict=True):
+            while d < len(dead) and seq >= dead[d][1]:
+                d += 1
+            if d < len(dead) and seq >= dead[d][0]:  # inside a dead unit: one "no module" boundary at its start
+                if not new_owners or new_owners[-1] is not None:
+                    new_bounds.append(seq)
+                    new_owners.append(None)
+                continue
+            new_bounds.append(seq)
+            new_owners.append(call)
+        self._table = (new_bounds, new_owners)
+        self._units = live
 
 
 class _ThreadState:
@@ -188,7 +276,7 @@ class _TrackedModule:
         if isinstance(error, _STOP_RECOMPUTATION):  # checkpointing ends a recompute early on purpose
             error = None
         try:
-            entry = tracker.exit_call(self.info)
+            entry = tracker.exit_call(self.info, output)
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
             entry = None
@@ -541,20 +629,25 @@ class TorchModuleTracker:
             parent = chain[-1] if chain else None
         else:
             parent = None
+            state.owners.maybe_trim()  # between top-level calls (never inside backward): forget dead ones
         call = ModuleCall(info, parent)
         first_node = state.owners.mark(call)
         stack.append((call, phase, first_node))
         self._latest_owners = state.owners
         self._latest_call[info] = call
 
-    def exit_call(self, info: ModuleInfo) -> tuple[ModuleCall, str, int] | None:
+    def exit_call(self, info: ModuleInfo, output: Any = None) -> tuple[ModuleCall, str, int] | None:
         state = self._thread_state()
         stack = state.stack
         for i in range(len(stack) - 1, -1, -1):
             if stack[i][0].module is info:
                 entry = stack.pop(i)
                 del stack[i:]  # calls that never exited (their forward raised past them)
-                state.owners.mark(stack[-1][0] if stack else None)
+                if stack:
+                    state.owners.mark(stack[-1][0])
+                else:  # a top-level call: its boundaries live as long as its output's nodes
+                    state.owners.mark(None)
+                    state.owners.close_unit(entry[2], output)
                 return entry
         return None
 
