@@ -391,15 +391,17 @@ class _ModuleHooks:
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
         self._handles: list[RemovableHandle] = []
-        self._compiled: list[tuple[nn.Module, Callable[..., Any]]] = []  # (module, our stand-in for its call)
-        self._wrapper: nn.Module | None = None  # the `torch.compile(root)` wrapper hooked too
+        # (module, our stand-in for its call), weakly: a kept hook set (`hp_otel.install()`) must not keep
+        # a compiled model alive (the stand-in holds the module's compiled call, and that the module)
+        self._compiled: list[tuple[weakref.ref[nn.Module], weakref.ref[Callable[..., Any]]]] = []
+        self._wrapper: weakref.ref[nn.Module] | None = None  # the `torch.compile(root)` wrapper hooked too (weakly)
         self._wrapper_handles: list[RemovableHandle] = []
 
     def attach(self, root: nn.Module, wrapper: nn.Module | None = None) -> None:
         """Hook every module of the tree, unless the hooks in place still match it (and `wrapper`,
         the `torch.compile(root)` the window was given, with hooks noting root's call)."""
         self._attach_tree(root, in_graph=wrapper is not None)
-        if wrapper is not self._wrapper:
+        if wrapper is not (self._wrapper() if self._wrapper is not None else None):
             self._unhook_wrapper()
             if wrapper is not None and self._tracked:
                 self._hook_wrapper(wrapper, self._tracked[0])
@@ -417,7 +419,7 @@ class _ModuleHooks:
             tracked.compiled_calls = max(0, tracked.compiled_calls - 1)
             tracked.forward_post(module, args, output)
 
-        self._wrapper = wrapper
+        self._wrapper = weakref.ref(wrapper)
         self._wrapper_handles.append(wrapper.register_forward_pre_hook(pre, prepend=True))
         self._wrapper_handles.append(wrapper.register_forward_hook(post, always_call=True))
 
@@ -475,7 +477,8 @@ class _ModuleHooks:
 
     def _wrap_compiled(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Note the calls of modules compiled with `nn.Module.compile()` around their graphs (`_compiled_call`)."""
-        ours = {id(module): call for module, call in self._compiled}
+        self._compiled = [(m, c) for m, c in self._compiled if m() is not None and c() is not None]  # gone: forget
+        ours = {id(m()): c() for m, c in self._compiled}
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
             if isinstance(module, torch.jit.ScriptModule):
                 continue
@@ -484,13 +487,14 @@ class _ModuleHooks:
                 continue
             call = _compiled_call(tracked, module, compiled)
             _compat.set_compiled_call(module, call)
-            self._compiled.append((module, call))
+            self._compiled.append((weakref.ref(module), weakref.ref(call)))
 
     def _unwrap_compiled(self) -> None:
         """Give each compiled module its own compiled call back (unless it was compiled anew since)."""
         compiled, self._compiled = self._compiled, []
-        for module, call in reversed(compiled):
-            if _compat.compiled_call(module) is call:
+        for module_ref, call_ref in reversed(compiled):
+            module, call = module_ref(), call_ref()
+            if module is not None and call is not None and _compat.compiled_call(module) is call:
                 _compat.set_compiled_call(module, call.__hp_otel_compiled__)  # type: ignore[attr-defined]
 
     def remove(self) -> None:
