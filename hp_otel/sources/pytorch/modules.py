@@ -376,6 +376,66 @@ def _within(fqn: str, roots: list[str]) -> bool:
     return any(not r or fqn == r or fqn.startswith(f"{r}.") for r in roots)
 
 
+class _SeenTree:
+    """The tree a hook set was made for, weakly: a window with kept hooks opening on the same tree takes
+    the hooks as they are, without walking it (`named_modules()` and describing every module were the
+    largest cost of opening such a window).
+
+    "The same" is checked on everything the hooks are made from (`_compat.tree_state`): each module's
+    type, children (names and ids: `ModuleList.insert`, `Sequential` and `setattr` all write the
+    `_modules` dict, which is read, so no registration hook is relied on), own parameters and compiled
+    call, the modules themselves alive (so no id is reused), and whether dynamo compiled each module
+    type's `forward` (`torch.compile(model)`).  Anything else, or a `torch.jit.script` module in the tree:
+    the tree is walked as before.
+    """
+
+    __slots__ = ("compiled", "forwards", "in_graph", "modules", "root", "state")
+
+    def __init__(
+        self,
+        root: weakref.ref[nn.Module],
+        in_graph: bool,
+        modules: list[weakref.ref[nn.Module]],
+        compiled: list[weakref.ref[Any]],
+        forwards: list[tuple[type, Any, bool]],
+        state: list[Any],
+    ) -> None:
+        self.root = root
+        self.in_graph = in_graph
+        self.modules = modules
+        self.compiled = compiled  # alive while the modules hold them: their ids in `state` are theirs
+        self.forwards = forwards  # (module type, its forward, whether dynamo compiled it as a frame)
+        self.state = state
+
+    @classmethod
+    def of(cls, root: nn.Module, in_graph: bool, modules: list[tuple[str, nn.Module]]) -> _SeenTree | None:
+        """What the hooks were just made from; None where it cannot be told cheaply (a walk each window)."""
+        if any(isinstance(module, torch.jit.ScriptModule) for _fqn, module in modules):
+            return None
+        try:
+            refs = [weakref.ref(module) for _fqn, module in modules]
+            compiled = [weakref.ref(c) for _fqn, m in modules if (c := _compat.compiled_call(m)) is not None]
+        except TypeError:  # not weakly referable
+            return None
+        state = _compat.tree_state(refs)
+        if state is None:
+            return None
+        kinds = dict.fromkeys(type(module) for _fqn, module in modules)
+        forwards = [(kind, kind.forward, _compat.top_frame_compiled(kind.forward)) for kind in kinds]
+        return cls(weakref.ref(root), in_graph, refs, compiled, forwards, state)
+
+    def unchanged(self, root: nn.Module, in_graph: bool) -> bool:
+        if self.root() is not root or self.in_graph is not in_graph:
+            return False
+        for ref in self.compiled:
+            if ref() is None:
+                return False
+        for kind, forward, compiled in self.forwards:
+            if kind.forward is not forward or _compat.top_frame_compiled(forward) is not compiled:
+                return False
+        return _compat.tree_state(self.modules) == self.state
+
+
 class _ModuleHooks:
     """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
 
@@ -396,6 +456,7 @@ class _ModuleHooks:
         self._compiled: list[tuple[weakref.ref[nn.Module], weakref.ref[Callable[..., Any]]]] = []
         self._wrapper: weakref.ref[nn.Module] | None = None  # the `torch.compile(root)` wrapper hooked too (weakly)
         self._wrapper_handles: list[RemovableHandle] = []
+        self._seen: _SeenTree | None = None  # the tree the hooks were made for (None: walk it at the next window)
 
     def attach(self, root: nn.Module, wrapper: nn.Module | None = None) -> None:
         """Hook every module of the tree, unless the hooks in place still match it (and `wrapper`,
@@ -429,10 +490,19 @@ class _ModuleHooks:
             handle.remove()
 
     def _attach_tree(self, root: nn.Module, in_graph: bool) -> None:
+        """Hook the tree's modules (`_hook_tree`), unless it is the tree the hooks were made for (`_SeenTree`)."""
+        _hide_hooks_from_dynamo()
+        seen = self._seen
+        if seen is not None and self._tracked and seen.unchanged(root, in_graph):
+            return
+        self._seen = None
+        modules = self._hook_tree(root, in_graph)
+        self._seen = _SeenTree.of(root, in_graph, modules)
+
+    def _hook_tree(self, root: nn.Module, in_graph: bool) -> list[tuple[str, nn.Module]]:
         """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
         would run in the graph (doing nothing there), so they get none: dynamo guards on an
         `always_call` hook's id, and a window's new hooks would then recompile the graph each window."""
-        _hide_hooks_from_dynamo()
         modules = list(root.named_modules())
         scripted = _scripted(modules)
         plain = [(fqn, module) for fqn, module in modules if not _within(fqn, scripted)]
@@ -448,7 +518,7 @@ class _ModuleHooks:
                 changed |= tracked.refresh(module)
             self._wrap_compiled(modules)  # a module may have been compiled since
             if not changed:  # the common case: same modules, same parameters
-                return
+                return modules
         else:
             self._detach()
             self._structure = structure
@@ -474,6 +544,7 @@ class _ModuleHooks:
             for param in _compat.own_parameters(module):
                 if param is not None:
                     self.param_owner.setdefault(id(param), tracked.info)
+        return modules
 
     def _wrap_compiled(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Note the calls of modules compiled with `nn.Module.compile()` around their graphs (`_compiled_call`)."""
@@ -504,7 +575,7 @@ class _ModuleHooks:
 
     def _detach(self) -> None:
         handles, self._handles = self._handles, []
-        self._tracked, self._structure = [], []
+        self._tracked, self._structure, self._seen = [], [], None
         try:
             self._unhook_wrapper()
             self._unwrap_compiled()
