@@ -497,7 +497,8 @@ class _ModuleHooks:
             return
         self._seen = None
         modules = self._hook_tree(root, in_graph)
-        self._seen = _SeenTree.of(root, in_graph, modules)
+        if installation.keeping():  # hooks kept between windows: the next window may take them as they are
+            self._seen = _SeenTree.of(root, in_graph, modules)
 
     def _hook_tree(self, root: nn.Module, in_graph: bool) -> list[tuple[str, nn.Module]]:
         """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
