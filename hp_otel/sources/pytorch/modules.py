@@ -139,10 +139,6 @@ class NodeOwners:
     def owners(self) -> list[ModuleCall | None]:
         return self._table[1]
 
-    def __len__(self) -> int:
-        """The boundaries kept (what a long window's memory here is)."""
-        return len(self._table[0])
-
     def mark(self, call: ModuleCall | None) -> int:
         seq = _next_sequence_nr()
         bounds, owners = self._table

@@ -54,7 +54,7 @@ def _state(mode: CommDebugMode, model: torch.nn.Module) -> dict[str, int]:
     for name in ("durations", "busbw", "liveness", "exposure"):
         _sizes(getattr(recorder._instruments, name), name, out)
     owners = _owners(model)
-    out["node boundaries"] = len(owners)
+    out["node boundaries"] = len(owners.bounds)
     out["node units"] = len(owners._units)
     return out
 
@@ -102,7 +102,7 @@ def test_forwards_ahead_of_their_backwards_keep_their_boundaries(tp_mlp) -> None
             for loss in reversed(losses):
                 loss.backward()
             del losses, loss
-            boundaries.append(len(_owners(model)))
+            boundaries.append(len(_owners(model).bounds))
     assert max(boundaries[len(boundaries) // 2 :]) <= max(boundaries[: len(boundaries) // 2])
     assert mode.get_total_counts() == 2 * STEPS
     assert mode.get_comm_module_counts() == referee.module_counts_dict()
@@ -119,7 +119,7 @@ def test_trimming_keeps_each_live_graph_and_folds_dead_ones(tp_mlp) -> None:
         for _ in range(40):
             model(torch.randn(4, 16, requires_grad=True)).sum().backward()
         owners = _owners(model)
-        assert len(owners) < 20 * 6
+        assert len(owners.bounds) < 20 * 6
         live = [u for u in owners._units if u[1] is not None and u[1]() is not None]
         assert len(live) == 1 and owners.owner(live[0][0]) is not None  # the kept graph's, still owned
         kept.backward()
