@@ -309,7 +309,8 @@ class WindowRecorder:
             return
         try:
             self._modules.append((module.fqn, phase))
-            self._emit(ev.ModuleEnter(_now(), module, phase))
+            if self.spans_enabled:  # counts only: no event to make (`_emit` would drop it)
+                self._emit(ev.ModuleEnter(_now(), module, phase))
         except Exception as exc:
             self.on_fault("module_enter", exc)
 
@@ -323,7 +324,8 @@ class WindowRecorder:
                 if modules[i] == key:
                     del modules[i]
                     break
-            self._emit(ev.ModuleExit(_now(), fqn, phase, error))
+            if self.spans_enabled:
+                self._emit(ev.ModuleExit(_now(), fqn, phase, error))
         except Exception as exc:
             self.on_fault("module_exit", exc)
 
@@ -333,7 +335,8 @@ class WindowRecorder:
         try:
             self._modules = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]
             self._backward_calls = ()
-            self._emit(ev.BackwardEnd(_now()))
+            if self.spans_enabled:
+                self._emit(ev.BackwardEnd(_now()))
         except Exception as exc:
             self.on_fault("backward_end", exc)
 
@@ -423,6 +426,8 @@ class WindowRecorder:
         # never before the previous move: a span must not end before it started
         time_ns = self._backward_moved_ns = max(time_ns, self._backward_moved_ns)
         self._backward_calls = chain
+        if not self.spans_enabled:  # counts only: the calls followed, no span events to make
+            return
         for call in reversed(open_calls[same:]):
             try:
                 self._emit(ev.ModuleExit(time_ns, call.module.fqn, s.PHASE_BACKWARD, None))

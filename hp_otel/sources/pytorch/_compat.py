@@ -222,6 +222,47 @@ def compiled_call(module: torch.nn.Module) -> Any:
     return vars(module).get(_COMPILED_CALL)
 
 
+_declare(Symbol(
+    "child_modules", "torch.nn", "Module", ATTRIBUTE,
+    "a module's children, the dict `named_modules()` walks: a kept hook set tells an unchanged tree from a "
+    "changed one without walking it", fallback="the tree is walked at every window (as a changed one)",
+    member="_modules", sample=lambda: torch.nn.Linear(1, 1),
+))  # fmt: skip
+
+
+def tree_state(modules: Iterable[Callable[[], torch.nn.Module | None]]) -> list[Any] | None:
+    """Everything a module tree's hooks are made from, module by module (`modules`: weak references, in
+    `named_modules()` order): its type, the id of its compiled call, its children's names and ids (the
+    `_modules` dict that `ModuleList.insert`, `Sequential` and `setattr` all write), its own parameters'
+    names and ids.  None if a module is gone or lacks those dicts.
+
+    Two equal lists, the modules alive in both: `named_modules()` of the first module yields the same
+    modules under the same names (by induction over the children), with the same parameters and
+    compiled calls (a caller keeps the compiled calls alive or weakly referenced, so an id is not reused)."""
+    state: list[Any] = []
+    append = state.append
+    try:
+        for ref in modules:
+            module = ref()
+            if module is None:
+                return None
+            attrs = module.__dict__
+            children = attrs["_modules"]
+            params = attrs["_parameters"]
+            compiled = attrs.get(_COMPILED_CALL)
+            append((
+                type(module),
+                id(compiled) if compiled is not None else 0,
+                tuple(children),
+                tuple(map(id, children.values())),
+                tuple(params),
+                tuple(map(id, params.values())),
+            ))  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        return None
+    return state
+
+
 def set_compiled_call(module: torch.nn.Module, call: Any) -> None:
     """Put `call` where `nn.Module.__call__` looks for the module's compiled call (bypassing `Module.__setattr__`)."""
     object.__setattr__(module, _COMPILED_CALL, call)

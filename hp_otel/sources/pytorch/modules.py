@@ -15,6 +15,8 @@ output arrives (its first node runs) and closes when backward work of a call out
 it starts, when a collective from outside it is issued, or when the pass ends — so
 sibling modules that share an input (attention's wq/wk/wv) follow each other instead
 of nesting.  Names are `named_modules()` names, the root is "(root)".
+The boundaries of a top-level call are forgotten once the autograd nodes its outputs
+got are gone (`NodeOwners.trim`), so a window over many steps keeps none that grow.
 """
 
 from __future__ import annotations
@@ -95,29 +97,111 @@ def parameter_infos(module: nn.Module) -> tuple[ParameterInfo, ...]:
     return described
 
 
+class _Alive:
+    """Put in the metadata of a top-level call's output nodes: alive while any of them is."""
+
+    __slots__ = ("__weakref__",)
+
+
+_ALIVE_KEY = "hp_otel_call"  # our key in `Node.metadata`
+_TRIM_EVERY = 16  # units kept before the first trim (then twice those a trim keeps, and 16 more)
+
+
 class NodeOwners:
     """Which module call created each autograd node made on one thread.
 
     A boundary list over the thread's node sequence numbers: nodes numbered from
     `bounds[i]` on were created while `owners[i]` was the innermost call (None: no
     tracked module).  The counter only grows, so marking is an append and lookup a bisect.
+    A mark with no node made since the previous one replaces it (that one covers nothing).
+
+    Bounded in a window over many steps: each top-level call is a unit, alive while an
+    autograd node of its outputs is (`close_unit`); `maybe_trim()`, at a top-level forward,
+    folds the boundaries of the units whose output nodes are all gone into one "no module"
+    boundary.  Those nodes' graph was run or dropped, so no lookup a backward can still make
+    changes (the one exception: a backward started later from a tensor the call made but did
+    not return, while none of its outputs is alive, counts outside the call).
     """
 
-    __slots__ = ("bounds", "owners")
+    __slots__ = ("_table", "_trim_at", "_units")
 
     def __init__(self) -> None:
-        self.bounds: list[int] = []
-        self.owners: list[ModuleCall | None] = []
+        # (bounds, owners): replaced as one attribute, so a lookup from another thread never mixes two tables
+        self._table: tuple[list[int], list[ModuleCall | None]] = ([], [])
+        self._units: list[tuple[int, weakref.ref[_Alive] | None]] = []  # (first node number, keeper)
+        self._trim_at = _TRIM_EVERY  # amortized: a trim walks the table
+
+    @property
+    def bounds(self) -> list[int]:
+        return self._table[0]
+
+    @property
+    def owners(self) -> list[ModuleCall | None]:
+        return self._table[1]
 
     def mark(self, call: ModuleCall | None) -> int:
         seq = _next_sequence_nr()
-        self.bounds.append(seq)
-        self.owners.append(call)
+        bounds, owners = self._table
+        if bounds and bounds[-1] == seq:  # no node since the last mark: a lookup never returns that one
+            owners[-1] = call
+        else:
+            bounds.append(seq)
+            owners.append(call)
         return seq
 
     def owner(self, sequence_nr: int) -> ModuleCall | None:
-        i = bisect.bisect_right(self.bounds, sequence_nr) - 1
-        return self.owners[i] if i >= 0 else None
+        bounds, owners = self._table
+        i = bisect.bisect_right(bounds, sequence_nr) - 1
+        return owners[i] if i >= 0 else None
+
+    def close_unit(self, first_node: int, output: Any) -> None:
+        """A top-level call (its nodes numbered from `first_node`) returned `output`: its boundaries
+        are kept as long as an autograd node of its output is alive."""
+        keeper: weakref.ref[_Alive] | None = None
+        if _next_sequence_nr() != first_node:  # it made nodes (none: nothing to keep)
+            with _compat.DisableTorchFunction():  # our own tensor reads are not the user's ops
+                nodes = [t.grad_fn for t in _grad_tensors(output) if t.grad_fn is not None]
+                if nodes:
+                    alive = _Alive()
+                    for node in nodes:
+                        node.metadata[_ALIVE_KEY] = alive
+                    keeper = weakref.ref(alive)
+        self._units.append((first_node, keeper))
+
+    def maybe_trim(self) -> None:
+        """Trim once enough units piled up since the last trim."""
+        if len(self._units) >= self._trim_at:
+            self.trim()
+            self._trim_at = 2 * len(self._units) + _TRIM_EVERY
+
+    def trim(self) -> None:
+        """Fold the boundaries of every unit whose output nodes are gone into one boundary owned by no module."""
+        units = self._units
+        dead: list[tuple[int, float]] = []  # [first node, first node of the next unit)
+        live: list[tuple[int, weakref.ref[_Alive] | None]] = []
+        for i, (first, keeper) in enumerate(units):
+            if keeper is None or keeper() is None:
+                dead.append((first, units[i + 1][0] if i + 1 < len(units) else float("inf")))
+            else:
+                live.append((first, keeper))
+        if not dead:
+            return
+        bounds, owners = self._table
+        new_bounds: list[int] = []
+        new_owners: list[ModuleCall | None] = []
+        d = 0
+        for seq, call in zip(bounds, owners, strict=True):
+            while d < len(dead) and seq >= dead[d][1]:
+                d += 1
+            if d < len(dead) and seq >= dead[d][0]:  # inside a dead unit: one "no module" boundary at its start
+                if not new_owners or new_owners[-1] is not None:
+                    new_bounds.append(seq)
+                    new_owners.append(None)
+                continue
+            new_bounds.append(seq)
+            new_owners.append(call)
+        self._table = (new_bounds, new_owners)
+        self._units = live
 
 
 class _ThreadState:
@@ -188,7 +272,7 @@ class _TrackedModule:
         if isinstance(error, _STOP_RECOMPUTATION):  # checkpointing ends a recompute early on purpose
             error = None
         try:
-            entry = tracker.exit_call(self.info)
+            entry = tracker.exit_call(self.info, output)
         except Exception as exc:
             observer.on_fault("module_forward_post", exc)
             entry = None
@@ -288,6 +372,66 @@ def _within(fqn: str, roots: list[str]) -> bool:
     return any(not r or fqn == r or fqn.startswith(f"{r}.") for r in roots)
 
 
+class _SeenTree:
+    """The tree a hook set was made for, weakly: a window with kept hooks opening on the same tree takes
+    the hooks as they are, without walking it (`named_modules()` and describing every module were the
+    largest cost of opening such a window).
+
+    "The same" is checked on everything the hooks are made from (`_compat.tree_state`): each module's
+    type, children (names and ids: `ModuleList.insert`, `Sequential` and `setattr` all write the
+    `_modules` dict, which is read, so no registration hook is relied on), own parameters and compiled
+    call, the modules themselves alive (so no id is reused), and whether dynamo compiled each module
+    type's `forward` (`torch.compile(model)`).  Anything else, or a `torch.jit.script` module in the tree:
+    the tree is walked as before.
+    """
+
+    __slots__ = ("compiled", "forwards", "in_graph", "modules", "root", "state")
+
+    def __init__(
+        self,
+        root: weakref.ref[nn.Module],
+        in_graph: bool,
+        modules: list[weakref.ref[nn.Module]],
+        compiled: list[weakref.ref[Any]],
+        forwards: list[tuple[type, Any, bool]],
+        state: list[Any],
+    ) -> None:
+        self.root = root
+        self.in_graph = in_graph
+        self.modules = modules
+        self.compiled = compiled  # alive while the modules hold them: their ids in `state` are theirs
+        self.forwards = forwards  # (module type, its forward, whether dynamo compiled it as a frame)
+        self.state = state
+
+    @classmethod
+    def of(cls, root: nn.Module, in_graph: bool, modules: list[tuple[str, nn.Module]]) -> _SeenTree | None:
+        """What the hooks were just made from; None where it cannot be told cheaply (a walk each window)."""
+        if any(isinstance(module, torch.jit.ScriptModule) for _fqn, module in modules):
+            return None
+        try:
+            refs = [weakref.ref(module) for _fqn, module in modules]
+            compiled = [weakref.ref(c) for _fqn, m in modules if (c := _compat.compiled_call(m)) is not None]
+        except TypeError:  # not weakly referable
+            return None
+        state = _compat.tree_state(refs)
+        if state is None:
+            return None
+        kinds = dict.fromkeys(type(module) for _fqn, module in modules)
+        forwards = [(kind, kind.forward, _compat.top_frame_compiled(kind.forward)) for kind in kinds]
+        return cls(weakref.ref(root), in_graph, refs, compiled, forwards, state)
+
+    def unchanged(self, root: nn.Module, in_graph: bool) -> bool:
+        if self.root() is not root or self.in_graph is not in_graph:
+            return False
+        for ref in self.compiled:
+            if ref() is None:
+                return False
+        for kind, forward, compiled in self.forwards:
+            if kind.forward is not forward or _compat.top_frame_compiled(forward) is not compiled:
+                return False
+        return _compat.tree_state(self.modules) == self.state
+
+
 class _ModuleHooks:
     """Forward hooks on every module of one tree, reporting to `tracker` while a window uses them.
 
@@ -303,15 +447,18 @@ class _ModuleHooks:
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
         self._handles: list[RemovableHandle] = []
-        self._compiled: list[tuple[nn.Module, Callable[..., Any]]] = []  # (module, our stand-in for its call)
-        self._wrapper: nn.Module | None = None  # the `torch.compile(root)` wrapper hooked too
+        # (module, our stand-in for its call), weakly: a kept hook set (`hp_otel.install()`) must not keep
+        # a compiled model alive (the stand-in holds the module's compiled call, and that the module)
+        self._compiled: list[tuple[weakref.ref[nn.Module], weakref.ref[Callable[..., Any]]]] = []
+        self._wrapper: weakref.ref[nn.Module] | None = None  # the `torch.compile(root)` wrapper hooked too (weakly)
         self._wrapper_handles: list[RemovableHandle] = []
+        self._seen: _SeenTree | None = None  # the tree the hooks were made for (None: walk it at the next window)
 
     def attach(self, root: nn.Module, wrapper: nn.Module | None = None) -> None:
         """Hook every module of the tree, unless the hooks in place still match it (and `wrapper`,
         the `torch.compile(root)` the window was given, with hooks noting root's call)."""
         self._attach_tree(root, in_graph=wrapper is not None)
-        if wrapper is not self._wrapper:
+        if wrapper is not (self._wrapper() if self._wrapper is not None else None):
             self._unhook_wrapper()
             if wrapper is not None and self._tracked:
                 self._hook_wrapper(wrapper, self._tracked[0])
@@ -329,7 +476,7 @@ class _ModuleHooks:
             tracked.compiled_calls = max(0, tracked.compiled_calls - 1)
             tracked.forward_post(module, args, output)
 
-        self._wrapper = wrapper
+        self._wrapper = weakref.ref(wrapper)
         self._wrapper_handles.append(wrapper.register_forward_pre_hook(pre, prepend=True))
         self._wrapper_handles.append(wrapper.register_forward_hook(post, always_call=True))
 
@@ -339,10 +486,20 @@ class _ModuleHooks:
             handle.remove()
 
     def _attach_tree(self, root: nn.Module, in_graph: bool) -> None:
+        """Hook the tree's modules (`_hook_tree`), unless it is the tree the hooks were made for (`_SeenTree`)."""
+        _hide_hooks_from_dynamo()
+        seen = self._seen
+        if seen is not None and self._tracked and seen.unchanged(root, in_graph):
+            return
+        self._seen = None
+        modules = self._hook_tree(root, in_graph)
+        if installation.keeping():  # hooks kept between windows: the next window may take them as they are
+            self._seen = _SeenTree.of(root, in_graph, modules)
+
+    def _hook_tree(self, root: nn.Module, in_graph: bool) -> list[tuple[str, nn.Module]]:
         """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
         would run in the graph (doing nothing there), so they get none: dynamo guards on an
         `always_call` hook's id, and a window's new hooks would then recompile the graph each window."""
-        _hide_hooks_from_dynamo()
         modules = list(root.named_modules())
         scripted = _scripted(modules)
         plain = [(fqn, module) for fqn, module in modules if not _within(fqn, scripted)]
@@ -358,7 +515,7 @@ class _ModuleHooks:
                 changed |= tracked.refresh(module)
             self._wrap_compiled(modules)  # a module may have been compiled since
             if not changed:  # the common case: same modules, same parameters
-                return
+                return modules
         else:
             self._detach()
             self._structure = structure
@@ -384,10 +541,12 @@ class _ModuleHooks:
             for param in _compat.own_parameters(module):
                 if param is not None:
                     self.param_owner.setdefault(id(param), tracked.info)
+        return modules
 
     def _wrap_compiled(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Note the calls of modules compiled with `nn.Module.compile()` around their graphs (`_compiled_call`)."""
-        ours = {id(module): call for module, call in self._compiled}
+        self._compiled = [(m, c) for m, c in self._compiled if m() is not None and c() is not None]  # gone: forget
+        ours = {id(m()): c() for m, c in self._compiled}
         for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
             if isinstance(module, torch.jit.ScriptModule):
                 continue
@@ -396,13 +555,14 @@ class _ModuleHooks:
                 continue
             call = _compiled_call(tracked, module, compiled)
             _compat.set_compiled_call(module, call)
-            self._compiled.append((module, call))
+            self._compiled.append((weakref.ref(module), weakref.ref(call)))
 
     def _unwrap_compiled(self) -> None:
         """Give each compiled module its own compiled call back (unless it was compiled anew since)."""
         compiled, self._compiled = self._compiled, []
-        for module, call in reversed(compiled):
-            if _compat.compiled_call(module) is call:
+        for module_ref, call_ref in reversed(compiled):
+            module, call = module_ref(), call_ref()
+            if module is not None and call is not None and _compat.compiled_call(module) is call:
                 _compat.set_compiled_call(module, call.__hp_otel_compiled__)  # type: ignore[attr-defined]
 
     def remove(self) -> None:
@@ -412,7 +572,7 @@ class _ModuleHooks:
 
     def _detach(self) -> None:
         handles, self._handles = self._handles, []
-        self._tracked, self._structure = [], []
+        self._tracked, self._structure, self._seen = [], [], None
         try:
             self._unhook_wrapper()
             self._unwrap_compiled()
@@ -541,20 +701,25 @@ class TorchModuleTracker:
             parent = chain[-1] if chain else None
         else:
             parent = None
+            state.owners.maybe_trim()  # between top-level calls (never inside backward): forget dead ones
         call = ModuleCall(info, parent)
         first_node = state.owners.mark(call)
         stack.append((call, phase, first_node))
         self._latest_owners = state.owners
         self._latest_call[info] = call
 
-    def exit_call(self, info: ModuleInfo) -> tuple[ModuleCall, str, int] | None:
+    def exit_call(self, info: ModuleInfo, output: Any = None) -> tuple[ModuleCall, str, int] | None:
         state = self._thread_state()
         stack = state.stack
         for i in range(len(stack) - 1, -1, -1):
             if stack[i][0].module is info:
                 entry = stack.pop(i)
                 del stack[i:]  # calls that never exited (their forward raised past them)
-                state.owners.mark(stack[-1][0] if stack else None)
+                if stack:
+                    state.owners.mark(stack[-1][0])
+                else:  # a top-level call: its boundaries live as long as its output's nodes
+                    state.owners.mark(None)
+                    state.owners.close_unit(entry[2], output)
                 return entry
         return None
 

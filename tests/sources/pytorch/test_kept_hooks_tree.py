@@ -1,0 +1,166 @@
+"""Kept hooks (`hp_otel.install()`) take an unchanged model as it is: no walk of its tree per window.
+
+A window on a model whose hooks are kept checks the tree against what the hooks were made
+from (`modules._SeenTree`) instead of walking it.  Checked here: an unchanged model is not
+walked at all (`named_modules` is never called on it); and after each way of changing a model
+between windows — `ModuleList.insert` / `pop` / `del` / `append` (which write `_modules`
+directly: no registration hook sees them), swapping two blocks, `setattr` of a new child, a
+new parameter, `nn.Module.compile()` of a block, `torch.compile(model)` run — the kept hook set
+is exactly what a fresh walk makes (names, parameter owners, compiled calls noted, hooks on
+each module), and the counts are the referee's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+from referee import Referee
+from torch import nn
+
+import hp_otel
+from hp_otel import CommDebugMode
+from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+from hp_otel.sources.pytorch import _compat, modules
+
+
+@pytest.fixture(autouse=True)
+def _kept():
+    hp_otel.install()
+    yield
+    hp_otel.uninstall()
+
+
+def _step(model: nn.Module, tokens: torch.Tensor) -> None:
+    model(tokens).sum().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def _described(info: modules.ModuleInfo) -> tuple[object, ...]:
+    return (info.fqn, info.span_name, info.module_type, info.parameters)
+
+
+def _assert_as_a_walk_makes(model: nn.Module) -> None:
+    """The kept hook set equals one made by walking the tree now."""
+    kept = modules._hook_sets[model]
+    fresh = modules._ModuleHooks()
+    fresh._hook_tree(model, in_graph=False)
+    try:
+        assert kept._structure == fresh._structure
+        assert [_described(t.info) for t in kept._tracked] == [_described(t.info) for t in fresh._tracked]
+        assert {k: v.fqn for k, v in kept.param_owner.items()} == {k: v.fqn for k, v in fresh.param_owner.items()}
+        assert {k: v.fqn for k, v in kept.module_info.items()} == {k: v.fqn for k, v in fresh.module_info.items()}
+        hooked = {id(h.hooks_dict_ref()) for h in kept._handles}
+        assert hooked == {id(h.hooks_dict_ref()) for h in fresh._handles}
+    finally:
+        fresh.remove()
+
+
+def _insert(model: nn.Module) -> None:
+    model.layers.insert(0, nn.Identity())
+
+
+def _pop(model: nn.Module) -> None:
+    model.layers.pop(-1)
+
+
+def _delete(model: nn.Module) -> None:
+    del model.layers[0]
+
+
+def _append(model: nn.Module) -> None:
+    model.layers.append(nn.Identity())
+
+
+def _swap(model: nn.Module) -> None:
+    model.layers[0], model.layers[1] = model.layers[1], model.layers[0]
+
+
+def _new_child(model: nn.Module) -> None:
+    model.extra = nn.Identity()
+
+
+def _new_parameter(model: nn.Module) -> None:
+    wq = model.layers[0].attention.wq
+    wq.weight = nn.Parameter(wq.weight.detach().clone())
+
+
+def _compile_block(model: nn.Module) -> None:
+    model.layers[1].compile(backend="eager")
+
+
+CHANGES: dict[str, Callable[[nn.Module], None]] = {
+    "insert": _insert,
+    "pop": _pop,
+    "del": _delete,
+    "append": _append,
+    "swap": _swap,
+    "setattr": _new_child,
+    "parameter": _new_parameter,
+    "compile": _compile_block,
+}
+
+
+def test_an_unchanged_model_is_not_walked(fake_world, monkeypatch) -> None:
+    model, tokens = build_tp_transformer(fake_world), demo_tokens()
+    with CommDebugMode(module=model, record_spans=False):
+        _step(model, tokens)
+    walked: list[str] = []  # the hp_otel functions that walked the model
+    real = nn.Module.named_modules
+
+    def named_modules(self, *args, **kwargs):
+        caller = sys._getframe(1).f_code
+        if self is model and "hp_otel" in caller.co_filename:
+            walked.append(caller.co_name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "named_modules", named_modules)
+    for _ in range(3):
+        with Referee(model) as referee, CommDebugMode(module=model, record_spans=False) as mode:
+            _step(model, tokens)
+        assert mode.get_comm_module_counts() == referee.module_counts_dict()
+    assert walked == []
+    _assert_as_a_walk_makes(model)
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_model_changed_between_windows_is_hooked_as_a_walk_would(fake_world, change: str) -> None:
+    model, tokens = build_tp_transformer(fake_world), demo_tokens()
+    for _ in range(2):
+        with CommDebugMode(module=model):
+            _step(model, tokens)
+    CHANGES[change](model)
+    with Referee(model) as referee, CommDebugMode(module=model) as mode:
+        _step(model, tokens)
+    _assert_as_a_walk_makes(model)
+    if change == "compile":  # its call is noted around its graph: no submodule of it counts
+        assert getattr(_compat.compiled_call(model.layers[1]), "__hp_otel_compiled__", None) is not None
+        assert not any(fqn.startswith("layers.1.") for fqn in mode.get_comm_module_counts())
+    else:
+        assert mode.get_comm_module_counts() == referee.module_counts_dict()
+    assert mode.get_callback_error_counts() == {}
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_a_model_torch_compiled_between_windows_loses_its_submodules_hooks(fake_world) -> None:
+    """`torch.compile(model)` compiles the class's forward: the submodules' hooks would run in its graph."""
+    model = _Net()
+    with CommDebugMode(module=model):
+        model(torch.randn(2, 4))
+    assert len(model.fc._forward_pre_hooks) == 1
+    compiled = torch.compile(model, backend="eager")
+    compiled(torch.randn(2, 4))
+    with CommDebugMode(module=model):
+        compiled(torch.randn(2, 4))
+    assert len(model.fc._forward_pre_hooks) == 0  # as a walk makes them
+    _assert_as_a_walk_makes(model)
