@@ -9,7 +9,8 @@ over any range is `1 - rate(exposed) / rate(time)` (docs/overlap.md).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -17,9 +18,76 @@ from hp_otel.spans import schema as s
 from hp_otel.spans.exposure import CommSpan, ExposureReport, summarise
 
 # One collective as the window's end snapshots it: (start_ns, end_ns, is_async, completion, call_ns,
-# waited_ns, phase, module) -- plain tuples, so the step pays no more than building them.
+# waited_ns, phase, module).
 WindowRow = tuple[int, int, bool, str, int, int, str, str]
 _MAX_PENDING_WINDOWS = 256  # without a reader collecting, windows are summed in the step past this
+_MAX_PENDING_ROWS = 1 << 17  # ... or once this many collectives wait (5 MiB of rows)
+_CELLS = 5  # int64 cells a row
+
+
+class WindowRows:
+    """One window's collectives for its exposure figures, in one int64 array.
+
+    Five cells a collective (start, end, issuing call, wait, and an index into the table of the
+    distinct (is_async, completion, phase, module)): 40 bytes in one buffer, no Python object per
+    collective.  A tuple and its ints per collective (≈200 bytes) were allocated, at the window's
+    end, into the holes the window's freed spans left throughout the allocator's arenas, and kept
+    those arenas from going back to the system after `clear()` (docs/reliability.md).  A row whose
+    values an int64 cannot hold is kept as a tuple, so every row reads back as it was added.
+    """
+
+    __slots__ = ("_cells", "_kind_of", "_kinds", "_others")
+
+    def __init__(self) -> None:
+        self._cells = array("q")
+        self._kinds: list[tuple[bool, str, str, str]] = []
+        self._kind_of: dict[tuple[bool, str, str, str], int] | None = None  # while adding; seal() drops it
+        self._others: list[WindowRow] | None = None  # rows the int64 cells cannot hold
+
+    def __len__(self) -> int:
+        return len(self._cells) // _CELLS + (len(self._others) if self._others else 0)
+
+    def add(self, start_ns: int, end_ns: int, is_async: bool, completion: str, call_ns: int, waited_ns: int,
+            phase: str, module: str) -> None:  # fmt: skip
+        cells = self._cells
+        n = len(cells)
+        try:
+            kind_of = self._kind_of
+            if kind_of is None:
+                kind_of = self._kind_of = {kind: i for i, kind in enumerate(self._kinds)}
+            kind = (is_async, completion, phase, module)
+            index = kind_of.get(kind)
+            if index is None:
+                index = kind_of[kind] = len(self._kinds)
+                self._kinds.append(kind)
+            cells.append(start_ns)
+            cells.append(end_ns)
+            cells.append(call_ns)
+            cells.append(waited_ns)
+            cells.append(index)
+        except (OverflowError, TypeError):  # beyond int64, not an int, an unhashable name: as it came
+            del cells[n:]
+            if self._others is None:
+                self._others = []
+            self._others.append((start_ns, end_ns, is_async, completion, call_ns, waited_ns, phase, module))
+
+    def seal(self) -> None:
+        """The window ended: drop what only adding needs."""
+        self._kind_of = None
+
+    def __iter__(self) -> Iterator[WindowRow]:
+        kinds = self._kinds
+        cells = iter(self._cells)
+        for start, end, call, waited, index in zip(cells, cells, cells, cells, cells, strict=True):
+            is_async, completion, phase, module = kinds[index]
+            yield (start, end, is_async, completion, call, waited, phase, module)
+        if self._others:
+            yield from self._others
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cells hold (their buffer's capacity; the kind table and any tuple rows aside)."""
+        return self._cells.buffer_info()[1] * self._cells.itemsize
 
 
 def report_of(rows: Iterable[WindowRow]) -> ExposureReport:
@@ -35,19 +103,22 @@ class ExposureTotals:
     """Cumulative seconds per (phase, module); read by two observable counters.
 
     A window that ends hands its snapshot over (`defer`); the arithmetic runs when a reader
-    collects (or once `_MAX_PENDING_WINDOWS` wait), off the training step's path.
+    collects (or once `_MAX_PENDING_WINDOWS` windows or `_MAX_PENDING_ROWS` collectives wait: memory
+    stays bounded without a reader), off the training step's path.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: list[list[WindowRow]] = []
+        self._pending: list[WindowRows] = []
+        self._pending_rows = 0
         self.comm_ns: dict[tuple[str, str], int] = {}
         self.exposed_ns: dict[tuple[str, str], int] = {}
 
-    def defer(self, rows: list[WindowRow]) -> None:
+    def defer(self, rows: WindowRows) -> None:
         with self._lock:
             self._pending.append(rows)
-            full = len(self._pending) >= _MAX_PENDING_WINDOWS
+            self._pending_rows += len(rows)
+            full = len(self._pending) >= _MAX_PENDING_WINDOWS or self._pending_rows >= _MAX_PENDING_ROWS
         if full:
             self.flush()
 
@@ -55,6 +126,7 @@ class ExposureTotals:
         """Add every window handed over since the last collection."""
         with self._lock:
             pending, self._pending = self._pending, []
+            self._pending_rows = 0
         for rows in pending:
             report = report_of(rows)
             with self._lock:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -93,25 +94,51 @@ class DeferredDurations:
         self._histogram = histogram
         self._scale = scale  # what one value added is in the histogram's unit (ns -> s by default)
         self._max_pending = max_pending
-        self._pending: list[tuple[float, dict[str, Any], Any]] = []  # (seconds, attributes, context)
+        # Every waiting value in one float array, and per `add` the index past its last value and its
+        # (attributes, context) as an index into `_labels`: no tuple and float per value, which, waiting
+        # for the next collection, stayed scattered among a long window's freed blocks (see WindowRows).
+        self._values = array("d")
+        self._ends = array("I")
+        self._label_of_add = array("I")
+        self._labels: list[tuple[dict[str, Any], Any]] = []
+        self._label_index: dict[tuple[int, int], int] = {}  # by id: `_labels` keeps both alive
         self._lock = threading.Lock()
 
-    def add(self, attributes: dict[str, Any], durations_ns: Iterable[int], context: Any = None) -> None:
+    def add(self, attributes: dict[str, Any], durations_ns: Iterable[float], context: Any = None) -> None:
         with self._lock:  # a periodic reader flushes from its own thread
-            pending = self._pending
-            scale = self._scale
-            pending.extend((value * scale, attributes, context) for value in durations_ns)
-            full = len(pending) >= self._max_pending
+            values = self._values
+            n = len(values)
+            try:
+                values.extend(durations_ns)
+            except BaseException:
+                del values[n:]  # nothing of a failed add is recorded
+                raise
+            if len(values) > n:
+                key = (id(attributes), id(context))
+                label = self._label_index.get(key)
+                if label is None:
+                    label = self._label_index[key] = len(self._labels)
+                    self._labels.append((attributes, context))
+                self._ends.append(len(values))
+                self._label_of_add.append(label)
+            full = len(values) >= self._max_pending
         if full:
             self.flush()
 
     def flush(self) -> None:
         """Record every waiting duration (in the context it was measured in: exemplars link to its trace)."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            values, ends, label_of_add, labels = self._values, self._ends, self._label_of_add, self._labels
+            self._values, self._ends, self._label_of_add = array("d"), array("I"), array("I")
+            self._labels, self._label_index = [], {}
         record = self._histogram.record
-        for seconds, attributes, context in pending:
-            record(seconds, attributes, context=context)
+        scale = self._scale
+        start = 0
+        for end, label in zip(ends, label_of_add, strict=True):
+            attributes, context = labels[label]
+            for i in range(start, end):
+                record(values[i] * scale, attributes, context=context)
+            start = end
 
 
 @dataclass(frozen=True)

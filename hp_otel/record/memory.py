@@ -22,6 +22,9 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+_malloc_trim()  # looked up now: at clear() its ctypes objects would land among the blocks just freed
+
+
 def return_freed_memory() -> None:
     """Collect cycles, then hand the C heap's free pages back to the system where the C library can."""
     gc.collect()

@@ -30,7 +30,7 @@ from opentelemetry.trace import Tracer
 from hp_otel.record import events as ev
 from hp_otel.record import matching
 from hp_otel.record.call_stack import CallStack
-from hp_otel.record.exposure_metrics import WindowRow, report_of
+from hp_otel.record.exposure_metrics import WindowRows, report_of
 from hp_otel.record.instruments import Instruments
 from hp_otel.record.metric_labels import ModuleLabel
 from hp_otel.record.param_owner import ForwardOwner, forward_owner
@@ -47,6 +47,7 @@ logger = logging.getLogger("hp_otel")
 _now = time.time_ns
 _MAX_IN_FLIGHT = 4096
 _MAX_WINDOW_COLLECTIVES = 65536  # what the exposure figures of one window are computed from
+_EXPOSURE_BATCH = 4096  # finished collectives held as events before their exposure rows are written
 # Unbuilt events built at a time once `max_pending` wait (≈2-5 ms of the step here, at most).
 _BUILD_SLICE = 256
 # Async collectives awaiting completion inside one window: those completed meanwhile are settled
@@ -94,9 +95,14 @@ class WindowRecorder:
         self._awaiting_limit = _AWAITING_SWEEP
         self._pending_values = 0  # durations and bandwidths waiting in _pending_durations / _pending_busbw
         self._parent_ctx: Any = None  # the window's parent context (a span builder made later nests there)
-        # The window's collectives, for its exposed-communication figures (spans/exposure.py) at stop().
-        self._window_collectives: list[ev.Collective] = []
-        self._exposure_rows: list[WindowRow] = []  # the last stopped window's, for `exposure`
+        # The window's collectives, for its exposed-communication figures (spans/exposure.py): finished
+        # ones wait as events until `_EXPOSURE_BATCH` do, then become compact rows; those awaiting a
+        # completion (which may still move their end and wait) wait until stop().
+        self._window_rows = WindowRows()
+        self._window_collectives: list[ev.Collective] = []  # finished, not yet in _window_rows
+        self._window_awaited: list[ev.Collective] = []
+        self._exposure_room = _MAX_WINDOW_COLLECTIVES  # collectives the window's rows may still take
+        self._exposure_rows = WindowRows()  # the last stopped window's, for `exposure`
         self._exposure: ExposureReport | None = None
         self._thread = threading.get_ident()  # the window's thread: live spans end on it only
         self._window_context: Any = None
@@ -155,7 +161,10 @@ class WindowRecorder:
         self._backward_calls = ()
         self._awaiting = []
         self._awaiting_limit = _AWAITING_SWEEP
+        self._window_rows = WindowRows()
         self._window_collectives = []
+        self._window_awaited = []
+        self._exposure_room = _MAX_WINDOW_COLLECTIVES
         self._thread = threading.get_ident()
         self.active = True
 
@@ -216,18 +225,26 @@ class WindowRecorder:
         if self._pending_values >= _MAX_PENDING_VALUES:
             self._flush_metrics()
 
+    @staticmethod
+    def _write_exposure_rows(rows: WindowRows, collectives: list[ev.Collective]) -> None:
+        """Add these collectives' rows (their events can go: nothing moves them now)."""
+        add = rows.add
+        for e in collectives:
+            add(e.start_ns, e.end_ns, e.info.is_async, e.completion, e.returned_ns - e.start_ns, e.waited_ns,
+                e.phase, e.fqn)  # fmt: skip
+
     def _measure_exposure(self) -> None:
         """Snapshot the window's collectives for its exposed communication (computed when asked for or
         when a metric reader collects: not on the step's path)."""
-        collectives, self._window_collectives = self._window_collectives, []
-        if not collectives:
-            return
+        finished, self._window_collectives = self._window_collectives, []
+        awaited, self._window_awaited = self._window_awaited, []
+        rows, self._window_rows = self._window_rows, WindowRows()
         try:
-            rows = [
-                (e.start_ns, e.end_ns, e.info.is_async, e.completion, e.returned_ns - e.start_ns, e.waited_ns,
-                 e.phase, e.fqn)
-                for e in collectives
-            ]  # fmt: skip
+            self._write_exposure_rows(rows, finished)
+            self._write_exposure_rows(rows, awaited)
+            rows.seal()
+            if not rows:
+                return
             self._exposure_rows, self._exposure = rows, None
             self._instruments.exposure.defer(rows)
         except Exception as exc:
@@ -597,8 +614,16 @@ class WindowRecorder:
             self._emit(event)
             if opened:
                 self._close_owner(opened, phase, end_ns)
-            if len(self._window_collectives) < _MAX_WINDOW_COLLECTIVES:
-                self._window_collectives.append(event)
+            if self._exposure_room > 0:
+                self._exposure_room -= 1
+                if awaits:
+                    self._window_awaited.append(event)
+                else:
+                    finished = self._window_collectives
+                    finished.append(event)
+                    if len(finished) >= _EXPOSURE_BATCH:
+                        self._window_collectives = []
+                        self._write_exposure_rows(self._window_rows, finished)
             return event if awaits else None
         except Exception as exc:
             self.on_fault("collective", exc)

@@ -191,3 +191,31 @@ def test_a_json_dump_of_a_tree_deeper_than_the_recursion_limit(tmp_path) -> None
         assert node["type"] == "collective"
         assert levels == (1 if level == 0 else depth + 3 + 1)  # the blocks, MLP, fc2, linear, all_reduce
         assert text.count('"type": "module"') == (0 if level == 0 else depth + 3)
+
+
+def test_clear_after_a_long_window_leaves_no_object_per_collective() -> None:
+    """What outlives `clear()` (the window's exposure rows, the durations waiting for a metric reader)
+    is a few arrays, not objects per collective allocated among the freed spans, which kept the
+    allocator's arenas from going back to the system.  Measured with tracemalloc (blocks allocated
+    during the window and alive after clear()) at 3,000 collectives: before, 24,101 blocks and
+    415 B a collective (a tuple and 3 ints of exposure, a tuple and a float per duration); after,
+    136 blocks (the metric SDK's state, caches; not growing with the window) and 57 B a collective
+    (40 B of exposure rows, 16 B of durations and bandwidths)."""
+    import gc
+    import tracemalloc
+
+    collectives = 3_000
+    record_window(300 * 7, max_spans=100).clear()  # first-use caches: the builder's, the SDK's
+    gc.collect()
+    tracemalloc.start()
+    try:
+        mode = record_window(collectives * 7, max_spans=700)
+        assert len(mode.get_finished_spans()) == 700
+        mode.clear()
+        gc.collect()
+        stats = tracemalloc.take_snapshot().statistics("filename")
+    finally:
+        tracemalloc.stop()
+    blocks, held = sum(s.count for s in stats), sum(s.size for s in stats)
+    assert blocks < 1_000, blocks
+    assert held < 100 * collectives, held

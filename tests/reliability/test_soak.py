@@ -246,10 +246,21 @@ def test_soak_leaves_nothing_behind(fake_world) -> None:
     assert torch_dtensor._redistribute_patches.patches == []
 
 
+def _collect_waiting_metrics(mode: CommDebugMode) -> None:
+    """What a metric reader's collection does: the durations, bandwidths and exposure rows waiting for
+    it (bounded buffers: up to 8,192 values, 256 windows) are recorded, so the snapshots compare growth,
+    not where each buffer stood in its cycle (earlier tests in the session move that)."""
+    instruments = mode._recorder._instruments
+    instruments.durations.flush()
+    instruments.busbw.flush()
+    instruments.exposure.flush()
+
+
 def test_memory_after_clear_is_bounded(fake_world) -> None:
     model = _model(fake_world)
     reused = CommDebugMode(module=model)
     _run_windows(MEMORY_WINDOWS // 3, seed=10, model=model, reused=CommDebugMode())  # warm caches
+    _collect_waiting_metrics(reused)
     gc.collect()
     tracemalloc.start()
     try:
@@ -258,6 +269,7 @@ def test_memory_after_clear_is_bounded(fake_world) -> None:
         with reused:
             model(torch.randn(4, 16)).sum()
         reused.clear()
+        _collect_waiting_metrics(reused)
         gc.collect()
         after = tracemalloc.take_snapshot()
     finally:
