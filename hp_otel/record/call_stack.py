@@ -129,6 +129,8 @@ class CallStack:
                 if len(codes) >= _CACHE_LIMIT:
                     codes.clear()
                 known = codes[id(code)] = (code, None if self._is_library(code.co_filename) else {})
+                if known[1] is not None:
+                    _remember_module(code.co_filename, frame.f_globals)
             lines = known[1]
             if lines is not None:  # the user's code
                 line = frame.f_lineno
@@ -146,6 +148,25 @@ class CallStack:
         if filename.startswith(self._packages):
             return True
         return filename.startswith(self._stdlib) and not (self._keep and filename.startswith(self._keep))
+
+
+# The user's files -> their module's name, for semconv's fully qualified `code.function.name`
+# (`module.Class.method`; 1.33+): the frames stay "file:line:qualname", the form Flight Recorder's
+# frames are compared in.  Filled once per code object first seen, bounded like the code cache.
+_modules: dict[str, str] = {}
+
+
+def _remember_module(filename: str, module_globals: dict[str, object]) -> None:
+    name = module_globals.get("__name__")
+    if isinstance(name, str) and name and _modules.get(filename) != name:
+        if len(_modules) >= _CACHE_LIMIT:
+            _modules.clear()
+        _modules[filename] = name
+
+
+def module_of(filename: str) -> str | None:
+    """The module a captured frame's file was running as (None if not seen: the name stays unqualified)."""
+    return _modules.get(filename)
 
 
 _shared: dict[tuple[int, tuple[str, ...]], CallStack] = {}

@@ -24,6 +24,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 
 from hp_otel.common import _otel_compat
 from hp_otel.record import events as ev
+from hp_otel.record.call_stack import module_of
 from hp_otel.record.matching import Window
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
@@ -295,7 +296,7 @@ class SpanBuilder:
         phase = self._phase()
         attrs = codec.encode_redistribute(e.src_placements, e.dst_placements, e.shape, phase)
         if e.stack:
-            codec.encode_call_stack(attrs, e.stack)
+            codec.encode_call_stack(attrs, e.stack, module_of)
         self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, e.time_ns)
 
     def _redistribute_exit(self, e: ev.RedistributeExit) -> None:
@@ -317,7 +318,7 @@ class SpanBuilder:
         if e.issued_by is not None:
             attrs[s.COLLECTIVE_ISSUED_BY] = e.issued_by
         if e.stack:
-            codec.encode_call_stack(attrs, e.stack)
+            codec.encode_call_stack(attrs, e.stack, module_of)
         finished = e.error is None and e.completion != s.COMPLETION_LAUNCH
         if finished:  # its end is known: the bandwidth goes in with the start's attributes (one SDK call less)
             attrs.update(bandwidth_attributes(info.op, info.bytes, info.group_size, e.end_ns - e.start_ns))
@@ -384,7 +385,7 @@ class SpanBuilder:
         attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, issue.fqn, issue.phase)
         attrs[s.COLLECTIVE_IN_FLIGHT] = True
         if issue.stack:
-            codec.encode_call_stack(attrs, issue.stack)
+            codec.encode_call_stack(attrs, issue.stack, module_of)
         trace_id = parent.trace_id if parent.is_valid else RandomIdGenerator().generate_trace_id()
         context = SpanContext(trace_id, RandomIdGenerator().generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
         events = ()

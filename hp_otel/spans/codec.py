@@ -11,7 +11,7 @@ the same way, so they cache what repeats every step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -151,15 +151,23 @@ def encode_collective_match(seq: int, window: str, match_id: str) -> dict[str, A
     return {s.COLLECTIVE_SEQ: seq, s.COLLECTIVE_WINDOW: window, s.COLLECTIVE_MATCH_ID: match_id}
 
 
-def encode_call_stack(attrs: dict[str, Any], stack: Sequence[str]) -> None:
-    """Add the user's frames (innermost first) and the innermost one as OTel's code attributes."""
+def _no_module(path: str) -> str | None:
+    return None
+
+
+def encode_call_stack(
+    attrs: dict[str, Any], stack: Sequence[str], module_of: Callable[[str], str | None] = _no_module
+) -> None:
+    """Add the user's frames (innermost first) and the innermost one as OTel's code attributes,
+    the function fully qualified with the module `module_of(file)` names (semconv 1.33+)."""
     if not stack:
         return
     attrs[s.CALL_STACK] = tuple(stack)
     path, line, function = split_frame(stack[0])
     attrs[s.CODE_FILE_PATH] = path
     attrs[s.CODE_LINE_NUMBER] = line
-    attrs[s.CODE_FUNCTION_NAME] = function
+    module = module_of(path)
+    attrs[s.CODE_FUNCTION_NAME] = f"{module}.{function}" if module and function else function
 
 
 def split_frame(text: str) -> tuple[str, int, str]:

@@ -11,8 +11,10 @@ from typing import Final
 
 INSTRUMENTATION_NAME: Final = "hp_otel"
 # The instrumentation scope's schema URL: the semantic-conventions release the standard names
-# used here follow (error.type, host.name, process.pid, service.*; error.type is in it since 1.21).
-SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.26.0"
+# used here follow (error.type, host.name, process.pid, service.*, and code.file.path /
+# code.line.number / code.function.name: renamed from code.filepath / code.lineno / code.function in
+# 1.30, stable with code.function.name fully qualified in 1.33.0, which is why we claim that one).
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.33.0"
 
 # --- what a span is -------------------------------------------------------
 CALL_KIND: Final = "hp.call.kind"
@@ -23,11 +25,12 @@ KIND_REDISTRIBUTE: Final = "redistribute"
 CALL_KINDS: Final = (KIND_MODULE, KIND_OP, KIND_COLLECTIVE, KIND_REDISTRIBUTE)
 
 # Opt-in (CommDebugMode(stack=...)): the user's frames issuing a collective or redistribute,
-# innermost first, each "file:line:function" (library frames dropped, at most the depth asked).
+# innermost first, each "file:line:module.function" (library frames dropped, at most the depth asked).
 # A string array, not OTel's `code.stacktrace`: that is one string in the runtime's own traceback
 # format (outermost first, source lines, every frame); this one is filtered, cut and listable.
 CALL_STACK: Final = "hp.call.stack"
-# The innermost of those frames also in OTel's stable code attributes (what backends link to source).
+# The innermost of those frames also in OTel's stable code attributes (what backends link to source);
+# the function is fully qualified ("pkg.module.Class.method"), as semconv 1.33+ defines it.
 CODE_FILE_PATH: Final = "code.file.path"
 CODE_LINE_NUMBER: Final = "code.line.number"
 CODE_FUNCTION_NAME: Final = "code.function.name"

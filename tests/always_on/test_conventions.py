@@ -65,6 +65,18 @@ def test_without_a_run_the_sdk_keeps_its_own_instance_id(monkeypatch) -> None:
     assert "/rank" not in instance
 
 
+def test_the_schema_url_claims_the_release_our_code_attribute_names_come_from() -> None:
+    """1.26 named them `code.filepath`/`code.lineno`/`code.function`; the names we emit (and
+    `code.function.name` fully qualified) are those of 1.33.0, where the code.* namespace became stable."""
+    from opentelemetry.semconv.attributes import code_attributes
+    from opentelemetry.semconv.schemas import Schemas
+
+    assert s.SCHEMA_URL in {schema.value for schema in Schemas}  # a released schema, not a made-up one
+    assert s.SCHEMA_URL == Schemas.V1_33_0.value
+    stable = {code_attributes.CODE_FILE_PATH, code_attributes.CODE_LINE_NUMBER, code_attributes.CODE_FUNCTION_NAME}
+    assert {s.CODE_FILE_PATH, s.CODE_LINE_NUMBER, s.CODE_FUNCTION_NAME} == stable
+
+
 def test_scope_schema_url_and_the_duration_description() -> None:
     from events import collective
 

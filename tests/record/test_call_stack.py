@@ -68,7 +68,8 @@ def test_a_collective_names_the_users_lines_innermost_first_without_library_fram
     assert not [f for f in stack if f.startswith(LIBRARY_DIRS)]
     assert span.attributes[s.CODE_FILE_PATH] == HERE
     assert span.attributes[s.CODE_LINE_NUMBER] == inner
-    assert span.attributes[s.CODE_FUNCTION_NAME] == "_issue"
+    # semconv (1.33+): the function's fully qualified name, module included, as Python names it
+    assert span.attributes[s.CODE_FUNCTION_NAME] == f"{_issue.__module__}.{_issue.__qualname__}"
 
 
 def test_the_depth_limit_keeps_the_innermost_frames(fake_world) -> None:
