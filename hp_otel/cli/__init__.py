@@ -50,6 +50,11 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
         "--otlp-protocol", choices=PROTOCOLS, help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)"
     )
     demo.add_argument(
+        "--otlp-traces-only",
+        action="store_true",
+        help="send only spans over OTLP, no metrics (a traces-only backend); the same as OTEL_METRICS_EXPORTER=none",
+    )
+    demo.add_argument(
         "--prometheus-port", type=port, metavar="N", help="serve /metrics on N + local rank (0: any free port)"
     )
     demo.add_argument(
@@ -71,6 +76,7 @@ def _demo(args: argparse.Namespace) -> int:
             noise_level=args.noise_level,
             otlp_endpoint=args.otlp_endpoint,
             otlp_protocol=args.otlp_protocol,
+            otlp_traces_only=args.otlp_traces_only,
             prometheus_port=args.prometheus_port,
             steps=args.steps,
             linger_s=args.linger,

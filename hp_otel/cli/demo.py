@@ -30,6 +30,7 @@ class DemoConfig:
     otlp_endpoint: str | None = None  # export spans and metrics over OTLP (hp_otel.configure)
     otlp_protocol: str | None = None  # grpc | http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)
     prometheus_port: int | None = None  # base port: rank r serves /metrics on base + r
+    otlp_traces_only: bool = False  # OTLP spans only (a traces-only backend): as OTEL_METRICS_EXPORTER=none
     steps: int = 1
     linger_s: float = 0.0  # keep /metrics up this long after the last step (for a scraper)
     run_id: str = ""
@@ -68,6 +69,8 @@ def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = N
     init_gloo(rank, config.world_size, config.port)
     say(f"{config.world_size} ranks joined the gloo group; running {config.steps} step(s)")
     telemetry = None
+    if config.otlp_traces_only:  # this rank's own environment: the same path as the user's setting
+        os.environ["OTEL_METRICS_EXPORTER"] = "none"
     if config.exporting:
         telemetry = hp_otel.configure(
             endpoint=config.otlp_endpoint,

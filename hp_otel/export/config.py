@@ -71,8 +71,14 @@ def installed_exporters(signal: str) -> list[str]:
     return sorted(names)
 
 
-def _exporters_for(signal: str, names: set[str] | None, otlp_by_endpoint: bool, otlp_by_argument: bool) -> tuple:
-    """Which exporters a signal gets: `OTEL_<SIGNAL>_EXPORTER`'s names, OTLP when an endpoint says so."""
+def _exporters_for(
+    signal: str, names: set[str] | None, otlp_by_endpoint: bool, otlp_by_argument: bool, otlp_by_signal_argument: bool
+) -> tuple:
+    """Which exporters a signal gets: `OTEL_<SIGNAL>_EXPORTER`'s names, OTLP when an endpoint says so.
+
+    `none` in the variable wins over the shared `endpoint=` argument (it says where to send, not
+    which signals: a traces-only backend answers 404 on /v1/metrics); only the signal's own
+    argument (`metrics_endpoint=`) asks for it by name and wins over `none`."""
     variable = f"OTEL_{signal.upper()}_EXPORTER"
     if names is None:  # not set: OTLP when an endpoint is set (hp_otel exports nothing by default)
         chosen = [OTLP] if otlp_by_endpoint or otlp_by_argument else []
@@ -84,7 +90,8 @@ def _exporters_for(signal: str, names: set[str] | None, otlp_by_endpoint: bool, 
                 f"allowed: {', '.join(installed_exporters(signal))}"
             )
         chosen = sorted(names - {NONE, PROMETHEUS})
-        if otlp_by_argument and OTLP not in chosen:  # configure(endpoint=...) wins over the variable
+        asked = otlp_by_signal_argument or (otlp_by_argument and NONE not in names)
+        if asked and OTLP not in chosen:  # configure(endpoint=...) adds OTLP to the variable's names
             chosen.append(OTLP)
     return tuple(chosen)
 
@@ -180,9 +187,11 @@ class ExportConfig:
 
         OTLP export is on when an endpoint is set (argument or `OTEL_EXPORTER_OTLP_*ENDPOINT`)
         or `OTEL_<SIGNAL>_EXPORTER` names `otlp`; that variable may also name `console`,
-        `none` or any exporter installed for the SDK. A Prometheus endpoint when a port is set
-        (argument or `OTEL_EXPORTER_PROMETHEUS_PORT`) or `OTEL_METRICS_EXPORTER` names
-        `prometheus` (port 9464). Settings left None here are read by the SDK from `os.environ`.
+        `none` or any exporter installed for the SDK. `none` turns the signal off even with
+        `endpoint=` (only `traces_endpoint=` / `metrics_endpoint=` name a signal over it).
+        A Prometheus endpoint when a port is set (argument or `OTEL_EXPORTER_PROMETHEUS_PORT`)
+        or `OTEL_METRICS_EXPORTER` names `prometheus` (port 9464). Settings left None here are read
+        by the SDK from `os.environ`.
         """
         base_protocol = protocol or env_value("OTEL_EXPORTER_OTLP_PROTOCOL", environ)
         protocols = {}
@@ -206,6 +215,7 @@ class ExportConfig:
                 _exporter_names(f"OTEL_{signal.upper()}_EXPORTER", environ),
                 otlp_by_endpoint=bool(base_in_env or specific_in_env),
                 otlp_by_argument=bool(endpoint or specific_arg),
+                otlp_by_signal_argument=bool(specific_arg),
             )
             # Only an argument is resolved here; else the exporter reads the variables itself.
             endpoints[signal] = (
