@@ -160,3 +160,33 @@ def test_the_node_collector_adds_the_pods_k8s_attributes_with_the_rights_it_need
     rules = {r: set(rule["verbs"]) for rule in by_kind["ClusterRole"]["rules"] for r in rule["resources"]}
     assert all(rules[r] >= {"get", "watch", "list"} for r in ("pods", "namespaces", "replicasets"))
     assert by_kind["ClusterRoleBinding"]["subjects"][0]["name"] == by_kind["ServiceAccount"]["metadata"]["name"]
+
+
+def test_grafanas_anonymous_visitors_only_view() -> None:
+    """Anonymous access is on so a dashboard opens without a login; as Admin every visitor could
+    change data sources, dashboards and users."""
+    grafana = _yaml(DEPLOY / "docker-compose.yml")[0]["services"]["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+
+
+# The releases the compose file pins (looked up 2026-12-02: each project's release notes / the
+# images' renovate updates); a test so that an edit of one is a visible decision.
+PINNED_IMAGES = {
+    "otel-collector": "otel/opentelemetry-collector-contrib:0.155.0",
+    "jaeger": "jaegertracing/jaeger:2.21.0",
+    "tempo": "grafana/tempo:2.9.2",  # the last 2.x: 3.x changes the configuration tempo.yaml uses
+    "prometheus": "prom/prometheus:v3.14.0",
+    "grafana": "grafana/grafana:13.2.0",
+}
+
+
+def test_every_image_is_pinned_to_a_release() -> None:
+    services = _yaml(DEPLOY / "docker-compose.yml")[0]["services"]
+    assert {name: service["image"] for name, service in services.items()} == PINNED_IMAGES
+
+
+def test_the_node_collector_runs_the_release_the_compose_stack_pins() -> None:
+    (daemonset,) = [d for d in _yaml(DEPLOY / "k8s/otel-collector-daemonset.yaml") if d["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == PINNED_IMAGES["otel-collector"]
