@@ -1,4 +1,5 @@
-"""deploy/alerts: the hang alerts are proven by `promtool test rules`, on names hp_otel really exports."""
+"""deploy/alerts: the hang, slow-rank and exposed-communication alerts are proven by `promtool test rules`,
+on names hp_otel really exports."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_promtool_fails_a_rule_that_does_not_fire(tmp_path: Path) -> None:
     assert result.returncode != 0 and "HpOtelRankStale" in result.stdout + result.stderr
 
 
-def test_rules_use_only_names_hp_otel_exports() -> None:
+def test_rules_use_only_names_hp_otel_exports(fake_world) -> None:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
     from prometheus_client import REGISTRY, generate_latest
@@ -56,8 +57,15 @@ def test_rules_use_only_names_hp_otel_exports() -> None:
     reader = PrometheusMetricReader()
     provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0, "hp.run.id": "run-1"}))
     try:
+        import torch
+
+        from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+
         with CommDebugMode(meter_provider=provider) as mode:
             design_mlp_forward(mode.observer)
+        model = build_tp_mlp(2)  # its async collectives give the busbw and exposed-communication metrics
+        with CommDebugMode(module=model, meter_provider=provider) as mode:
+            train_step(model, torch.randn(4, 16, requires_grad=True))
             mode.observer.on_collective_issue(ALL_REDUCE, time.time_ns())  # one in flight: the oldest gauge has a point
             text = generate_latest(REGISTRY).decode()
     finally:
@@ -71,7 +79,12 @@ def test_rules_use_only_names_hp_otel_exports() -> None:
         exported.update(re.findall(r'(\w+)="', rest))
     rules = (ALERTS / "hp_otel_rules.yml").read_text()
     used = set(re.findall(r"\bhp_collective_\w+|\bhp_rank\b|\bhp_run_id\b|\btarget_info\b", rules))
-    assert {"hp_collective_since_last_completion_seconds", "hp_collective_oldest_in_flight_age_seconds"} <= used
+    assert {
+        "hp_collective_since_last_completion_seconds",
+        "hp_collective_oldest_in_flight_age_seconds",
+        "hp_collective_busbw_bytes_per_second_sum",
+        "hp_collective_exposed_seconds_total",
+    } <= used
     assert used - exported == set()
     test_series = (ALERTS / "hp_otel_rules_test.yml").read_text()
     assert set(re.findall(r"\bhp_collective_\w+_seconds\b", test_series)) <= exported

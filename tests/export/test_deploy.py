@@ -14,12 +14,13 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import servers
 import yaml
-from events import design_mlp_forward
+from events import ALL_REDUCE, design_mlp_forward
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -64,8 +65,11 @@ def test_collector_pipelines_use_only_defined_components(path) -> None:
         assert config["exporters"]["prometheus"]["resource_to_telemetry_conversion"]["enabled"] is True
 
 
-def _exported_names() -> set[str]:
-    """Metric and label names in a real Prometheus exposition of hp_otel's metrics (with target_info)."""
+def _exported_names(tp_step: bool = False) -> set[str]:
+    """Metric and label names in a real Prometheus exposition of hp_otel's metrics (with target_info).
+
+    With `tp_step`, a TP-MLP step over the fake process group too (its async collectives give the
+    busbw and exposed-communication metrics) and one collective left in flight (the oldest gauge)."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
     from prometheus_client import REGISTRY, generate_latest
@@ -78,7 +82,18 @@ def _exported_names() -> set[str]:
     try:
         with CommDebugMode(meter_provider=provider) as mode:
             design_mlp_forward(mode.observer)
-        text = generate_latest(REGISTRY).decode()
+        if tp_step:
+            import torch
+
+            from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+
+            model = build_tp_mlp(2)
+            with CommDebugMode(module=model, meter_provider=provider) as mode:
+                train_step(model, torch.randn(4, 16, requires_grad=True))
+                mode.observer.on_collective_issue(ALL_REDUCE, time.time_ns())  # in flight: the oldest gauge
+                text = generate_latest(REGISTRY).decode()
+        else:
+            text = generate_latest(REGISTRY).decode()
     finally:
         provider.shutdown()
     names = set()
@@ -91,11 +106,11 @@ def _exported_names() -> set[str]:
     return names
 
 
-def test_dashboard_queries_use_only_names_hp_otel_exports() -> None:
+def test_dashboard_queries_use_only_names_hp_otel_exports(fake_world) -> None:
     dashboard = json.loads((DEPLOY / "grafana/dashboards/hp_otel_collectives.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    assert len(exprs) >= 6
-    exported = _exported_names()
+    assert len(exprs) >= 12
+    exported = _exported_names(tp_step=True)
     for required in ("hp_collective_calls_total", "hp_collective_bytes_total", "hp_collective_duration_seconds_bucket"):
         assert required in exported
     used = {name for expr in exprs for name in re.findall(r"\bhp_\w+", expr)}

@@ -106,8 +106,10 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus") or ("/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
 
 
-def start_prometheus(workdir: Path, targets: list[str], file_sd: Path | None = None) -> tuple[Server, str]:
-    """Prometheus scraping `targets` (or the file_sd targets in folder `file_sd`) every second.
+def start_prometheus(
+    workdir: Path, targets: list[str], file_sd: Path | None = None, interval: str = "1s"
+) -> tuple[Server, str]:
+    """Prometheus scraping `targets` (or the file_sd targets in folder `file_sd`) every `interval`.
 
     Returns (server, base URL of its HTTP API).
     """
@@ -121,7 +123,7 @@ def start_prometheus(workdir: Path, targets: list[str], file_sd: Path | None = N
         else f"    static_configs:\n      - targets: {json.dumps(targets)}\n"
     )
     config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
         "scrape_configs:\n  - job_name: hp_otel\n" + discovery
     )
     port = free_port()
