@@ -61,13 +61,25 @@ def nbytes_of(value: Any) -> int:
 
 def _torch_group(pg: Any) -> GroupDetails:
     ranks: tuple[int, ...] = ()
+    backend = ""
     try:
         import torch.distributed as dist
 
         ranks = tuple(dist.get_process_group_ranks(pg))
+        backend = str(dist.get_backend(pg)).lower()
     except Exception:  # a group the default-group registry does not know
         pass
-    return GroupDetails(int(pg.size()), str(getattr(pg, "group_name", "") or ""), ranks)
+    return GroupDetails(int(pg.size()), str(getattr(pg, "group_name", "") or ""), ranks, backend)
+
+
+def _mindspore_backend() -> str:
+    """MindSpore's one communication library of the process (`init()` chose it: hccl, nccl or mccl)."""
+    try:
+        from mindspore.communication import GlobalComm
+
+        return str(GlobalComm.BACKEND).lower()
+    except Exception:  # a MindSpore without it
+        return ""
 
 
 def _named_group(name: str) -> GroupDetails:
@@ -80,12 +92,12 @@ def _named_group(name: str) -> GroupDetails:
             ranks = tuple(int(r) for r in communication.get_process_group_ranks(name))
         except Exception:
             ranks = ()
-        return GroupDetails(size, name, ranks)
+        return GroupDetails(size, name, ranks, _mindspore_backend())
     if "torch.distributed" in sys.modules:
         from hp_otel.sources.pytorch._compat import resolve_process_group
 
         details = _torch_group(resolve_process_group(name))
-        return GroupDetails(details.size, name, details.ranks)
+        return GroupDetails(details.size, name, details.ranks, details.backend)
     return GroupDetails(0, name, ())
 
 
@@ -125,7 +137,12 @@ class GroupResolver:
             inner_details = self(inner) if inner is not None and not isinstance(inner, str) else None
             name = getattr(group, "group_name", None) or (inner if isinstance(inner, str) else "")
             ranks = inner_details.ranks if inner_details is not None else ()
-            return GroupDetails(int(rank_size), str(name or (inner_details.name if inner_details else "")), ranks)
+            backend = inner_details.backend if inner_details is not None else ""
+            if not backend and isinstance(inner, str):
+                backend = self(inner).backend
+            return GroupDetails(
+                int(rank_size), str(name or (inner_details.name if inner_details else "")), ranks, backend
+            )
         if callable(getattr(group, "size", None)):
             return _torch_group(group)
         return NO_GROUP
@@ -190,6 +207,7 @@ class CallReader:
             bytes=nbytes_of(inputs),
             reduce_op=reduce_op_name(arguments.get(self._reduce)) if self._reduce else "",
             is_async=self.is_async(arguments),
+            backend=group.backend,
         )
 
 

@@ -133,6 +133,8 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
         s.COLLECTIVE_REDUCE_OP: info.reduce_op,
         s.COLLECTIVE_ASYNC: info.is_async,
     }
+    if info.backend:
+        attrs[s.COLLECTIVE_BACKEND] = info.backend
     if info.param_module:
         attrs[s.COLLECTIVE_PARAM_MODULE] = info.param_module
     if info.peers:
@@ -312,6 +314,7 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
         param_module=str(get(s.COLLECTIVE_PARAM_MODULE, "")),
         peers=tuple(get(s.COLLECTIVE_PEERS, ())),
         tags=tuple(get(s.COLLECTIVE_TAGS, ())),
+        backend=str(get(s.COLLECTIVE_BACKEND, "")),
     )
 
 
@@ -355,6 +358,7 @@ class MetricKey(NamedTuple):
 
     collective_name: str
     collective_op: str
+    backend: str  # "" when the source could not tell: the attribute is dropped
     group_size: int
     dtype: str
     phase: str
@@ -365,7 +369,14 @@ class MetricKey(NamedTuple):
     def of(cls, info: CollectiveInfo, phase: str, fqn: str | None, error: BaseException | None = None) -> MetricKey:
         """The one place a key is made: a collective's series, in `phase` inside module `fqn`."""
         return cls(
-            info.name, info.op, info.group_size, info.dtype, phase, fqn, "" if error is None else error_type(error)
+            info.name,
+            info.op,
+            info.backend,
+            info.group_size,
+            info.dtype,
+            phase,
+            fqn,
+            "" if error is None else error_type(error),
         )
 
 
@@ -374,6 +385,7 @@ def metric_attributes(key: MetricKey) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         s.COLLECTIVE_NAME: key.collective_name,
         s.COLLECTIVE_OP: key.collective_op,
+        **({s.COLLECTIVE_BACKEND: key.backend} if key.backend else {}),
         s.COLLECTIVE_GROUP_SIZE: key.group_size,
         s.COLLECTIVE_DTYPE: key.dtype,
         s.PHASE: key.phase,

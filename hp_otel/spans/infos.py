@@ -44,11 +44,12 @@ class OpInfo:
 
 @dataclass(frozen=True)
 class GroupDetails:
-    """A collective's process group as a source resolved it (size, name, global ranks)."""
+    """A collective's process group as a source resolved it (size, name, global ranks, backend)."""
 
     size: int
     name: str
     ranks: tuple[int, ...]
+    backend: str = ""  # the communication library: "nccl", "gloo", "hccl", "mccl", "fake", ... ("" unknown)
 
 
 NO_GROUP = GroupDetails(0, "", ())  # a call without a group argument the source could read
@@ -72,6 +73,7 @@ class CollectiveInfo:
     param_module: str = ""  # FSDP: the module whose parameters it gathers or reduces
     peers: tuple[int, ...] = ()  # point-to-point: the peer's global rank (one per op of a batch)
     tags: tuple[int, ...] = ()  # point-to-point: the tag (one per op of a batch)
+    backend: str = ""  # the group's communication library ("nccl", "gloo", "hccl", "mccl", "fake"; "" unknown)
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,12 @@ OP_OUTPUT_MESH_NDIMS: Final = "hp.op.output_mesh_ndims"
 # --- collective spans -----------------------------------------------------
 COLLECTIVE_NAME: Final = "hp.collective.name"  # as the framework calls it
 COLLECTIVE_OP: Final = "hp.collective.op"  # normalised, see NORMALISED_OPS
+# The communication library the group runs on, as the framework names it: nccl, gloo, hccl, mccl,
+# fake, mpi, ucc, ... (lowercase, a handful of values).  Semconv registers no attribute for it (no
+# collective-communication conventions exist); `db.system.name` / `rpc.system.name` are the pattern
+# followed: a well-known lowercase name of the system, on spans and metrics alike.  Ours, under
+# hp.collective.*, named "backend" as torch (`dist.get_backend`) and MindSpore (`init(backend)`) do.
+COLLECTIVE_BACKEND: Final = "hp.collective.backend"
 COLLECTIVE_GROUP_SIZE: Final = "hp.collective.group_size"
 COLLECTIVE_GROUP: Final = "hp.collective.group"
 COLLECTIVE_GROUP_RANKS: Final = "hp.collective.group_ranks"
@@ -186,6 +192,7 @@ ERROR_TYPE: Final = "error.type"
 METRIC_ATTRIBUTE_KEYS: Final = (
     COLLECTIVE_NAME,
     COLLECTIVE_OP,
+    COLLECTIVE_BACKEND,
     COLLECTIVE_GROUP_SIZE,
     COLLECTIVE_DTYPE,
     PHASE,

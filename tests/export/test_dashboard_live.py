@@ -101,3 +101,9 @@ def test_every_recording_rule_returns_data_from_the_live_run(prometheus) -> None
     for rule in records:
         result = servers.prometheus_query(prometheus, rule["expr"])
         assert sorted(r["metric"]["hp_rank"] for r in result) == ["0", "1"], (rule["record"], result)
+
+
+def test_the_series_name_the_backend_the_run_initialised(prometheus) -> None:
+    """The demo's ranks call init_process_group("gloo"): every collective series says so."""
+    series = servers.prometheus_query(prometheus, "hp_collective_calls_total")
+    assert series and {s["metric"].get("hp_collective_backend") for s in series} == {"gloo"}

@@ -6,7 +6,9 @@ from hp_otel.spans import schema
 from hp_otel.spans.codec import MetricKey, metric_attributes
 from hp_otel.spans.infos import CollectiveInfo
 
-_INFO = CollectiveInfo(name="_c10d_functional.all_reduce", op="all_reduce", group_size=4, dtype="torch.float32")
+_INFO = CollectiveInfo(
+    name="_c10d_functional.all_reduce", op="all_reduce", group_size=4, dtype="torch.float32", backend="nccl"
+)
 
 
 def test_a_key_names_every_metric_attribute_of_the_schema_in_order() -> None:
@@ -17,6 +19,7 @@ def test_a_key_names_every_metric_attribute_of_the_schema_in_order() -> None:
     assert attrs == {
         schema.COLLECTIVE_NAME: "_c10d_functional.all_reduce",
         schema.COLLECTIVE_OP: "all_reduce",
+        schema.COLLECTIVE_BACKEND: "nccl",
         schema.COLLECTIVE_GROUP_SIZE: 4,
         schema.COLLECTIVE_DTYPE: "torch.float32",
         schema.PHASE: "backward",

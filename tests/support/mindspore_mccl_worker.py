@@ -111,6 +111,7 @@ def mindspore_collectives() -> dict:
         _eq((a[schema.COLLECTIVE_GROUP_SIZE], a[schema.COLLECTIVE_GROUP]), (WORLD, WORLD_GROUP))
         _eq(a[schema.COLLECTIVE_GROUP_RANKS], tuple(range(WORLD)))
         _eq(span.name, a[schema.COLLECTIVE_OP])
+        _eq(a[schema.COLLECTIVE_BACKEND], "mccl")  # what init() picks on CPU (docs: MindSpore's CPU collectives)
     asyncs = sorted(s.attributes[schema.COLLECTIVE_INPUT_SHAPE] for s in spans if s.attributes[schema.COLLECTIVE_ASYNC])
     _eq(asyncs, [(3,), (5,)])
     in_fc2 = [s for s in spans if s.attributes[schema.COLLECTIVE_INPUT_SHAPE] == (2, 4)]
@@ -129,6 +130,7 @@ def mindspore_collectives() -> dict:
     for p in metric_points(reader, schema.METRIC_CALLS):
         calls[p.attributes[schema.COLLECTIVE_NAME]] += p.value
     _eq(calls, counts)
+    _eq({p.attributes.get(schema.COLLECTIVE_BACKEND) for p in metric_points(reader, schema.METRIC_CALLS)}, {"mccl"})
     _eq(sum(p.count for p in metric_points(reader, schema.METRIC_DURATION)), 7)
     return {"counts": mode.get_comm_counts(), "spans": len(spans)}
 
@@ -164,6 +166,7 @@ def hyper_parallel_on_mindspore() -> dict:
         _eq(mode.get_comm_module_counts()["fc2"], {"forward": {"differentiable_all_reduce": 1}})
         spans = [s for s in mode.get_finished_spans() if s.attributes[schema.CALL_KIND] == "collective"]
         _eq({s.attributes[schema.COLLECTIVE_GROUP_SIZE] for s in spans}, {WORLD})  # from get_group_size(name)
+        _eq({s.attributes.get(schema.COLLECTIVE_BACKEND) for s in spans}, {"mccl"})
         _eq(mode.get_callback_error_counts(), {})
         return {"counts": mode.get_comm_counts()}
 

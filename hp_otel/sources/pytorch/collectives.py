@@ -117,9 +117,19 @@ def _group_info(group: Any) -> GroupDetails:
         ranks = tuple(dist.get_process_group_ranks(pg))
     except Exception:  # a group the default-group registry does not know
         ranks = ()
-    info = GroupDetails(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks)
+    info = GroupDetails(
+        size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks, backend=backend_name(pg)
+    )
     _groups[key] = (weakref.ref(pg, functools.partial(_forget_group, key)), info)
     return info
+
+
+def backend_name(pg: Any) -> str:
+    """The group's communication library as torch names it ("gloo", "nccl", "fake"; "" if it cannot say)."""
+    try:
+        return str(dist.get_backend(pg)).lower()
+    except Exception:  # a group the default-group registry does not know
+        return ""
 
 
 def _forget_group(key: int, reference: weakref.ref[Any]) -> None:
@@ -212,6 +222,7 @@ class CollectiveSpec:
             param_module=param_module,
             peers=peers,
             tags=tags,
+            backend=ginfo.backend,
         )
 
     def describe_counts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CollectiveInfo:
@@ -234,6 +245,7 @@ class CollectiveSpec:
                 dtype=dtype_name(dtype) if dtype is not None else "",
                 bytes=nbytes,
                 is_async=self.functional,
+                backend=ginfo.backend,
             )
             if len(self._counts_infos) < _MAX_CACHED_INFOS:
                 self._counts_infos[key] = info
