@@ -4,7 +4,9 @@
 `BaseInstrumentor` subclass, found through the `opentelemetry_instrumentor` entry
 point, honouring `instrument(tracer_provider=..., meter_provider=...)` (default: the
 global providers, or — when nobody configured them — `hp_otel.configure()` from the
-OTEL_* environment) and suppression (`suppress_instrumentation()`: a step that starts
+OTEL_* environment, unlike contrib's instrumentors, which leave export to the distro: a
+visible choice, logged once, turned off by `configure_export=False` or
+`HP_OTEL_CONFIGURE_EXPORT=0`) and suppression (`suppress_instrumentation()`: a step that starts
 suppressed is not recorded).
 
 Each step is one CommDebugMode window inside the step's spans (`hp_otel.always_on.steps`):
@@ -32,6 +34,7 @@ from hp_otel.always_on.model_tracker import ModelTracker
 from hp_otel.always_on.package import _instruments, _instruments_any
 from hp_otel.always_on.steps import StepSpans, begin_step, running, set_step_handler
 from hp_otel.common import launcher_env
+from hp_otel.common.env_read import getenv
 from hp_otel.record import installation, metric_labels
 from hp_otel.record.call_stack import check_depth, depth_from_env
 from hp_otel.record.user_hooks import NO_HOOKS, UserHooks
@@ -52,8 +55,33 @@ def _is_configured(provider: Any, proxy_types: tuple[type, ...]) -> bool:
     return not isinstance(provider, proxy_types)
 
 
-def _resolve_providers(tracer_provider: Any, meter_provider: Any) -> tuple[Any, Any]:
-    """The caller's providers; else OTel's global ones if someone set them; else hp_otel.configure()'s."""
+CONFIGURE_EXPORT_VARIABLE = "HP_OTEL_CONFIGURE_EXPORT"
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _configure_export(value: Any) -> bool:
+    """Whether to configure export when no global providers are set: the argument, else
+    `HP_OTEL_CONFIGURE_EXPORT` (a bad value there is logged and the default kept), else yes."""
+    if value is not None:
+        if not isinstance(value, bool):
+            raise ValueError(f"configure_export must be True or False, got {value!r}")
+        return value
+    raw = (getenv(CONFIGURE_EXPORT_VARIABLE) or "").strip().lower()
+    if raw in _OFF:
+        return False
+    if raw and raw not in _ON:
+        logger.warning(
+            "hp_otel: %s must be 1/true/yes/on or 0/false/no/off, got %r; configuring export when no global "
+            "providers are set (the default)",
+            CONFIGURE_EXPORT_VARIABLE,
+            raw,
+        )
+    return True
+
+
+def _resolve_providers(tracer_provider: Any, meter_provider: Any, configure_export: bool = True) -> tuple[Any, Any]:
+    """The caller's providers; else OTel's global ones if someone set them; else hp_otel.configure()'s
+    (`configure_export`), or the global proxies as they are (contrib's way: export is the caller's)."""
     from opentelemetry.metrics import NoOpMeterProvider
     from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider
 
@@ -68,7 +96,16 @@ def _resolve_providers(tracer_provider: Any, meter_provider: Any) -> tuple[Any, 
         candidate = metrics.get_meter_provider()
         if _is_configured(candidate, (proxy_meter_provider_class(), NoOpMeterProvider)):
             meter_provider = candidate
+    if (tracer_provider is None or meter_provider is None) and not configure_export:
+        return tracer_provider or trace.get_tracer_provider(), meter_provider or metrics.get_meter_provider()
     if tracer_provider is None or meter_provider is None:
+        if export.configured() is None:
+            logger.info(
+                "hp_otel: no global OpenTelemetry providers are set, so the instrumentor exports with "
+                "hp_otel.configure() from the OTEL_* environment; instrument(configure_export=False) or "
+                "%s=0 leaves export to you (the global providers), as contrib instrumentors do",
+                CONFIGURE_EXPORT_VARIABLE,
+            )
         telemetry = export.configured() or export.configure()
         tracer_provider = tracer_provider or telemetry.tracer_provider
         meter_provider = meter_provider or telemetry.meter_provider
@@ -231,7 +268,9 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     `CommDebugMode(stack=...)` (True, or a depth 1..64); default: `HP_OTEL_STACK_DEPTH`
     (a depth, 0 or unset: off). An unsampled step walks no frame. `metric_module_depth=`: module
     levels the metrics keep (as in `CommDebugMode`; default $HP_OTEL_METRIC_MODULE_DEPTH, else 1:
-    the model's top-level children).
+    the model's top-level children). `configure_export=`: with no providers passed and none set
+    globally, True (default; `HP_OTEL_CONFIGURE_EXPORT`) exports with `hp_otel.configure()`, False
+    uses OTel's global (proxy) providers as contrib instrumentors do, leaving export to you.
     """
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -259,7 +298,9 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             logger.debug("hp_otel: a launcher process (torchrun/msrun): not instrumented")
             return
         tracer_provider, meter_provider = _resolve_providers(
-            kwargs.get("tracer_provider"), kwargs.get("meter_provider")
+            kwargs.get("tracer_provider"),
+            kwargs.get("meter_provider"),
+            _configure_export(kwargs.get("configure_export")),
         )
         _warn_if_resource_lacks_rank(tracer_provider)
         session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks, stack_depth, depth)
