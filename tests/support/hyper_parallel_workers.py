@@ -62,6 +62,7 @@ def _design_mlp(rank: int, world_size: int, release: str) -> None:
                 {
                     schema.COLLECTIVE_NAME: "differentiable_all_reduce",
                     schema.COLLECTIVE_OP: "all_reduce",
+                    schema.COLLECTIVE_BACKEND: "gloo",  # init_gloo below: init_process_group("gloo")
                     schema.COLLECTIVE_GROUP_SIZE: 2,
                     schema.COLLECTIVE_DTYPE: "torch.float32",
                     schema.PHASE: "forward",
