@@ -237,3 +237,27 @@ def test_the_scrape_job_honors_labels() -> None:
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert jobs["otel-collector"]["honor_labels"] is True
     assert jobs["hp_otel_ranks"]["file_sd_configs"][0]["files"] == ["/etc/prometheus/hp_otel_sd/*.json"]
+
+
+def test_the_oldest_in_flight_panel_shows_the_age_where_one_is_in_flight_and_0_elsewhere(tmp_path) -> None:
+    """The live run ends with nothing in flight (0 on both ranks, test_dashboard_live.py); here rank 1
+    has a collective in flight for 42 s: the gauge's age for it, 0 for rank 0 from its in-flight count."""
+    (expr,) = [e for title, e in dashboard_queries().items() if "Oldest in-flight" in title]
+    base = 'job="hp_otel_ranks", instance="10.0.0.{}:9464"'
+    series = [
+        {"series": f'target_info{{{base.format(1)}, hp_rank="0", hp_run_id="{RUN_ID}"}}', "values": "1 1"},
+        {"series": f'target_info{{{base.format(2)}, hp_rank="1", hp_run_id="{RUN_ID}"}}', "values": "1 1"},
+        {"series": f"hp_collective_in_flight_count{{{base.format(1)}}}", "values": "0 0"},
+        {"series": f"hp_collective_in_flight_count{{{base.format(2)}}}", "values": "1 1"},
+        {
+            "series": f'hp_collective_oldest_in_flight_age_seconds{{{base.format(2)}, hp_collective_op="all_reduce"}}',
+            "values": "10 42",
+        },
+    ]
+    test = {
+        "expr": expr,
+        "eval_time": SCRAPE,
+        "exp_samples": [{"labels": '{hp_rank="0"}', "value": 0}, {"labels": '{hp_rank="1"}', "value": 42}],
+    }
+    result = _run_promtool(tmp_path, "oldest", series, [test])
+    assert result.returncode == 0, result.stdout + result.stderr
