@@ -7,7 +7,11 @@ ends at its completion, often after the op that issued it returned; so modules, 
 redistributes go on the "calls" thread, and each rank's collectives on a thread per process
 group ("collectives tp [0,1]"), as Kineto shows a communication stream. Anything that
 would still overlap partially (async collectives of one group in flight together) moves to
-the next thread of its kind ("calls (2)", "collectives tp [0,1] (2)"). torch.profiler's chrome
+the next thread of its kind ("calls (2)", "collectives tp [0,1] (2)"). The same collective on
+each rank (`render/cross_rank.py`, as the timeline's dashed lines) is joined by a flow in
+Perfetto's "flow v2" form: `bind_id`, `flow_out` on one rank's event, `flow_in` on the next
+rank's, in the order the ranks started it (Perfetto sorts by time, and a flow must begin
+before it ends), so Perfetto draws an arrow from each rank's collective to the next one's. torch.profiler's chrome
 traces put `ts` in µs after `baseTimeNanoseconds` (Unix epoch); hp_otel's spans carry
 Unix-epoch nanoseconds, so merged events line up on the profiler's clock: hp_otel's
 collectives sit next to the kernels and CPU ops they launched.
@@ -15,6 +19,7 @@ collectives sit next to the kernels and CPU ops they launched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -22,6 +27,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from hp_otel.render.cross_rank import CollectiveKeys
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
@@ -71,12 +77,19 @@ def nesting_lanes(intervals: Sequence[tuple[int, int]]) -> list[int]:
 def trace_events(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], base_ns: int) -> list[dict[str, Any]]:
     """Metadata naming each rank's process and threads, then one complete event per call (µs after `base_ns`)."""
     events: list[dict[str, Any]] = []
+    same_collective: dict[tuple[Any, ...], list[tuple[int, int, dict[str, Any]]]] = {}  # key -> (start, rank, event)
     for rank in sorted(spans_by_rank):
         pid = PID_BASE + rank
         track = (("process_name", {"name": f"hp_otel rank {rank}"}), ("process_sort_index", {"sort_index": -1}))
         for name, args in track:
             events.append({"ph": "M", "name": name, "pid": pid, "tid": 0, "args": args})
         records = [record for root in build_call_tree(spans_by_rank[rank]) for record in root.walk()]
+        keys = CollectiveKeys()  # fed in call order, as the timeline feeds it
+        key_of = {
+            id(r): keys.key(r.attributes, str(r.attributes.get(s.COLLECTIVE_OP, "")) or r.name)[0]
+            for r in records
+            if r.kind == s.KIND_COLLECTIVE
+        }
         by_track: dict[str, list[CallRecord]] = {}
         for record in records:
             kind = _group_track(record.attributes) if record.kind == s.KIND_COLLECTIVE else "calls"
@@ -106,19 +119,44 @@ def trace_events(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], base_ns: i
                     }
                 )
             for record, lane in zip(members, lanes, strict=True):
-                events.append(
-                    {
-                        "ph": "X",
-                        "cat": f"hp_otel.{record.kind}",
-                        "name": record.name,
-                        "pid": pid,
-                        "tid": tids[lane],
-                        "ts": (record.start_ns - base_ns) / 1000,
-                        "dur": max(record.duration_ns, 0) / 1000,
-                        "args": _args(record),
-                    }
-                )
+                event = {
+                    "ph": "X",
+                    "cat": f"hp_otel.{record.kind}",
+                    "name": record.name,
+                    "pid": pid,
+                    "tid": tids[lane],
+                    "ts": (record.start_ns - base_ns) / 1000,
+                    "dur": max(record.duration_ns, 0) / 1000,
+                    "args": _args(record),
+                }
+                events.append(event)
+                if id(record) in key_of:
+                    same_collective.setdefault(key_of[id(record)], []).append((record.start_ns, rank, event))
+    for key, ranks in same_collective.items():
+        _join(ranks, _flow_id(key))
     return events
+
+
+def _flow_id(key: tuple[Any, ...]) -> str:
+    """A flow id as Perfetto reads one: hexadecimal (another string is dropped without a word), 64 bits.
+
+    The match id is such a number already, unique per collective; a key without one is hashed."""
+    if key[1] == "id":
+        return f"0x{key[2]}"
+    return "0x" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+
+
+def _join(ranks: list[tuple[int, int, dict[str, Any]]], bind_id: str) -> None:
+    """One flow from each rank's event of a collective to the next rank's, in start order (one rank: none)."""
+    if len(ranks) < 2:
+        return
+    ranks.sort(key=lambda item: item[:2])
+    for position, (_, _, event) in enumerate(ranks):
+        event["bind_id"] = bind_id
+        if position > 0:
+            event["flow_in"] = True
+        if position < len(ranks) - 1:
+            event["flow_out"] = True
 
 
 def read_profiler_trace(path: str | os.PathLike[str]) -> dict[str, Any]:

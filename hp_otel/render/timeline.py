@@ -22,6 +22,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.safe_text import printable
+from hp_otel.render.cross_rank import CollectiveKeys, group_label
 from hp_otel.spans import exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
@@ -112,18 +113,11 @@ def _detail(record: CallRecord) -> str:
     return "; ".join(parts)
 
 
-def _group_of(attrs: Mapping[str, Any]) -> str:
-    ranks = attrs.get(s.COLLECTIVE_GROUP_RANKS)
-    group = str(attrs.get(s.COLLECTIVE_GROUP, ""))
-    members = ",".join(map(str, ranks)) if isinstance(ranks, (tuple, list)) else ""
-    return f"{group} [{members}]" if members else group or "?"
-
-
 def bars(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> list[Bar]:
     """Every call of every rank as a bar; collectives on one row per group, matched across ranks by match id."""
     out: list[Bar] = []
     for rank, spans in spans_by_rank.items():
-        counters: dict[tuple[str, str], int] = {}
+        keys = CollectiveKeys()
         mine: list[Bar] = []
 
         def visit(
@@ -131,16 +125,13 @@ def bars(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> list[Bar]:
             depth: int,
             rank: int = rank,
             mine: list[Bar] = mine,
-            counters: dict[tuple[str, str], int] = counters,
+            keys: CollectiveKeys = keys,
         ) -> None:
             attrs = record.attributes
             if record.kind == s.KIND_COLLECTIVE:
                 op = str(attrs.get(s.COLLECTIVE_OP, "")) or record.name
-                group = _group_of(attrs)
-                index = counters[(group, op)] = counters.get((group, op), -1) + 1
-                match_id = attrs.get(s.COLLECTIVE_MATCH_ID)
-                # The match id every rank derives alike; spans of an older hp_otel: the k-th of its op in its group.
-                match = (group, "id", str(match_id)) if match_id else (group, "op", op, index)
+                match, index = keys.key(attrs, op)
+                group = group_label(attrs)
                 mine.append(
                     Bar(rank, -1, record.kind, _label(record), record.start_ns, record.end_ns, colour_of(record),
                         _detail(record), op, index, group=group, match=match, attributes=attrs)

@@ -12,7 +12,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.cli import main
 from hp_otel.cli.bench_scale import record_window
-from hp_otel.render.timeline import COLLECTIVE_COLOURS
+from hp_otel.render.chrome_trace import PID_BASE
+from hp_otel.render.rank_spans import load_rank_spans
+from hp_otel.render.timeline import COLLECTIVE_COLOURS, bars, matched_collectives
+from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import count_collectives
 from hp_otel.spans.otlp_json import write_spans
 
@@ -113,6 +116,42 @@ def test_chrome_trace_has_an_event_per_call_with_its_times(rank_files, tmp_path)
     event = next(e for e in calls if e["pid"] == 1_000_000 and e["name"] == first.name)
     assert event["ts"] == pytest.approx((first.start_time - base) / 1000)
     assert event["dur"] == pytest.approx((first.end_time - first.start_time) / 1000)
+
+
+@pytest.mark.parametrize("ranks, late", [(2, 1), (2, 0), (3, 0)])
+def test_chrome_trace_joins_the_collectives_the_timeline_joins_from_the_rank_that_started_first(
+    tmp_path, ranks, late
+) -> None:
+    """A flow per pair of ranks in start order: `late` starts everything SKEW_NS after the others."""
+    spans = record_window(14).get_finished_spans()
+    files = []
+    for rank in range(ranks):
+        files.append(tmp_path / f"spans_rank{rank}.json")
+        write_spans(files[-1], _as_rank(spans, rank, SKEW_NS * (rank == late) + 1000 * rank))
+    out = tmp_path / "trace.json"
+    assert main(["chrome-trace", *map(str, files), "-o", str(out)]) == 0
+    chains: dict[str, list[dict]] = {}
+    for event in json.loads(out.read_text())["traceEvents"]:
+        if "bind_id" in event:
+            assert event["cat"] == "hp_otel.collective"
+            chains.setdefault(event["bind_id"], []).append(event)
+    joined = matched_collectives(bars(load_rank_spans(files)))  # what the timeline's dashed lines join
+    assert len(chains) == len(joined) == count_collectives(spans)["_c10d_functional.all_reduce"] == 2
+    assert {str(c[0]["args"][s.COLLECTIVE_MATCH_ID]) for c in chains.values()} == {key[2] for key in joined}
+    for chain in chains.values():
+        assert len({str(e["args"][s.COLLECTIVE_MATCH_ID]) for e in chain}) == 1
+        order = sorted(chain, key=lambda e: e["ts"])
+        assert [e["pid"] - PID_BASE for e in order] == sorted(range(ranks), key=lambda r: (r == late, r))
+        assert [(e.get("flow_in", False), e.get("flow_out", False)) for e in order] == (
+            [(False, True)] + [(True, True)] * (ranks - 2) + [(True, False)]
+        )
+
+
+def test_chrome_trace_of_one_rank_has_no_flows(rank_files, tmp_path) -> None:
+    files, _ = rank_files
+    out = tmp_path / "trace.json"
+    assert main(["chrome-trace", str(files[0]), "-o", str(out)]) == 0
+    assert not [e for e in json.loads(out.read_text())["traceEvents"] if "bind_id" in e]
 
 
 def test_export_is_the_deprecated_name_of_chrome_trace(rank_files, tmp_path, capsys) -> None:

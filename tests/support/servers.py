@@ -4,6 +4,9 @@
 - Arize Phoenix: a real OTLP receiver (HTTP and gRPC) we did not write, installed by
   `.ci/run` into its own venv `.venv-phoenix` so its dependencies cannot change ours;
   found through `HP_OTEL_PHOENIX` or that path.
+- MLflow's tracking server: the trace backend ML teams already run (OTLP/HTTP only), in
+  its own venv `.venv-mlflow` (`HP_OTEL_MLFLOW` or that path); its client API is used from
+  that venv's python in a child process, so mlflow never enters ours.
 
 A missing server skips the test with the reason outside CI and fails it in CI
 (`CI` set, as `.ci/run` does), so CI never skips silently.
@@ -91,11 +94,11 @@ class Server:
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 10) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
-                self.process.wait(10)
+                self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(5)
@@ -207,6 +210,60 @@ def phoenix_spans(http_port: int, project: str = "default") -> list[dict[str, An
         cursor = page.get("next_cursor")
         if not cursor:
             return spans
+
+
+def mlflow_binary() -> Path | None:
+    candidates = [os.environ.get("HP_OTEL_MLFLOW"), str(REPO / ".venv-mlflow" / "bin" / "mlflow")]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def _mlflow_env(workdir: Path) -> dict[str, str]:
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "HOME": str(workdir)}
+    for key in [k for k in env if k.startswith(("OTEL_", "MLFLOW_TRACKING_"))]:
+        del env[key]  # MLflow must not export its own telemetry, nor find another tracking server
+    return env
+
+
+def start_mlflow(workdir: Path) -> tuple[Server, str]:
+    """`mlflow server` on a free loopback port over a fresh SQLite store; (server, its URL).
+
+    Ready in about 25 s on an idle machine, 80 s at load 10: start it once per test module.
+    """
+    binary = mlflow_binary()
+    if binary is None:
+        missing("MLflow is not installed (.venv-mlflow/bin/mlflow or HP_OTEL_MLFLOW)")
+    port = free_port()
+    store = f"sqlite:///{workdir / 'mlflow.db'}"
+    args = [str(binary), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    args += ["--backend-store-uri", store, "--artifacts-destination", str(workdir / "artifacts")]
+    server = Server(args, workdir / "mlflow.log", env=_mlflow_env(workdir))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(
+            lambda: urllib.request.urlopen(f"{url}/health", timeout=2).status == 200, 240, "MLflow ready", interval=1
+        )
+    except AssertionError:
+        server.close()
+        raise AssertionError(f"MLflow did not start:\n{server.log_tail()}") from None
+    return server, url
+
+
+def mlflow_client(script: str, *args: str, workdir: Path, timeout: float = 120) -> Any:
+    """Run `script` in the MLflow venv's python with `args`; what it printed as JSON (its last line)."""
+    binary = mlflow_binary()
+    assert binary is not None
+    done = subprocess.run(
+        [str(binary.parent / "python"), "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_mlflow_env(workdir),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def hp_otel_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

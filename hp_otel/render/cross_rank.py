@@ -1,0 +1,37 @@
+"""Which collective on one rank is which on another: what the timeline's dashed lines and the trace's flows join.
+
+The key is the collective's process group with its `hp.collective.match_id`, which every
+rank derives alike without talking to the others (`record/matching.py`). Spans of an
+older hp_otel carry no match id; there the k-th collective of an op in a group on one rank
+is the k-th on every other, as ranks run the same program. One place decides this, so the
+picture and the Perfetto trace never join different collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hp_otel.spans import schema as s
+
+
+def group_label(attrs: Mapping[str, Any]) -> str:
+    """The process group as the spans name it, with its ranks: `tp [0,1]` (a 2-D mesh has two groups per rank)."""
+    ranks = attrs.get(s.COLLECTIVE_GROUP_RANKS)
+    group = str(attrs.get(s.COLLECTIVE_GROUP, ""))
+    members = ",".join(map(str, ranks)) if isinstance(ranks, (tuple, list)) else ""
+    return f"{group} [{members}]" if members else group or "?"
+
+
+class CollectiveKeys:
+    """The cross-rank key of each collective of ONE rank, fed in call order (depth first, as `CallRecord.walk`)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def key(self, attrs: Mapping[str, Any], op: str) -> tuple[tuple[Any, ...], int]:
+        """(the key, the how-many-th collective of `op` in its group this is on this rank)."""
+        group = group_label(attrs)
+        index = self._seen[(group, op)] = self._seen.get((group, op), -1) + 1
+        match_id = attrs.get(s.COLLECTIVE_MATCH_ID)
+        return ((group, "id", str(match_id)) if match_id else (group, "op", op, index)), index
