@@ -135,6 +135,8 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
     }
     if info.param_module:
         attrs[s.COLLECTIVE_PARAM_MODULE] = info.param_module
+    if info.fake_group:
+        attrs[s.COLLECTIVE_FAKE_GROUP] = True
     if info.peers:
         attrs[s.COLLECTIVE_PEERS] = info.peers
         attrs[s.COLLECTIVE_TAGS] = info.tags
@@ -304,6 +306,7 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
         param_module=str(get(s.COLLECTIVE_PARAM_MODULE, "")),
         peers=tuple(get(s.COLLECTIVE_PEERS, ())),
         tags=tuple(get(s.COLLECTIVE_TAGS, ())),
+        fake_group=bool(get(s.COLLECTIVE_FAKE_GROUP, False)),
     )
 
 

@@ -49,6 +49,7 @@ class GroupDetails:
     size: int
     name: str
     ranks: tuple[int, ...]
+    fake: bool = False  # torch's fake process group: its calls return at once, nothing is sent or timed
 
 
 NO_GROUP = GroupDetails(0, "", ())  # a call without a group argument the source could read
@@ -72,6 +73,7 @@ class CollectiveInfo:
     param_module: str = ""  # FSDP: the module whose parameters it gathers or reduces
     peers: tuple[int, ...] = ()  # point-to-point: the peer's global rank (one per op of a batch)
     tags: tuple[int, ...] = ()  # point-to-point: the tag (one per op of a batch)
+    fake_group: bool = False  # on torch's fake process group: no duration, bandwidth or overlap means anything
 
 
 @dataclass(frozen=True)

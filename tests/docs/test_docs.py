@@ -81,6 +81,10 @@ def test_the_usage_block_runs_on_the_quick_start_model_and_returns_what_it_says(
             exec(compile(ast.Module([statement], []), "usage.md", "exec"), namespace)
     assert checked >= 3
     assert (tmp_path / "comm.txt").is_file() and (tmp_path / "comm.json").is_file()
+    with namespace["CommDebugMode"](module=model) as mode:  # the page's table is the same window's
+        model(x).sum().backward()
+    (shown,) = [c for _, c in _blocks(ROOT / "docs" / "guide" / "usage.md") if c.startswith("Type ")]
+    assert shown.rstrip("\n") == mode.generate_comm_debug_tracing_table(noise_level=2)
 
 
 def test_the_readmes_first_commands_set_up_and_test_as_ci_does() -> None:

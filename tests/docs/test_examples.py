@@ -63,21 +63,10 @@ def printed() -> dict[str, str]:
     return {Path(path).stem: ANSI.sub("", text) for path, text in json.loads(result.stdout).items()}
 
 
-# The level-3 table's footer (exposed communication) and bandwidths are measured: compared by shape.
-_FOOTER_FIGURES = re.compile(r"(?m)^(communication:|  \w+:) comm .*$")
-
-
-_BANDWIDTHS = re.compile(r"busbw=\S+ \S+ algbw=\S+ \S+")  # measured too (host time)
-
-
-def _stable(text: str) -> str:
-    text = _BANDWIDTHS.sub("busbw=<r> algbw=<r>", text)
-    return _FOOTER_FIGURES.sub(lambda m: f"{m.group(1)} comm <t> ms, exposed <t> ms, overlapped <t> ms (<f>%)", text)
-
-
 @pytest.mark.parametrize("name", FAKE_GROUP_EXAMPLES)
 def test_the_example_prints_its_documented_output(printed, name) -> None:
-    assert _stable(printed[name]) == _stable((EXAMPLES / "output" / f"{name}.txt").read_text())
+    # Exactly: on the fake process group nothing is timed (issue 35 item 2), so nothing printed varies.
+    assert printed[name] == (EXAMPLES / "output" / f"{name}.txt").read_text()
 
 
 def test_the_readme_snippet_is_the_example_and_its_output() -> None:

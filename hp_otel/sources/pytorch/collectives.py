@@ -117,9 +117,17 @@ def _group_info(group: Any) -> GroupDetails:
         ranks = tuple(dist.get_process_group_ranks(pg))
     except Exception:  # a group the default-group registry does not know
         ranks = ()
-    info = GroupDetails(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks)
+    info = GroupDetails(size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks, fake=_is_fake(pg))
     _groups[key] = (weakref.ref(pg, functools.partial(_forget_group, key)), info)
     return info
+
+
+def _is_fake(pg: Any) -> bool:
+    """torch's fake process group (`init_process_group("fake")`): collectives return at once, untimed."""
+    try:
+        return str(dist.get_backend(pg)) == "fake"
+    except Exception:  # a group the default-group registry does not know
+        return False
 
 
 def _forget_group(key: int, reference: weakref.ref[Any]) -> None:
@@ -212,6 +220,7 @@ class CollectiveSpec:
             param_module=param_module,
             peers=peers,
             tags=tags,
+            fake_group=ginfo.fake,
         )
 
     def describe_counts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CollectiveInfo:
