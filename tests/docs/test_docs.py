@@ -103,6 +103,14 @@ def test_the_settings_page_names_every_variable_the_package_reads() -> None:
     assert sorted(v for v in read if f"`{v}`" not in page) == []
 
 
+def test_the_cli_reference_says_where_every_subcommand_is_explained() -> None:
+    from hp_otel.cli import COMMANDS
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    where = page[page.index("Where each command is explained") : page.index("<!-- cli-help -->")]
+    assert [c.name for c in COMMANDS if f"`{c.name}`" not in where] == []
+
+
 def test_the_cli_reference_shows_every_subcommands_help() -> None:
     import importlib.util
 
