@@ -103,6 +103,16 @@ def test_the_settings_page_names_every_variable_the_package_reads() -> None:
     assert sorted(v for v in read if f"`{v}`" not in page) == []
 
 
+def test_the_built_site_works_from_disk_without_the_network() -> None:
+    """Opened as files, the site's links must name .html files and search must not fetch its
+    Web Worker shim from unpkg.com (issue 35 item 6)."""
+    config = (ROOT / "mkdocs.yml").read_text()  # read as text: PyYAML is no test dependency
+    plugins = config[config.index("\nplugins:\n") :]
+    assert re.search(r"(?m)^  - offline$", plugins)
+    (shim,) = re.findall(r"(?m)^    - (\S*iframe-worker\S*)", config)
+    assert not shim.startswith(("http:", "https:")) and (ROOT / "docs" / shim).is_file()
+
+
 def test_the_cli_reference_says_where_every_subcommand_is_explained() -> None:
     from hp_otel.cli import COMMANDS
 
