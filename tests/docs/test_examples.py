@@ -30,7 +30,7 @@ from hp_otel import CommDebugMode
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-FAKE_GROUP_EXAMPLES = ("tp_mlp", "tp_sp_transformer", "fsdp2", "migrate_from_torch")
+FAKE_GROUP_EXAMPLES = ("tp_mlp", "tp_sp_transformer", "fsdp2", "migrate_from_torch", "fused_qkv")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 _RUN_EACH = """
@@ -95,6 +95,21 @@ def test_the_tp_sp_transformer_counts_equal_the_referee(fake_world) -> None:
     assert mode.get_comm_counts() == dict(referee.counts)
     assert mode.get_comm_module_counts() == referee.module_counts_dict()
     assert Counter(mode.get_comm_counts(normalized=True)) == Counter(all_gather=11, reduce_scatter=10)
+
+
+def test_the_fused_qkv_attention_counts_equal_the_referee(fake_world) -> None:
+    """docs/guide/your-model.md reads this table: the fused projection's split is an all_gather
+    in the forward of the module that splits it, its backward two more, as the referee counts."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    example = _load("fused_qkv")
+    model = example.parallelize(example.FusedAttention(), init_device_mesh("cpu", (fake_world,)))
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    mode, referee = _counted(model, lambda: model(x).sum().backward())
+    assert mode.get_comm_counts() == dict(referee.counts)
+    assert mode.get_comm_module_counts() == referee.module_counts_dict()
+    assert Counter(mode.get_comm_counts(normalized=True)) == Counter(all_gather=3, all_reduce=2)
+    assert mode.get_comm_module_counts()["qkv"] == {"backward": {"_c10d_functional.all_reduce": 1}}
 
 
 def test_the_fsdp2_counts_and_param_modules_equal_the_referee_and_fsdp_labels(fake_world) -> None:
