@@ -20,7 +20,9 @@ class MLP(nn.Module):
 
 
 # Rank 0 of 2 on torch's fake process group: DTensor issues the collectives a real 2-rank
-# step issues, and they return at once (one process, no GPU). Under torchrun: init_process_group("nccl").
+# step issues, and they return at once (one process, no GPU). Under torchrun on GPUs instead:
+# init_process_group("nccl"), torch.cuda.set_device(local_rank), init_device_mesh("cuda", ...), the
+# model moved with MLP().cuda() before parallelize_module, x made with device="cuda".
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 mesh = init_device_mesh("cpu", (2,))
 model = parallelize_module(MLP(), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})

@@ -611,10 +611,10 @@ class CommDebugMode:
 
     # --- output ------------------------------------------------------------------
     def generate_comm_debug_tracing_table(self, noise_level: int | None = None) -> str:
-        """The call tree as text: 0 collectives, 1 (default) + ops, 2 + modules, 3 + redistributes and backward."""
+        """The call tree as text: 0 collectives, 1 (default) + ops, 2 + modules (every phase), 3 + detail."""
         level = parse_noise_level(noise_level)
         self._partial_view("the tracing table")
-        if level.forward_modules and self.module is None:
+        if level.modules and self.module is None:
             warnings.warn(
                 f"noise_level={level.level} shows module boundaries, which needs CommDebugMode(module=...); "
                 "showing module-less output",

@@ -30,6 +30,7 @@ strings and numbers, and a file that names a class is refused, not executed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -39,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, read_rank_file
+from hp_otel.common.package_dirs import package_dirs
 from hp_otel.spans.otlp_json import max_bytes_limit
 
 WINDOW = "flight recorder"
@@ -94,8 +96,10 @@ _DTYPES = {
 }
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.[A-Za-z]\w*)?$")  # FR's <prefix><rank>, maybe saved with an extension
-# Frames of the library, whatever machine wrote the dump: torch's and hp_otel's folders, frozen modules.
-_LIBRARY_FRAME = re.compile(r"(^|[\\/])(torch|hp_otel)[\\/]|(^|[\\/])typing_extensions\.py$|^<frozen ")
+_LIBRARIES = ("torch", "hp_otel", "typing_extensions")  # whose frames are not the user's call site
+# Installed on whatever machine wrote the dump: a site-packages (pip, venv, conda) or dist-packages (Debian) folder.
+_INSTALLED = re.compile(r"[\\/](?:site|dist)-packages[\\/](?:(?:torch|hp_otel)[\\/]|typing_extensions\.py$)")
+_LIBRARY_FOLDER = re.compile(r"(?:^|(?<=[\\/]))(torch|hp_otel)(?=[\\/])")
 _PICKLE_PROTOCOL_2_PLUS = b"\x80"
 
 
@@ -261,12 +265,44 @@ def _user_frames(frames: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     out = []
     for frame in frames:
         filename = str(frame.get("filename", ""))
-        if _LIBRARY_FRAME.search(filename):
+        if _is_library_frame(filename):
             continue
         out.append(f"{filename}:{int(frame.get('line', 0))}:{frame.get('name', '')}")
         if len(out) >= STACK_DEPTH:
             break
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _local_libraries() -> tuple[str, ...]:
+    return package_dirs(_LIBRARIES)
+
+
+@functools.lru_cache(maxsize=4096)  # a dump names few distinct files; 4,096 ranks' dumps share them
+def _is_library_frame(filename: str) -> bool:
+    """A frame of torch, hp_otel or typing_extensions, or a frozen module, judged by where the
+    packages are installed, never by a folder's name alone: a user's checkout named `hp_otel`
+    (a plain clone of this repository) holds the user's files, and its venv holds torch."""
+    if filename.startswith("<frozen ") or filename.startswith(_local_libraries()) or _INSTALLED.search(filename):
+        return True
+    return _names_a_local_library_file(filename)
+
+
+def _names_a_local_library_file(filename: str) -> bool:
+    """`.../torch/distributed/c10d_logger.py` of a library installed where this process cannot see it
+    (the machine that wrote the dump, a source checkout): the same relative file exists in the
+    local package.  A user's own folder named `torch` or `hp_otel` holds files the package lacks."""
+    folders = list(_LIBRARY_FOLDER.finditer(filename))
+    if not folders:
+        return False
+    name = folders[-1].group(1)
+    relative = re.split(r"[\\/]", filename[folders[-1].start(1) :])
+    for root in _local_libraries():
+        package = root.rstrip(os.sep)
+        if root.endswith(os.sep) and os.path.basename(package) == name:
+            if os.path.isfile(os.path.join(os.path.dirname(package), *relative)):
+                return True
+    return False
 
 
 def align_buffers(files: Sequence[RankFile]) -> tuple[list[RankFile], list[str]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 NOISE_LEVEL_HELP = (
-    "table detail, 0-3: 0 collectives only; 1 + DTensor ops; 2 + forward module boundaries; "
-    "3 + redistributes, backward modules, dtype/bytes/reduce op on collectives"
+    "table detail, 0-3: 0 collectives only; 1 + DTensor ops; 2 + module boundaries (forward, backward, "
+    "recompute, optimizer); 3 + redistributes, dtype/bytes/reduce op/bandwidth on collectives, exposed time"
 )
 
 

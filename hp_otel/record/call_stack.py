@@ -11,14 +11,13 @@ below make a frame seen before cost one dict lookup.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable
 from types import CodeType
 
 from hp_otel.common.env_read import getenv
+from hp_otel.common.package_dirs import package_dirs
 
 DEPTH_VARIABLE = "HP_OTEL_STACK_DEPTH"
 DEFAULT_DEPTH = 8
@@ -50,31 +49,6 @@ def depth_from_env(environ: dict[str, str] | None = None) -> int:
     if not text.isdigit() or int(text) > MAX_DEPTH:
         raise ValueError(f"{DEPTH_VARIABLE} must be a number of frames 0..{MAX_DEPTH} (0: off), got {text!r}")
     return int(text)
-
-
-def package_dirs(packages: Iterable[str]) -> tuple[str, ...]:
-    """The folders of the named top-level packages that are installed, or the file of a one-file
-    module (`typing_extensions.py`), found without importing them."""
-    found: list[str] = []
-    for name in packages:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        if spec is None:
-            continue
-        if spec.submodule_search_locations:
-            paths = [os.path.join(location, "") for location in spec.submodule_search_locations]
-        elif spec.origin and os.path.isfile(spec.origin):
-            paths = [spec.origin]
-        else:
-            continue
-        for path in paths:
-            for variant in (os.path.realpath(path), os.path.abspath(path)):
-                variant = os.path.join(variant, "") if path.endswith(os.sep) else variant
-                if variant not in found:
-                    found.append(variant)
-    return tuple(found)
 
 
 def _dirs(*keys: str) -> tuple[str, ...]:

@@ -614,7 +614,7 @@ class WindowRecorder:
             self._emit(event)
             if opened:
                 self._close_owner(opened, phase, end_ns)
-            if self._exposure_room > 0:
+            if self._exposure_room > 0 and not info.fake_group:  # a fake group's calls overlap nothing
                 self._exposure_room -= 1
                 if awaits:
                     self._window_awaited.append(event)
@@ -783,7 +783,10 @@ class WindowRecorder:
         return key
 
     def _add_busbw(self, key: MetricKey, info: CollectiveInfo, duration_ns: int) -> None:
-        """Note one completed call's bus bandwidth for the busbw histogram (none for a barrier, no bytes)."""
+        """Note one completed call's bus bandwidth for the busbw histogram (none for a barrier, no bytes,
+        or a fake process group's call: it returned at once)."""
+        if info.fake_group:
+            return
         bw = bandwidth(info.op, info.bytes, info.group_size, duration_ns)
         if bw is not None:
             self._pending_busbw.setdefault(key, []).append(bw.busbw)

@@ -319,7 +319,7 @@ class SpanBuilder:
             attrs[s.COLLECTIVE_ISSUED_BY] = e.issued_by
         if e.stack:
             codec.encode_call_stack(attrs, e.stack, module_of)
-        finished = e.error is None and e.completion != s.COMPLETION_LAUNCH
+        finished = e.error is None and e.completion != s.COMPLETION_LAUNCH and not info.fake_group
         if finished:  # its end is known: the bandwidth goes in with the start's attributes (one SDK call less)
             attrs.update(bandwidth_attributes(info.op, info.bytes, info.group_size, e.end_ns - e.start_ns))
         span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
@@ -346,7 +346,7 @@ class SpanBuilder:
         if completion != s.COMPLETION_CALL and e.returned_ns:  # what the exposure figures need (exposure.py)
             span.set_attribute(s.COLLECTIVE_CALL_NS, max(e.returned_ns - e.start_ns, 0))
             span.set_attribute(s.COLLECTIVE_WAITED_NS, e.waited_ns)
-        if with_bandwidth and e.error is None and completion != s.COMPLETION_LAUNCH:  # a launch says nothing
+        if with_bandwidth and e.error is None and completion != s.COMPLETION_LAUNCH and not e.info.fake_group:
             info = e.info
             span.set_attributes(bandwidth_attributes(info.op, info.bytes, info.group_size, end_ns - e.start_ns))
         if self._collective_hook is not None:

@@ -1,8 +1,10 @@
 """Noise levels: what each level shows, decoded once into named flags.
 
-0: collectives only · 1 (default): + DTensor ops · 2: + forward module boundaries ·
-3: + backward and recompute module spans, redistribute steps and collective detail (dtype, bytes,
-reduce op, phase).  Every renderer asks these flags, never the number.
+0: collectives only · 1 (default): + DTensor ops · 2: + module boundaries, forward, backward,
+recompute and optimizer alike (a backward collective shown without its module reads as if it ran
+outside the model) · 3: + redistribute steps and collective detail (dtype, bytes, reduce op,
+phase, bandwidth) and the exposed-communication footer.  Every renderer asks these flags, never
+the number.
 """
 
 from __future__ import annotations
@@ -17,15 +19,11 @@ NOISE_LEVELS = (0, 1, 2, 3)
 DEFAULT_NOISE_LEVEL = 1
 
 
-_FORWARD_LEVEL = (s.PHASE_FORWARD, s.PHASE_OPTIMIZER)
-
-
 @dataclass(frozen=True)
 class NoiseLevel:
     level: int
     ops: bool  # op lines (hidden ops still indent their collectives)
-    forward_modules: bool
-    backward_modules: bool
+    modules: bool  # module lines, in every phase
     redistributes: bool
     collective_detail: bool
 
@@ -35,9 +33,7 @@ class NoiseLevel:
         if kind in (s.KIND_OP, s.KIND_COLLECTIVE):
             return True
         if kind == s.KIND_MODULE:
-            # backward and recomputed forward (activation checkpointing) run inside backward: level 3
-            # the optimizer step is a forward-level line: it runs outside backward
-            return self.forward_modules if record.phase in _FORWARD_LEVEL else self.backward_modules
+            return self.modules
         return self.redistributes
 
     def shows(self, record: CallRecord) -> bool:
@@ -51,8 +47,7 @@ _LEVELS = {
     level: NoiseLevel(
         level=level,
         ops=level >= 1,
-        forward_modules=level >= 2,
-        backward_modules=level >= 3,
+        modules=level >= 2,
         redistributes=level >= 3,
         collective_detail=level >= 3,
     )

@@ -159,9 +159,14 @@ def render_table(spans: Iterable[ReadableSpan], level: int | NoiseLevel | None, 
 
 
 def exposure_footer(spans: Iterable[ReadableSpan]) -> list[str]:
-    """The footer at level 3: each window's communication time, exposed and overlapped (docs/overlap.md)."""
+    """The footer at level 3: each window's communication time, exposed and overlapped (docs/overlap.md);
+    for collectives on torch's fake process group, why it has no such figures."""
+    spans = list(spans)
     reports = exposure.by_window(spans)
     lines: list[str] = []
     for window, report in reports.items():
         lines.extend(exposure.footer_lines(report, window if len(reports) > 1 else ""))
+    fake = sum(1 for span in spans if (span.attributes or {}).get(s.COLLECTIVE_BACKEND) == s.BACKEND_FAKE)
+    if fake:
+        lines.append(exposure.FAKE_GROUP_NOTE.format(count=fake))
     return [RULE, *lines] if lines else []

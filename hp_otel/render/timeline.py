@@ -25,6 +25,7 @@ from hp_otel.common.safe_text import printable
 from hp_otel.render.cross_rank import CollectiveKeys, group_label
 from hp_otel.spans import exposure
 from hp_otel.spans import schema as s
+from hp_otel.spans.bandwidth import format_rate
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 # Another part of hp_otel may add a bus-bandwidth attribute to collective spans; shown when present.
@@ -107,10 +108,25 @@ def _detail(record: CallRecord) -> str:
         if attrs.get(s.COLLECTIVE_MODULE):
             parts.append(f"in {attrs[s.COLLECTIVE_MODULE]}")
         if BUSBW_ATTRIBUTE in attrs:
-            parts.append(f"busbw {attrs[BUSBW_ATTRIBUTE]}")
+            parts.append(f"busbw {_rate(attrs[BUSBW_ATTRIBUTE])}")
     if record.error:
         parts.append(f"error: {record.error}")
     return "; ".join(parts)
+
+
+def _rate(value: Any) -> str:
+    """A bandwidth attribute (bytes/s) as the table prints it: `1.5 GB/s`."""
+    try:
+        return format_rate(float(value))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _group_explained(key: str) -> tuple[str, str]:
+    """(row label, its tooltip) for a `group_label` key: `pg tp [0,1]`, and what the row holds."""
+    name, _, members = key.rpartition(" [") if key.endswith("]") else (key, "", "")
+    ranks = f", global ranks {members[:-1]}" if members else ""
+    return f"pg {key}", f"process group {name}{ranks}: the collectives this rank issued on it"
 
 
 def bars(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> list[Bar]:
@@ -263,10 +279,10 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
         rows_of_groups = sorted({(b.depth, b.group) for b in drawn if b.rank == rank and b.kind == s.KIND_COLLECTIVE})
         for depth, group in rows_of_groups:
             row_y = top + depth * ROW + ROW - 5
-            label = _fitted(group, LEFT - 12)
+            label, tip = _group_explained(group)
             parts.append(
                 f'<text x="8" y="{row_y:.1f}" class="group" data-rank="{rank}" data-group="{_markup(group)}">'
-                f"{_markup(label)}</text>"
+                f"<title>{_markup(tip)}</title>{_markup(_fitted(label, LEFT - 12))}</text>"
             )
     parts.extend(_exposure_labels(spans_by_rank, lane_top))
     for bar in drawn:
@@ -328,7 +344,8 @@ def collective_rows(drawn: Sequence[Bar]) -> tuple[list[str], list[list[str]]]:
     """The HTML table's header and rows: one row per collective matched across ranks, in start order."""
     matched = matched_collectives(drawn)
     busbw = any(BUSBW_ATTRIBUTE in (b.attributes or {}) for group in matched.values() for b in group)
-    header = ["collective", "group", "ranks", "start skew µs", "duration µs per rank", "bytes", "module"]
+    header = ["collective", "process group [its ranks]", "ranks seen", "start skew µs", "duration µs per rank"]
+    header += ["bytes", "module"]
     header += ["busbw per rank"] if busbw else []
     rows = []
     for group in sorted(matched.values(), key=lambda g: min(b.start_ns for b in g)):
@@ -345,7 +362,7 @@ def collective_rows(drawn: Sequence[Bar]) -> tuple[list[str], list[list[str]]]:
             str(attrs.get(s.COLLECTIVE_MODULE, "")),
         ]
         if busbw:
-            row.append(", ".join(f"r{b.rank} {(b.attributes or {}).get(BUSBW_ATTRIBUTE, '')}" for b in group))
+            row.append(", ".join(f"r{b.rank} {_rate((b.attributes or {}).get(BUSBW_ATTRIBUTE, ''))}" for b in group))
         rows.append(row)
     return header, rows
 
@@ -367,8 +384,10 @@ def render_html(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str 
         "td,th{border:1px solid #ccc;padding:2px 8px;font-family:monospace;overflow-wrap:anywhere}</style>"
         "</head><body>"
         f"<h1>{_markup(title)}</h1><p>Hover a bar for the call, its duration and, for collectives, "
-        "bytes, module and the start skew over ranks. Each rank's collectives sit on one row per process group; "
-        "dashed lines join the same collective (same match id) on each rank.</p>"
+        "bytes, module and the start skew over ranks. Each rank's collectives sit on one row per process group, "
+        "labelled with the group's name and its global ranks (<code>pg 0 [0,1]</code>: process group 0, ranks 0 "
+        "and 1); dashed lines join the same collective (same match id) on each rank. Modules are grey, ops "
+        "blue, redistributes light blue; <code>[bwd]</code> marks a module's backward.</p>"
         + render_svg(spans_by_rank, title)
         + exposure_html(spans_by_rank)
         + '<h2>Collectives</h2><table class="collectives">'
@@ -414,7 +433,9 @@ def exposure_html(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> str:
     if not rows:
         return ""
     return (
-        "<h2>Communication exposed</h2><p>In flight: union of the collectives' [issue, completion]; exposed: "
-        "the part the rank's thread waited for (docs/overlap.md).</p>"
+        "<h2>Communication exposed</h2><p>Communication: how long the rank's collectives were in flight (the "
+        "union of their [issue, completion]); exposed: the part of it the rank's thread spent waiting in a "
+        "collective call or wait; overlapped: the rest, when the thread ran something else (compute, or any "
+        "host code); the fraction is overlapped over communication.</p>"
         "<table><tr><th>rank</th><th>communication</th></tr>" + rows + "</table>"
     )

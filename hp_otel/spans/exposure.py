@@ -159,6 +159,10 @@ def by_window(spans: Iterable[Any]) -> dict[str, ExposureReport]:
         attrs = span.attributes or {}
         if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE or attrs.get(s.COLLECTIVE_IN_FLIGHT):
             continue
+        if (
+            attrs.get(s.COLLECTIVE_BACKEND) == s.BACKEND_FAKE
+        ):  # returned at once: it overlapped nothing, exposed nothing
+            continue
         start, end = span.start_time or 0, span.end_time or 0
         windows.setdefault(str(attrs.get(s.COLLECTIVE_WINDOW, "")), []).append(comm_span_of(attrs, start, end))
     return {window: summarise(comms) for window, comms in windows.items()}
@@ -173,6 +177,12 @@ def describe(e: Exposure) -> str:
     fraction = e.overlap_fraction
     share = f" ({fraction:.0%})" if fraction is not None else ""
     return f"comm {_ms(e.comm_ns)}, exposed {_ms(e.exposed_ns)}, overlapped {_ms(e.overlapped_ns)}{share}"
+
+
+FAKE_GROUP_NOTE = (
+    "communication: not timed: {count} collective(s) on torch's fake process group, which returns at once "
+    "(no time, bandwidth or overlap to show)"
+)
 
 
 def footer_lines(report: ExposureReport, label: str = "") -> list[str]:

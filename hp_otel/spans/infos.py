@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.spans import schema
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -74,6 +76,11 @@ class CollectiveInfo:
     peers: tuple[int, ...] = ()  # point-to-point: the peer's global rank (one per op of a batch)
     tags: tuple[int, ...] = ()  # point-to-point: the tag (one per op of a batch)
     backend: str = ""  # the group's communication library ("nccl", "gloo", "hccl", "mccl", "fake"; "" unknown)
+
+    @property
+    def fake_group(self) -> bool:
+        """On torch's fake process group: it returns at once, so no duration, bandwidth or overlap means anything."""
+        return self.backend == schema.BACKEND_FAKE
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,9 @@ COLLECTIVE_ASYNC: Final = "hp.collective.async"
 COLLECTIVE_PEERS: Final = "hp.collective.peers"  # point-to-point: global rank of the peer(s)
 COLLECTIVE_TAGS: Final = "hp.collective.tags"  # point-to-point: tag(s)
 COLLECTIVE_PARAM_MODULE: Final = "hp.collective.param_module"  # FSDP: whose parameters it moves
+# True on torch's fake process group only (absent elsewhere): the call returned at once, so the span's
+# duration is the host's dispatch; no bandwidth is set and it is left out of the exposure figures.
+BACKEND_FAKE: Final = "fake"  # hp.collective.backend of torch's fake process group: returns at once, untimed
 # FSDP in backward: the module whose backward work was running when the collective was issued
 # (a prefetch from the next layer's pre-backward hook; "" from the root's final callback).  The
 # collective itself counts, and nests, under the module whose parameter group issued it; the

@@ -80,6 +80,9 @@ def assert_comm_snapshot(
 ) -> None:
     """Assert the step's collectives match the snapshot at `path` (written if missing or when updating).
 
+    `path`: a relative path resolves against the folder of the file that calls this (your test
+    module), not the working directory, so the test passes wherever pytest runs; an absolute
+    path is used as given.
     `source`: a CommDebugMode (or an exporter / sequence of its finished spans).
     `bytes_tolerance`: bytes a (module, phase, op) may differ by, as bytes (int) or a
     percentage of the snapshot's ("5%"); counts must match exactly. `update`: True

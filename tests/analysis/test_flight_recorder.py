@@ -12,8 +12,10 @@ from pathlib import Path
 
 import fr_workers
 import pytest
+import torch
 import torch.multiprocessing as mp
 
+import hp_otel
 from hp_otel.analysis import RankInputError, compare_files, read_any_rank_file
 from hp_otel.analysis.flight_recorder import P2P_WINDOW, WINDOW, read_flight_recorder_file
 from hp_otel.cli.demo import free_port
@@ -192,6 +194,31 @@ def test_names_ops_dtypes_and_in_flight_entries_are_read_as_hp_otel_calls(tmp_pa
     assert first.stack == ("/home/me/train.py:42:train_step", "/home/me/train.py:99:<module>")
     assert (first.start_ns, first.end_ns, first.in_flight) == (1000, 1005, False)
     assert (second.op, second.in_flight, second.end_ns) == ("reduce_scatter", True, 2000)
+
+
+def test_library_frames_are_told_by_where_the_packages_are_not_by_folder_names(tmp_path: Path) -> None:
+    """A checkout folder named `hp_otel` (a plain clone) or `torch` holds the user's files; the
+    libraries' frames are dropped wherever they were installed on the machine that wrote the dump."""
+    here_torch = Path(torch.__file__).parent / "distributed" / "distributed_c10d.py"
+    here_hp_otel = Path(hp_otel.__file__).parent / "mode.py"
+    library = [
+        str(here_torch),
+        str(here_hp_otel),
+        "/home/u/hp_otel/.venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py",
+        "/usr/lib/python3/dist-packages/typing_extensions.py",
+        "/home/u/hp_otel/hp_otel/sources/pytorch/collectives.py",  # an editable install elsewhere
+        "/src/pytorch/torch/distributed/distributed_c10d.py",  # a source checkout of torch
+        "<frozen runpy>",
+    ]
+    users = [
+        "/home/u/hp_otel/train.py",
+        "/home/u/hp_otel/tests/support/fr_workers.py",
+        "/home/u/torch/train.py",
+        "/home/u/hp_otel/hp_otel/my_step.py",  # not a file of the package
+    ]
+    frames = [{"name": "f", "filename": name, "line": k} for k, name in enumerate(library + users)]
+    rank_file = read_flight_recorder_file(_write(tmp_path / "fr_0", [_entry(1, frames=frames)]))
+    assert rank_file.calls[0].stack == tuple(f"{name}:{k + len(library)}:f" for k, name in enumerate(users))
 
 
 def test_point_to_point_entries_are_compared_on_pairs_only(tmp_path: Path) -> None:

@@ -81,6 +81,10 @@ def test_the_usage_block_runs_on_the_quick_start_model_and_returns_what_it_says(
             exec(compile(ast.Module([statement], []), "usage.md", "exec"), namespace)
     assert checked >= 3
     assert (tmp_path / "comm.txt").is_file() and (tmp_path / "comm.json").is_file()
+    with namespace["CommDebugMode"](module=model) as mode:  # the page's table is the same window's
+        model(x).sum().backward()
+    (shown,) = [c for _, c in _blocks(ROOT / "docs" / "guide" / "usage.md") if c.startswith("Type ")]
+    assert shown.rstrip("\n") == mode.generate_comm_debug_tracing_table(noise_level=2)
 
 
 def test_the_readmes_first_commands_set_up_and_test_as_ci_does() -> None:
@@ -97,6 +101,24 @@ def test_the_settings_page_names_every_variable_the_package_reads() -> None:
     assert read >= {"HP_OTEL_RUN_ID", "HP_OTEL_TORCH_COLLECTIVE_HOOK"}
     page = (ROOT / "docs" / "reference" / "settings.md").read_text()
     assert sorted(v for v in read if f"`{v}`" not in page) == []
+
+
+def test_the_built_site_works_from_disk_without_the_network() -> None:
+    """Opened as files, the site's links must name .html files and search must not fetch its
+    Web Worker shim from unpkg.com (issue 35 item 6)."""
+    config = (ROOT / "mkdocs.yml").read_text()  # read as text: PyYAML is no test dependency
+    plugins = config[config.index("\nplugins:\n") :]
+    assert re.search(r"(?m)^  - offline$", plugins)
+    (shim,) = re.findall(r"(?m)^    - (\S*iframe-worker\S*)", config)
+    assert not shim.startswith(("http:", "https:")) and (ROOT / "docs" / shim).is_file()
+
+
+def test_the_cli_reference_says_where_every_subcommand_is_explained() -> None:
+    from hp_otel.cli import COMMANDS
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    where = page[page.index("Where each command is explained") : page.index("<!-- cli-help -->")]
+    assert [c.name for c in COMMANDS if f"`{c.name}`" not in where] == []
 
 
 def test_the_cli_reference_shows_every_subcommands_help() -> None:

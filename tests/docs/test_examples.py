@@ -30,7 +30,7 @@ from hp_otel import CommDebugMode
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-FAKE_GROUP_EXAMPLES = ("tp_mlp", "tp_sp_transformer", "fsdp2", "migrate_from_torch")
+FAKE_GROUP_EXAMPLES = ("tp_mlp", "tp_sp_transformer", "fsdp2", "migrate_from_torch", "fused_qkv")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 _RUN_EACH = """
@@ -63,21 +63,10 @@ def printed() -> dict[str, str]:
     return {Path(path).stem: ANSI.sub("", text) for path, text in json.loads(result.stdout).items()}
 
 
-# The level-3 table's footer (exposed communication) and bandwidths are measured: compared by shape.
-_FOOTER_FIGURES = re.compile(r"(?m)^(communication:|  \w+:) comm .*$")
-
-
-_BANDWIDTHS = re.compile(r"busbw=\S+ \S+ algbw=\S+ \S+")  # measured too (host time)
-
-
-def _stable(text: str) -> str:
-    text = _BANDWIDTHS.sub("busbw=<r> algbw=<r>", text)
-    return _FOOTER_FIGURES.sub(lambda m: f"{m.group(1)} comm <t> ms, exposed <t> ms, overlapped <t> ms (<f>%)", text)
-
-
 @pytest.mark.parametrize("name", FAKE_GROUP_EXAMPLES)
 def test_the_example_prints_its_documented_output(printed, name) -> None:
-    assert _stable(printed[name]) == _stable((EXAMPLES / "output" / f"{name}.txt").read_text())
+    # Exactly: on the fake process group nothing is timed (issue 35 item 2), so nothing printed varies.
+    assert printed[name] == (EXAMPLES / "output" / f"{name}.txt").read_text()
 
 
 def test_the_readme_snippet_is_the_example_and_its_output() -> None:
@@ -106,6 +95,21 @@ def test_the_tp_sp_transformer_counts_equal_the_referee(fake_world) -> None:
     assert mode.get_comm_counts() == dict(referee.counts)
     assert mode.get_comm_module_counts() == referee.module_counts_dict()
     assert Counter(mode.get_comm_counts(normalized=True)) == Counter(all_gather=11, reduce_scatter=10)
+
+
+def test_the_fused_qkv_attention_counts_equal_the_referee(fake_world) -> None:
+    """docs/guide/your-model.md reads this table: the fused projection's split is an all_gather
+    in the forward of the module that splits it, its backward two more, as the referee counts."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    example = _load("fused_qkv")
+    model = example.parallelize(example.FusedAttention(), init_device_mesh("cpu", (fake_world,)))
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    mode, referee = _counted(model, lambda: model(x).sum().backward())
+    assert mode.get_comm_counts() == dict(referee.counts)
+    assert mode.get_comm_module_counts() == referee.module_counts_dict()
+    assert Counter(mode.get_comm_counts(normalized=True)) == Counter(all_gather=3, all_reduce=2)
+    assert mode.get_comm_module_counts()["qkv"] == {"backward": {"_c10d_functional.all_reduce": 1}}
 
 
 def test_the_fsdp2_counts_and_param_modules_equal_the_referee_and_fsdp_labels(fake_world) -> None:

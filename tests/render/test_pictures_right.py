@@ -174,7 +174,15 @@ def test_the_table_lists_each_collective_once_with_bytes_and_module(mesh_2d) -> 
     page = render_html(_without_bandwidth(mesh_2d))
     table = page.split('<table class="collectives">')[1]
     header = re.findall(r"<th>(.*?)</th>", table)
-    assert header == ["collective", "group", "ranks", "start skew µs", "duration µs per rank", "bytes", "module"]
+    assert header == [
+        "collective",
+        "process group [its ranks]",
+        "ranks seen",
+        "start skew µs",
+        "duration µs per rank",
+        "bytes",
+        "module",
+    ]
     rows = re.findall(r"<tr><td>(.*?)</tr>", table)
     assert len(rows) == 4  # tp [0,1], tp [2,3], dp [0,2], dp [1,3]
     assert all(f"<td>{ALL_REDUCE.bytes}</td><td>layers.0</td>" in row for row in rows)
@@ -199,7 +207,24 @@ def test_the_table_shows_busbw_when_the_spans_carry_it(mesh_2d) -> None:
         for rank, spans in mesh_2d.items()
     }
     page = render_html(with_busbw)
-    assert "<th>busbw per rank</th>" in page and "r0 1500000000.0, r1 1500000000.0" in page
+    # with its unit, as the table prints it (issue 35 item 5: before, `r0 1500000000.0`)
+    assert "<th>busbw per rank</th>" in page and "r0 1.5 GB/s, r1 1.5 GB/s" in page
+    assert "busbw 1.5 GB/s" in page  # the bar's tooltip too
+
+
+def test_the_page_explains_its_rows_and_links_nowhere_a_file_cannot_reach(mesh_2d) -> None:
+    """Opened from disk, the page stands alone: the group rows say what they are, and no text
+    sends the reader to a path of the repository (issue 35 item 5)."""
+    page = render_html(mesh_2d)
+    root = ET.fromstring(render_svg(mesh_2d))
+    labels = {t.get("data-group"): t for t in root.iter(f"{SVG}text") if t.get("class") == "group"}
+    assert set(labels) >= {"tp [0,1]", "dp [0,2]"}
+    label = labels["tp [0,1]"]
+    assert "".join(label.itertext()).endswith("pg tp [0,1]")
+    (title,) = label.iter(f"{SVG}title")
+    assert title.text == "process group tp, global ranks 0,1: the collectives this rank issued on it"
+    assert "docs/" not in page and ".md" not in page
+    assert "pg tp [0,1]" in page and "process group" in page.split("<svg", 1)[0]  # the intro says it
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,7 @@ def test_level_2_without_module_warns_once_and_equals_level_1() -> None:
     assert len([w for w in caught if "module=" in str(w.message)]) == 1
 
 
-def test_level_3_adds_redistribute_and_backward(design_mode: CommDebugMode) -> None:
+def test_level_3_adds_redistribute_and_detail_level_2_the_backward_module(design_mode: CommDebugMode) -> None:
     with CommDebugMode(module=TwoLayer()) as mode:
         obs = mode.observer
         obs.on_module_enter(ModuleInfo("(root)", "MLP", "MLP"), "backward")
@@ -114,10 +114,11 @@ def test_level_3_adds_redistribute_and_backward(design_mode: CommDebugMode) -> N
         "output_shape=(4, 16) dtype=torch.float32 bytes=256 reduce_op=sum phase=backward"
         " busbw=256 MB/s algbw=256 MB/s",  # 256 B in 1 µs; all_reduce of 2: factor 2(2-1)/2 = 1
     ]
-    # level 2 hides backward modules and redistributes: the collective is all that is left
+    # level 2 hides redistributes and detail, not the backward module (issue 35 item 3)
     assert mode.generate_comm_debug_tracing_table(noise_level=2).splitlines()[2:] == [
-        "Collective           Collective(differentiable_all_reduce) group_size=2 input_shape=(4, 16) "
-        "output_shape=(4, 16)"
+        "Module               Module((root)) [backward]",
+        "  Collective         Collective(differentiable_all_reduce) group_size=2 input_shape=(4, 16) "
+        "output_shape=(4, 16)",
     ]
 
 

@@ -107,7 +107,10 @@ def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
                 "    Op               Op(linear) inputs=[DTensor[4, 32], DTensor[16, 32], DTensor[16]] "
                 "outputs=[DTensor[4, 16]]",
                 "    Collective       " + collective_line,
-                "Collective           " + collective_line,
+                "Module               Module((root)) [backward]",  # backward under its module too (issue 35)
+                "  Module             Module(fc2) [backward]",
+                "  Module             Module(fc1) [backward]",
+                "    Collective       " + collective_line,
             ],
         )
         table1 = mode.generate_comm_debug_tracing_table(noise_level=1).splitlines()
