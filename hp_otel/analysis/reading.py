@@ -16,8 +16,15 @@ from typing import Any
 
 from hp_otel.analysis.call_table import CallTable
 from hp_otel.analysis.rank_call import RankCall
-from hp_otel.analysis.rank_input import RankInputError, decode_json, read_bytes, resources_and_collectives
-from hp_otel.spans import codec, exposure
+from hp_otel.analysis.rank_input import (
+    CollectiveSpan,
+    RankInputError,
+    decode_json,
+    otlp_int,
+    read_bytes,
+    resources_and_collectives,
+)
+from hp_otel.spans import codec, collectives_file, exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import span_attributes
 
@@ -80,7 +87,10 @@ def rank_file_of_payload(path: str, payload: Any, default_rank: int | None = Non
     its exposure per module too with `by_module`."""
     if isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload:
         return _read_dump(path, payload, default_rank)
-    resources, spans = resources_and_collectives(path, payload)
+    if collectives_file.is_collectives_payload(payload):
+        resources, spans = _collectives_file(path, payload)
+    else:
+        resources, spans = resources_and_collectives(path, payload)
     try:
         rank = _rank_of(path, resources, default_rank)
     except (TypeError, ValueError) as exc:
@@ -95,6 +105,21 @@ def rank_file_of_payload(path: str, payload: Any, default_rank: int | None = Non
     except (TypeError, ValueError) as exc:
         raise RankInputError(f"{path}: a collective span's times or wait attributes are malformed ({exc})") from exc
     return RankFile(path, rank, table, unsequenced, _world_size_of(resources), exposures)
+
+
+def _collectives_file(path: str, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], list[CollectiveSpan]]:
+    """A collectives file (`CommDebugMode.write_collectives`): its resource and calls, as a spans file's."""
+    try:
+        resource = payload.get("resource") or {}
+        if not isinstance(resource, dict):
+            raise ValueError("its resource is not an object")
+        spans = [
+            CollectiveSpan(name, attributes, otlp_int(start), otlp_int(end))
+            for name, attributes, start, end in collectives_file.collective_spans(payload)
+        ]
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise RankInputError(f"{path}: not a collectives file hp_otel wrote ({type(exc).__name__}: {exc})") from exc
+    return [resource], spans
 
 
 def _add_calls(table: CallTable, spans: Iterable[Any], where: str) -> int:

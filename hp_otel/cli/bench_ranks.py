@@ -23,7 +23,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hp_otel.cli.progress import Progress, quiet
-from hp_otel.cli.rank_files import PlantedFaults, plant_faults, record_template, split_template, write_rank_files
+from hp_otel.cli.rank_files import (
+    PlantedFaults,
+    check_mesh,
+    plant_faults,
+    record_template,
+    split_template,
+    write_rank_files,
+)
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,7 @@ def run_ranks_bench(
     ranks: int, tp: int = 8, jobs: int | None = None, out_dir: str | None = None, progress: Progress = quiet
 ) -> RanksBenchResult:
     """Make the files under `out_dir` (default: a temporary folder, removed after) and time `hp-otel ranks`."""
-    if ranks % tp:
-        raise ValueError(f"--ranks must be a multiple of --tp ({tp}), got {ranks}")
+    check_mesh(ranks, tp)
     with tempfile.TemporaryDirectory(prefix="hp_otel_ranks_") as scratch:
         folder = out_dir or scratch
         progress(f"recording the llama step (tp {tp})")

@@ -41,11 +41,17 @@ class PlantedFaults:
         return dict(self.__dict__)
 
 
+def check_mesh(ranks: int, tp: int) -> None:
+    """ValueError unless `ranks` make 3 or more whole TP groups of `tp` (one per planted fault)."""
+    if ranks % tp or ranks // tp < 3:
+        raise ValueError(f"--ranks must be a multiple of --tp ({tp}) of at least {3 * tp} (a TP group per planted "
+                         f"fault), got {ranks}")  # fmt: skip
+
+
 def plant_faults(ranks: int, tp: int, seqs_per_tp_group: int) -> PlantedFaults:
     """A hang in the last TP group, a desync in the second, a straggler in the middle one."""
+    check_mesh(ranks, tp)
     groups = ranks // tp
-    if groups < 3:
-        raise ValueError(f"--ranks must give at least 3 TP groups of {tp} to plant three faults, got {ranks}")
     return PlantedFaults(
         hang_rank=ranks - 3,
         hang_from_end=3,
