@@ -3,8 +3,10 @@
 Each worker process reads and decodes one file at a time (`flight_recorder.read_any_rank_file`)
 and sends back its `RankFile`: typed arrays and the few kinds of call it holds.  The parent
 interns the kinds (`KindInterner`), so what it keeps grows with the calls, not with the
-strings and tuples of every file.  Workers come from a forkserver: forking a parent that
-runs threads (a test, a notebook) can deadlock.
+strings and tuples of every file.  Workers are forked from a parent that runs one thread
+(the `hp-otel` command: nothing to import again); from one that runs more (a test, a
+notebook), where forking can deadlock, they come from a forkserver.  A pool whose workers
+die (a parent that cannot be re-imported) raises instead of starting new ones forever.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 
 from hp_otel.analysis.call_table import KindInterner
 from hp_otel.analysis.flight_recorder import read_any_rank_file
@@ -55,9 +59,12 @@ def read_rank_files(
         for path in paths:
             keep(read_one(path, by_module))
         return out
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["hp_otel.analysis.reading_pool"])
-    with context.Pool(min(jobs, total)) as pool:
-        for f in pool.imap(_read_task, [(p, by_module) for p in paths], chunksize=_FILES_PER_TASK):
+    if threading.active_count() == 1:
+        context = multiprocessing.get_context("fork")
+    else:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["hp_otel.analysis.reading_pool"])
+    with ProcessPoolExecutor(min(jobs, total), mp_context=context) as pool:
+        for f in pool.map(_read_task, [(p, by_module) for p in paths], chunksize=_FILES_PER_TASK):
             keep(f)
     return out

@@ -169,6 +169,12 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     )
     bench.add_argument("--tp", type=positive, default=8, metavar="N", help="--ranks: the tensor-parallel degree")
     bench.add_argument(
+        "--evidence",
+        choices=("spans", "collectives"),
+        default="spans",
+        help="--ranks: the files made: spans files (write_spans) or collectives files (write_collectives)",
+    )
+    bench.add_argument(
         "--keep-files",
         metavar="DIR",
         help="--ranks: write the ranks' files to DIR and keep them (default: a temporary folder, removed)",
@@ -181,7 +187,9 @@ def _bench_ranks(args: argparse.Namespace) -> int:
     from hp_otel.cli.bench_ranks import format_ranks_bench, ranks_bench_json, run_ranks_bench
 
     try:
-        result = run_ranks_bench(args.ranks, args.tp, args.jobs, args.keep_files, to_stderr("bench --ranks"))
+        result = run_ranks_bench(
+            args.ranks, args.tp, args.jobs, args.keep_files, to_stderr("bench --ranks"), args.evidence
+        )
     except ValueError as exc:
         print(f"hp-otel bench: {exc}", file=sys.stderr)
         return 2

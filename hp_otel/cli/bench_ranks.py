@@ -37,7 +37,8 @@ from hp_otel.cli.rank_files import (
 class RanksBenchResult:
     ranks: int
     tp: int
-    file_bytes: int  # rank 0's spans file
+    evidence: str  # the files read: "spans" or "collectives"
+    file_bytes: int  # rank 0's file
     make_s: float
     wall_s: float
     cpu_s: float
@@ -52,18 +53,23 @@ class RanksBenchResult:
         return self.cpu_s / self.ranks * 1e3
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and every process under it (Linux /proc; 0 where it cannot be read)."""
+def _tree(pid: int, cpu: dict[int, float]) -> int:
+    """Resident bytes of `pid` and every process under it; each one's CPU seconds so far into `cpu`
+    (Linux /proc: a worker the child does not wait for is not in its rusage)."""
     total, stack = 0, [pid]
+    ticks = os.sysconf("SC_CLK_TCK")
     while stack:
         p = stack.pop()
         try:
             with open(f"/proc/{p}/statm") as handle:
                 total += int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{p}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            cpu[p] = max(cpu.get(p, 0.0), (int(fields[11]) + int(fields[12])) / ticks)  # utime + stime
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as handle:
                     stack.extend(int(c) for c in handle.read().split())
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             continue
     return total
 
@@ -75,13 +81,14 @@ def run_ranks_command(paths: Sequence[str], jobs: int | None, out_path: str) -> 
         command[4:4] = ["--jobs", str(jobs)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     peak = [0]
+    seen: dict[int, float] = {}
     started = time.perf_counter()
     with open(out_path, "w") as out:
         child = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE, text=True)
 
         def sample() -> None:
             while child.poll() is None:
-                peak[0] = max(peak[0], _tree_rss(child.pid))
+                peak[0] = max(peak[0], _tree(child.pid, seen))
                 time.sleep(0.02)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -90,7 +97,9 @@ def run_ranks_command(paths: Sequence[str], jobs: int | None, out_path: str) -> 
         sampler.join()
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    waited = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # the child and what it waited for, or what was seen of its tree (workers it does not wait for)
+    cpu = max(waited, sum(seen.values()))
     if child.returncode == 2:
         raise RuntimeError(f"hp-otel ranks refused its input: {err.strip()}")
     return wall, cpu, peak[0], child.returncode
@@ -110,7 +119,12 @@ def faults_found(report: dict[str, Any], faults: PlantedFaults) -> dict[str, boo
 
 
 def run_ranks_bench(
-    ranks: int, tp: int = 8, jobs: int | None = None, out_dir: str | None = None, progress: Progress = quiet
+    ranks: int,
+    tp: int = 8,
+    jobs: int | None = None,
+    out_dir: str | None = None,
+    progress: Progress = quiet,
+    evidence: str = "spans",
 ) -> RanksBenchResult:
     """Make the files under `out_dir` (default: a temporary folder, removed after) and time `hp-otel ranks`."""
     check_mesh(ranks, tp)
@@ -121,7 +135,7 @@ def run_ranks_bench(
         template = split_template(record_template(tp), tp)
         faults = plant_faults(ranks, tp, template.tp_seqs)
         progress(f"writing {ranks} ranks' files to {folder}")
-        paths = write_rank_files(template, folder, ranks, faults, jobs or os.cpu_count() or 1)
+        paths = write_rank_files(template, folder, ranks, faults, jobs or os.cpu_count() or 1, evidence)
         made = time.perf_counter() - started
         progress(f"hp-otel ranks on {ranks} files")
         report_path = os.path.join(scratch, "report.json")
@@ -131,6 +145,7 @@ def run_ranks_bench(
         return RanksBenchResult(
             ranks=ranks,
             tp=tp,
+            evidence=evidence,
             file_bytes=os.path.getsize(paths[0]),
             make_s=made,
             wall_s=wall,
@@ -147,8 +162,8 @@ def format_ranks_bench(result: RanksBenchResult) -> list[str]:
     f = result.faults
     named = ", ".join(f"{fault} {'named' if ok else 'NOT NAMED'}" for fault, ok in result.found.items())
     return [
-        f"hp-otel ranks on {result.ranks} ranks ({result.ranks // result.tp} x {result.tp} mesh, llama step, "
-        f"{result.file_bytes / 1e6:.2f} MB a rank; files made in {result.make_s:.1f} s)",
+        f"hp-otel ranks on {result.ranks} ranks' {result.evidence} files ({result.ranks // result.tp} x {result.tp} "
+        f"mesh, llama step, {result.file_bytes / 1e6:.3f} MB a rank; files made in {result.make_s:.1f} s)",
         f"  wall {result.wall_s:.1f} s, CPU {result.cpu_s:.1f} s ({result.cpu_per_rank_ms:.1f} ms a rank), "
         f"peak RSS {result.peak_rss_bytes / 2**20:.0f} MiB (all its processes), exit status {result.exit_status}, "
         f"JSON report {result.report_bytes / 1e3:.0f} kB",

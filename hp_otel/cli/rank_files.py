@@ -135,6 +135,44 @@ def _int_attr(span: dict[str, Any], key: str) -> int:
 
 def rank_file_text(template: _Template, rank: int, ranks: int, faults: PlantedFaults) -> str:
     """Rank `rank`'s spans file of an (ranks / tp) x tp mesh."""
+    out = {i: json.dumps(span) if span else "" for i, span in _rank_collectives(template, rank, ranks, faults).items()}
+    resource = dict(template.resource)
+    resource["attributes"] = [
+        kv for kv in resource.get("attributes", ()) if kv["key"] not in (s.RESOURCE_RANK, s.RESOURCE_WORLD_SIZE)
+    ] + [
+        {"key": s.RESOURCE_RANK, "value": {"intValue": str(rank)}},
+        {"key": s.RESOURCE_WORLD_SIZE, "value": {"intValue": str(ranks)}},
+    ]
+    return "".join(_pieces(template, out, json.dumps(resource)))
+
+
+def rank_collectives_text(template: _Template, rank: int, ranks: int, faults: PlantedFaults) -> str:
+    """The same rank's collectives file (`CommDebugMode.write_collectives`'s format)."""
+    from hp_otel.analysis.rank_input import attribute_values
+    from hp_otel.spans.collectives_file import collectives_payload
+
+    spans = [
+        _Span(span["name"], attribute_values(span["attributes"]), int(span["startTimeUnixNano"]),
+              int(span["endTimeUnixNano"]))
+        for span in _rank_collectives(template, rank, ranks, faults).values()
+        if span
+    ]  # fmt: skip
+    resource = {s.RESOURCE_RANK: rank, s.RESOURCE_WORLD_SIZE: ranks}
+    return json.dumps(collectives_payload(spans, resource), separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class _Span:
+    name: str
+    attributes: dict[str, Any]
+    start_time: int
+    end_time: int
+
+
+def _rank_collectives(
+    template: _Template, rank: int, ranks: int, faults: PlantedFaults
+) -> dict[int, dict[str, Any] | None]:
+    """Each template collective re-keyed for `rank` (None: a collective the rank never issued)."""
     tp = template.tp
     tp_index, dp_index = divmod(rank, tp)
     tp_ranks = tuple(range(tp_index * tp, tp_index * tp + tp))
@@ -147,7 +185,7 @@ def rank_file_text(template: _Template, rank: int, ranks: int, faults: PlantedFa
     hang_group = faults.hang_rank // tp == tp_index
     cut = template.tp_seqs - faults.hang_from_end  # the first seq the hanging rank never reaches
     cut_ns: int | None = None
-    out: dict[int, str] = {}
+    out: dict[int, dict[str, Any] | None] = {}
     for i, span in enumerate(template.collectives):
         kind = "tp" if _group_ranks(span) == template.tp_group else "dp"
         seq = _int_attr(span, s.COLLECTIVE_SEQ)
@@ -157,20 +195,13 @@ def rank_file_text(template: _Template, rank: int, ranks: int, faults: PlantedFa
         if hang_group and (cut_ns is not None and int(span["startTimeUnixNano"]) >= cut_ns):
             # in the hanging group: the rank itself stops; the others wait in the cut collective
             if rank == faults.hang_rank or kind != "tp" or seq != cut:
-                out[i] = ""
+                out[i] = None
                 continue
             in_flight = True
         late = jitter.randrange(JITTER_NS) + (faults.late_ns if rank == faults.straggler_rank else 0)
         desync = rank == faults.desync_rank and kind == "tp" and seq == faults.desync_seq
-        out[i] = json.dumps(_rekeyed(span, groups[kind], late, in_flight, desync))
-    resource = dict(template.resource)
-    resource["attributes"] = [
-        kv for kv in resource.get("attributes", ()) if kv["key"] not in (s.RESOURCE_RANK, s.RESOURCE_WORLD_SIZE)
-    ] + [
-        {"key": s.RESOURCE_RANK, "value": {"intValue": str(rank)}},
-        {"key": s.RESOURCE_WORLD_SIZE, "value": {"intValue": str(ranks)}},
-    ]
-    return "".join(_pieces(template, out, json.dumps(resource)))
+        out[i] = _rekeyed(span, groups[kind], late, in_flight, desync)
+    return out
 
 
 def _pieces(template: _Template, spans: dict[int, str], resource: str) -> list[str]:
@@ -217,26 +248,38 @@ def _rekeyed(
     return {**span, "attributes": attributes, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end)}
 
 
-def write_rank_file(template: _Template, out_dir: str, rank: int, ranks: int, faults: PlantedFaults) -> str:
-    path = os.path.join(out_dir, f"spans_rank{rank}.json")
+EVIDENCE = {
+    "spans": ("spans_rank{}.json", rank_file_text),
+    "collectives": ("collectives_rank{}.json", rank_collectives_text),
+}
+
+
+def write_rank_file(
+    template: _Template, out_dir: str, rank: int, ranks: int, faults: PlantedFaults, evidence: str = "spans"
+) -> str:
+    """Rank `rank`'s file under `out_dir`: its spans file, or its collectives file."""
+    name, text = EVIDENCE[evidence]
+    path = os.path.join(out_dir, name.format(rank))
     with open(path, "w", encoding="utf-8") as handle:
-        handle.write(rank_file_text(template, rank, ranks, faults))
+        handle.write(text(template, rank, ranks, faults))
     return path
 
 
 _WORKER_TEMPLATE: list[Any] = []  # the pool's template (fork: shared, not pickled per file)
 
 
-def _write_one(args: tuple[str, int, int, PlantedFaults]) -> str:
+def _write_one(args: tuple[str, int, int, PlantedFaults, str]) -> str:
     return write_rank_file(_WORKER_TEMPLATE[0], *args)
 
 
-def write_rank_files(template: _Template, out_dir: str, ranks: int, faults: PlantedFaults, jobs: int) -> list[str]:
+def write_rank_files(
+    template: _Template, out_dir: str, ranks: int, faults: PlantedFaults, jobs: int, evidence: str = "spans"
+) -> list[str]:
     """Every rank's file under `out_dir` (made if missing), `jobs` processes at a time; their paths by rank."""
     import multiprocessing
 
     os.makedirs(out_dir, exist_ok=True)
-    work = [(out_dir, rank, ranks, faults) for rank in range(ranks)]
+    work = [(out_dir, rank, ranks, faults, evidence) for rank in range(ranks)]
     if jobs <= 1:
         return [write_rank_file(template, *w) for w in work]
     _WORKER_TEMPLATE[:] = [template]

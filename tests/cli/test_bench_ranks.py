@@ -11,10 +11,12 @@ import pytest
 from hp_otel.cli import main
 
 
-@pytest.mark.slow  # records the llama step, writes 1,024 files of ~1 MB, reads them: about 1-2 min here
-def test_at_1024_ranks_the_harness_names_the_hang_the_desync_and_the_straggler(tmp_path) -> None:
+@pytest.mark.slow  # records the llama step, writes 1,024 files (~1 MB or 71 kB), reads them twice: 1-4 min here
+@pytest.mark.parametrize("evidence", ["spans", "collectives"])
+def test_at_1024_ranks_the_harness_names_the_hang_the_desync_and_the_straggler(tmp_path, evidence) -> None:
+    command = ["bench", "--ranks", "1024", "--json", "--keep-files", str(tmp_path), "--evidence", evidence]
     done = subprocess.run(
-        [sys.executable, "-m", "hp_otel.cli", "bench", "--ranks", "1024", "--json", "--keep-files", str(tmp_path)],
+        [sys.executable, "-m", "hp_otel.cli", *command],
         capture_output=True,
         text=True,
         timeout=900,
@@ -23,7 +25,7 @@ def test_at_1024_ranks_the_harness_names_the_hang_the_desync_and_the_straggler(t
     result = json.loads(done.stdout)
     assert result["found"] == {"hang": True, "desync": True, "straggler": True}
     assert result["exit_status"] == 3  # the ranks diverge
-    assert len(list(tmp_path.glob("spans_rank*.json"))) == 1024
+    assert len(list(tmp_path.glob(f"{evidence}_rank*.json"))) == 1024 and result["evidence"] == evidence
     # the harness's own check of the report, redone here from the report itself
     report = subprocess.run(
         [sys.executable, "-m", "hp_otel.cli", "ranks", "--json", *map(str, sorted(tmp_path.glob("*.json")))],
