@@ -56,7 +56,7 @@ def run_ranks(
 
     progress = ReadProgress("ranks") if sys.stderr.isatty() else None
     try:
-        report = compare_files(files, jobs or default_jobs(), progress, by_module=per_collective or not as_json)
+        report = compare_files(files, jobs or default_jobs(), progress, by_module=per_collective)
     except RankInputError as exc:
         print(printable(f"hp-otel ranks: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
