@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from hp_otel.analysis.rank_call import RankCall, signature
 
@@ -117,6 +117,16 @@ class CallTable:
 
     def __iter__(self) -> Iterator[RankCall]:
         return (self.call(i) for i in range(len(self.seq)))
+
+    @overload
+    def __getitem__(self, index: int) -> RankCall: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[RankCall]: ...
+    def __getitem__(self, index: int | slice) -> RankCall | list[RankCall]:
+        """`calls[i]`, `calls[1:]`: as on the list it was."""
+        if isinstance(index, slice):
+            return [self.call(i) for i in range(len(self.seq))[index]]
+        return self.call(range(len(self.seq))[index])
 
     def __eq__(self, other: object) -> bool:
         """Equal to a table or a list of the same calls (code written when `RankFile.calls` was a list)."""

@@ -55,7 +55,7 @@ def read_rank_files(
         if on_read is not None:
             on_read(len(out), total)
 
-    if jobs <= 1 or total <= 1:
+    if jobs <= 1 or total <= _FILES_PER_TASK:  # a pool costs more than reading a few files here
         for path in paths:
             keep(read_one(path, by_module))
         return out
