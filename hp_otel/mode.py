@@ -386,7 +386,11 @@ class CommDebugMode:
             self._recorder.wants_completion = True  # sources attach a done-probe to returned collectives
             try:
                 watchdog = self._watchdog
-                self._watchdog.start(self._recorder, lambda path: self.write_spans(path, pause=watchdog.pause))
+                if watchdog.evidence == "collectives":
+                    writer: Callable[[str], None] = self.write_collectives
+                else:
+                    writer = lambda path: self.write_spans(path, pause=watchdog.pause)  # noqa: E731
+                self._watchdog.start(self._recorder, writer)
                 self._watchdog_started = True
             except Exception as exc:  # a watchdog that cannot start must not stop training
                 self._recorder.wants_completion = False
@@ -666,6 +670,29 @@ class CommDebugMode:
         from hp_otel.spans.otlp_json import write_spans
 
         check_path(path, "path")
+        spans = self._spans_to_write(in_flight)
+        write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()}, pause=pause)
+
+    def write_collectives(self, path: str | os.PathLike[str], *, in_flight: bool = True) -> None:
+        """Write the window's collectives file (what `hp-otel ranks` compares, a few percent of the spans file).
+
+        The collectives as `write_spans` writes them (`in_flight` the same), without the module
+        and op spans: group, seq, op, shapes, dtype, bytes, times, module, phase, waits,
+        bandwidths, call site (with `stack=`). Safe from another thread, atomic.
+        """
+        from hp_otel.common.launcher_env import current_rank
+        from hp_otel.spans import schema
+        from hp_otel.spans.collectives_file import write_collectives
+
+        check_path(path, "path")
+        spans = self._spans_to_write(in_flight)
+        resource = dict(spans[0].resource.attributes) if spans and spans[0].resource is not None else {}
+        resource.setdefault(schema.RESOURCE_RANK, current_rank())
+        write_collectives(path, spans, resource)
+
+    def _spans_to_write(self, in_flight: bool) -> list[ReadableSpan]:
+        from hp_otel.spans import schema
+
         spans = list(self.get_finished_spans())
         if in_flight:
             pending = self._recorder.in_flight_spans(time.time_ns())
@@ -674,7 +701,7 @@ class CommDebugMode:
                 waiting = {span.attributes.get(match) for span in pending}
                 spans = [span for span in spans if (span.attributes or {}).get(match) not in waiting]
                 spans.extend(pending)
-        write_spans(path, spans, argument="path", resource_defaults={schema.RESOURCE_RANK: current_rank()}, pause=pause)
+        return spans
 
     def clear(self) -> None:
         """Forget every record and count (the OTel counters, being cumulative, keep theirs).

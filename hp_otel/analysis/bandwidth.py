@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hp_otel.analysis.reading import RankCall, RankFile
+from hp_otel.analysis.listing import LISTED, more_line
+from hp_otel.analysis.reading import RankFile
 from hp_otel.spans.bandwidth import format_rate
 
 
@@ -56,14 +57,20 @@ class BandwidthReport:
 
 def bandwidth_report(files: Sequence[RankFile]) -> BandwidthReport:
     """Line the ranks' bandwidths up by (window, group, seq)."""
-    matched: dict[tuple[str, str, tuple[int, ...], int], list[RankCall]] = {}
+    matched: dict[tuple[str, str, tuple[int, ...], int], tuple[str, str, dict[int, float]]] = {}
     for f in files:
-        for call in f.calls:
-            if call.busbw > 0 and not call.in_flight:
-                matched.setdefault((call.window, call.group, call.group_ranks, call.seq), []).append(call)
+        table = f.calls
+        for i, busbw in enumerate(table.busbw):
+            if busbw > 0 and not table.in_flight[i]:
+                kind = table.kinds[table.kind[i]]
+                key = (kind.window, kind.group, kind.group_ranks, table.seq[i])
+                found = matched.get(key)
+                if found is None:
+                    found = matched[key] = (kind.op, kind.module, {})
+                found[2][f.rank] = busbw
     collectives = [
-        CollectiveBandwidth(key[0], key[1], key[3], calls[0].op, calls[0].module, {c.rank: c.busbw for c in calls})
-        for key, calls in matched.items()
+        CollectiveBandwidth(key[0], key[1], key[3], op, module, per_rank)
+        for key, (op, module, per_rank) in matched.items()
     ]
     by_group: dict[str, list[CollectiveBandwidth]] = {}
     by_rank: dict[int, list[CollectiveBandwidth]] = {}
@@ -95,22 +102,35 @@ def format_bandwidth(report: BandwidthReport, top: int = 5) -> list[str]:
     ]
     for title, rows in (("group and op", report.groups), ("rank", report.ranks)):
         lines.append(f"  {'by ' + title:<28} {'calls':>6}  {'median busbw':>13}  {'slowest':>11}  {'median own':>11}")
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows[:LISTED]):
             mark = "  <- slowest" if i == 0 and len(rows) > 1 and row.median_busbw < rows[1].median_busbw else ""
             lines.append(
                 f"  {row.label:<28} {row.collectives:>6}  {format_rate(row.median_busbw):>13}"
                 f"  {format_rate(row.min_busbw):>11}  {format_rate(row.median_own_busbw):>11}{mark}"
             )
-    slowest = sorted(report.collectives, key=lambda c: c.skew_free)[:top]
+        lines += more_line(len(rows) - LISTED, "rows")
     lines.append("  slowest collectives:")
-    for c in slowest:
+    for c in slowest(report, top):
         where = f"Module({c.module})" if c.module else "no module"
-        ranks = ", ".join(f"rank {r} {format_rate(b)}" for r, b in sorted(c.per_rank.items()))
+        listed = (
+            sorted(c.per_rank.items())
+            if len(c.per_rank) <= LISTED
+            else sorted(c.per_rank.items(), key=lambda rb: rb[1])[:LISTED]
+        )
+        ranks = ", ".join(f"rank {r} {format_rate(b)}" for r, b in listed)
+        ranks += f", ... {len(c.per_rank) - LISTED} more ranks" if len(c.per_rank) > LISTED else ""
         lines.append(f"    {c.op} #{c.seq} in {where}, {c.window}: {format_rate(c.skew_free)} ({ranks})")
     return lines
 
 
-def bandwidth_to_json(report: BandwidthReport) -> dict[str, Any]:
+def slowest(report: BandwidthReport, top: int) -> list[CollectiveBandwidth]:
+    return sorted(report.collectives, key=lambda c: c.skew_free)[:top]
+
+
+def bandwidth_to_json(report: BandwidthReport, per_collective: bool = True, top: int = 5) -> dict[str, Any]:
+    """The rows by group and by rank; every collective only with `per_collective` (it grows with
+    ranks x collectives), else the `top` slowest."""
+
     def row(r: BandwidthRow) -> dict[str, Any]:
         return {
             "label": r.label,
@@ -120,19 +140,21 @@ def bandwidth_to_json(report: BandwidthReport) -> dict[str, Any]:
             "median_own_busbw_bytes_per_s": r.median_own_busbw,
         }
 
+    def collective(c: CollectiveBandwidth) -> dict[str, Any]:
+        return {
+            "window": c.window,
+            "group": c.group,
+            "seq": c.seq,
+            "op": c.op,
+            "module": c.module,
+            "skew_free_busbw_bytes_per_s": c.skew_free,
+            "busbw_bytes_per_s": {str(r): b for r, b in sorted(c.per_rank.items())},
+        }
+
+    listed = report.collectives if per_collective else slowest(report, top)
+    key = "collectives" if per_collective else "slowest_collectives"
     return {
         "groups": [row(r) for r in report.groups],
         "ranks": [row(r) for r in report.ranks],
-        "collectives": [
-            {
-                "window": c.window,
-                "group": c.group,
-                "seq": c.seq,
-                "op": c.op,
-                "module": c.module,
-                "skew_free_busbw_bytes_per_s": c.skew_free,
-                "busbw_bytes_per_s": {str(r): b for r, b in sorted(c.per_rank.items())},
-            }
-            for c in report.collectives
-        ],
+        key: [collective(c) for c in listed],
     }

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
-from hp_otel.analysis.flight_recorder import align_buffers, read_any_rank_file
+from hp_otel.analysis.call_table import CallKind
+from hp_otel.analysis.flight_recorder import align_buffers
 from hp_otel.analysis.reading import RankCall, RankFile, RankInputError
+from hp_otel.analysis.reading_pool import read_rank_files
 
 
 @dataclass
@@ -57,10 +58,6 @@ class GroupReport:
     def agree(self) -> bool:
         return self.divergence is None and not self.missing
 
-    def title(self) -> str:
-        ranks = ",".join(map(str, self.group_ranks or self.ranks))
-        return f"group {self.group or '?'} (ranks {ranks}), {self.window or 'no window'}"
-
 
 @dataclass
 class StragglerRow:
@@ -103,8 +100,17 @@ class RanksReport:
         return not self.missing_ranks
 
 
-def compare_files(paths: Iterable[str | os.PathLike[str]]) -> RanksReport:
-    files = [read_any_rank_file(p) for p in paths]  # spans files, JSON dumps, Flight Recorder dumps
+def compare_files(
+    paths: Iterable[str | os.PathLike[str]],
+    jobs: int = 1,
+    on_read: Callable[[int, int], None] | None = None,
+    by_module: bool = True,
+) -> RanksReport:
+    """Read every rank's file (`jobs` processes at a time; `on_read(done, total)` after each) and compare them.
+
+    `by_module`: keep each file's exposure per module (False: only per window and phase,
+    the part of the report that does not grow with the model)."""
+    files = read_rank_files([os.fspath(p) for p in paths], jobs, on_read, by_module)
     if not files:
         raise RankInputError("give at least one spans file")
     seen: dict[int, str] = {}
@@ -118,21 +124,34 @@ def compare_files(paths: Iterable[str | os.PathLike[str]]) -> RanksReport:
     return report
 
 
+# A call's place in the files compared: file index * _ROW_SPAN + its row (one int, not a tuple, per call).
+_ROW_SPAN = 1 << 32
+GroupKey = tuple[str, str, tuple[int, ...]]
+
+
 def compare(files: Sequence[RankFile]) -> RanksReport:
     """Line the ranks' collectives up by (window, group, seq) and report where they part."""
     file_ranks = sorted(f.rank for f in files)
     files, notes = _align_windows(files)
-    by_group: dict[tuple[str, str, tuple[int, ...]], dict[int, dict[int, RankCall]]] = {}
-    for f in files:
-        for call in sorted(f.calls, key=lambda c: c.seq):
-            per_rank = by_group.setdefault((call.window, call.group, call.group_ranks), {})
-            calls = per_rank.setdefault(f.rank, {})
-            if call.seq not in calls or call.in_flight:  # a returned op whose work is pending: in flight
-                calls[call.seq] = call
-    groups = [
-        _compare_group(window, group, group_ranks, per_rank, file_ranks)
-        for (window, group, group_ranks), per_rank in sorted(by_group.items(), key=lambda kv: _window_order(kv[0]))
-    ]
+    by_group: dict[GroupKey, dict[int, dict[int, int]]] = {}  # key -> rank -> seq -> call's place
+    for fi, f in enumerate(files):
+        table = f.calls
+        keys = [k.group_key for k in table.kinds]
+        seqs, kinds, in_flight = table.seq, table.kind, table.in_flight
+        for i in sorted(range(len(table)), key=seqs.__getitem__):
+            per_rank = by_group.get(keys[kinds[i]])
+            if per_rank is None:
+                per_rank = by_group[keys[kinds[i]]] = {}
+            calls = per_rank.get(f.rank)
+            if calls is None:
+                calls = per_rank[f.rank] = {}
+            seq = seqs[i]
+            if seq not in calls or in_flight[i]:  # a returned op whose work is pending: in flight
+                calls[seq] = fi * _ROW_SPAN + i
+    ranks_with_files = set(file_ranks)
+    groups = []
+    for key in sorted(by_group, key=_window_order):
+        groups.append(_compare_group(key, by_group.pop(key), ranks_with_files, files))
     return RanksReport(list(files), groups, _stragglers(groups, file_ranks), notes)
 
 
@@ -145,67 +164,86 @@ def _align_windows(files: Sequence[RankFile]) -> tuple[list[RankFile], list[str]
     aligned = []
     for f, windows in zip(files, order, strict=True):
         rename = {w: f"window #{k}" for k, w in enumerate(windows)}
-        calls = [dataclasses.replace(c, window=rename[c.window]) for c in f.calls]
-        aligned.append(dataclasses.replace(f, calls=calls))
+        kinds = [k._replace(window=rename[k.window]) for k in f.calls.kinds]
+        aligned.append(dataclasses.replace(f, calls=f.calls.with_kinds(kinds)))
     shown = "; ".join(f"rank {f.rank}: {', '.join(w)}" for f, w in zip(files, order, strict=True))
     return aligned, [f"the files' windows differ ({shown}); matched by their order in each file"]
 
 
 def _windows_in_order(f: RankFile) -> list[str]:
     first: dict[str, int] = {}
-    for c in f.calls:
-        first[c.window] = min(first.get(c.window, c.start_ns), c.start_ns)
+    table = f.calls
+    for i, start in enumerate(table.start_ns):
+        window = table.kinds[table.kind[i]].window
+        first[window] = min(first.get(window, start), start)
     return sorted(first, key=lambda w: first[w])
 
 
-def _window_order(key: tuple[str, str, tuple[int, ...]]) -> tuple[Any, ...]:
+def _window_order(key: GroupKey) -> tuple[Any, ...]:
     window, group, ranks = key
     kind, _, number = window.partition(" ")
     return (kind, int(number) if number.isdigit() else 0, number, group, ranks)
 
 
 def _compare_group(
-    window: str,
-    group: str,
-    group_ranks: tuple[int, ...],
-    per_rank: dict[int, dict[int, RankCall]],
-    file_ranks: list[int],
+    key: GroupKey, per_rank: dict[int, dict[int, int]], ranks_with_files: set[int], files: Sequence[RankFile]
 ) -> GroupReport:
-    members = [r for r in group_ranks if r in file_ranks] if group_ranks else sorted(per_rank)
-    absent = [r for r in group_ranks if r not in file_ranks]
+    window, group, group_ranks = key
+    members = [r for r in group_ranks if r in ranks_with_files] if group_ranks else sorted(per_rank)
+    absent = [r for r in group_ranks if r not in ranks_with_files]
     report = GroupReport(window, group, group_ranks, members, absent_ranks=absent)
+
+    def call(place: int) -> RankCall:
+        return files[place // _ROW_SPAN].calls.call(place % _ROW_SPAN)
+
+    def row(place: int) -> tuple[CallKind, int, int]:  # (kind, start_ns, in flight)
+        table = files[place // _ROW_SPAN].calls
+        i = place % _ROW_SPAN
+        return table.kinds[table.kind[i]], table.start_ns[i], table.in_flight[i]
+
+    member_calls = [(r, per_rank.get(r, {})) for r in members]
     # The seqs some rank issued, in order: a file's seq may be any int (2**63 - 1), not a count to walk.
-    seqs = sorted({seq for r in members for seq in per_rank.get(r, {})})
+    seqs = sorted({seq for _, calls in member_calls for seq in calls})
     reported_missing: set[int] = set()
     for seq in seqs:
-        present = {r: per_rank[r][seq] for r in members if seq in per_rank.get(r, {})}
-        absent = [r for r in members if r not in present]
-        if report.divergence is None and len({c.signature() for c in present.values()}) > 1:
-            report.divergence = Divergence(seq, present)
-        for rank in absent:
-            if rank not in reported_missing:
-                reported_missing.add(rank)
-                issued_by = sorted(present)
-                reference = present[issued_by[0]]
-                in_flight_on = [r for r in issued_by if present[r].in_flight]
-                report.missing.append(Missing(rank, seq, reference, issued_by, in_flight_on))
-        if absent:
+        present = {r: calls[seq] for r, calls in member_calls if seq in calls}
+        rows = {r: row(place) for r, place in present.items()}
+        if report.divergence is None and len({kind.signature() for kind, _, _ in rows.values()}) > 1:
+            report.divergence = Divergence(seq, {r: call(place) for r, place in present.items()})
+        if len(present) < len(members):
+            for rank in members:
+                if rank not in present and rank not in reported_missing:
+                    reported_missing.add(rank)
+                    issued_by = sorted(present)
+                    reference = call(present[issued_by[0]])
+                    in_flight_on = [r for r in issued_by if rows[r][2]]
+                    report.missing.append(Missing(rank, seq, reference, issued_by, in_flight_on))
             continue
-        if len(present) > 1 and all(c.in_flight for c in present.values()):
+        if len(rows) > 1 and all(flight for _, _, flight in rows.values()):
             report.stuck_together.append(seq)
         report.compared += 1
-        starts = {r: c.start_ns for r, c in present.items()}
-        last = max(starts, key=lambda r: (starts[r], r))
-        first = present[min(starts, key=lambda r: (starts[r], r))]
-        report.skews.append(Skew(seq, first.op, first.module, starts[last] - min(starts.values()), last))
+        last = max(rows, key=lambda r: (rows[r][1], r))
+        first = min(rows, key=lambda r: (rows[r][1], r))
+        first_kind, first_start, _ = rows[first]
+        report.skews.append(Skew(seq, first_kind.op, first_kind.module, rows[last][1] - first_start, last))
     return report
 
 
 def _stragglers(groups: Sequence[GroupReport], ranks: list[int]) -> list[StragglerRow]:
+    """Per rank: the collectives it was last in (skew > 0) over those of its groups every rank reached."""
+    compared = dict.fromkeys(ranks, 0)
+    last: dict[int, list[int]] = {rank: [] for rank in ranks}
+    for g in groups:
+        if len(g.ranks) <= 1:
+            continue
+        for rank in g.ranks:
+            compared[rank] += len(g.skews)
+        for k in g.skews:
+            if k.skew_ns > 0:
+                last[k.last_rank].append(k.skew_ns)
     rows = []
     for rank in ranks:
-        mine = [k for g in groups if rank in g.ranks and len(g.ranks) > 1 for k in g.skews]
-        last = [k.skew_ns for k in mine if k.last_rank == rank and k.skew_ns > 0]
-        mean = sum(last) / len(last) if last else 0.0
-        rows.append(StragglerRow(rank, len(last), len(mine), sum(last), mean, max(last, default=0)))
+        mine = last[rank]
+        mean = sum(mine) / len(mine) if mine else 0.0
+        rows.append(StragglerRow(rank, len(mine), compared[rank], sum(mine), mean, max(mine, default=0)))
     return sorted(rows, key=lambda r: (-r.total_skew_ns, -r.last, r.rank))

@@ -39,7 +39,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, read_rank_file
+from hp_otel.analysis.rank_input import decode_json, read_bytes
+from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, rank_file_of_payload
 from hp_otel.common.package_dirs import package_dirs
 from hp_otel.spans.otlp_json import max_bytes_limit
 
@@ -120,28 +121,41 @@ def load_dump(path: str | os.PathLike[str], max_bytes: int | None = None) -> dic
     except OSError:
         return None
     if data[:1] == _PICKLE_PROTOCOL_2_PLUS:
-        try:
-            payload = _NoClasses(io.BytesIO(data)).load()
-        except Exception as exc:  # a damaged or foreign pickle: say so rather than guess
-            raise RankInputError(f"{text_path}: a pickle that is not a Flight Recorder dump ({exc})") from exc
-    else:
-        try:
-            payload = json.loads(data)
-        except (UnicodeDecodeError, ValueError):
-            return None
-    if isinstance(payload, dict) and "entries" in payload and "pg_config" in payload:
-        return payload
+        return _unpickled_dump(text_path, data)
+    try:
+        payload = json.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return payload if is_dump(payload) else None
+
+
+def is_dump(payload: Any) -> bool:
+    return isinstance(payload, dict) and "entries" in payload and "pg_config" in payload
+
+
+def _unpickled_dump(path: str, data: bytes) -> dict[str, Any]:
+    try:
+        payload = _NoClasses(io.BytesIO(data)).load()
+    except Exception as exc:  # a damaged or foreign pickle: say so rather than guess
+        raise RankInputError(f"{path}: a pickle that is not a Flight Recorder dump ({exc})") from exc
+    if not is_dump(payload):
+        raise RankInputError(f"{path}: a pickle without Flight Recorder's 'entries' and 'pg_config'")
+    return payload  # type: ignore[no-any-return]
+
+
+def read_any_rank_file(path: str | os.PathLike[str], by_module: bool = True) -> RankFile:
+    """A rank's collectives from its Flight Recorder dump, spans file or JSON dump, whichever it is.
+
+    The file is read and decoded once, whatever it turns out to be; `by_module`: a spans
+    file's exposure per module too."""
+    text_path = os.fspath(path)
+    data = read_bytes(text_path)
     if data[:1] == _PICKLE_PROTOCOL_2_PLUS:
-        raise RankInputError(f"{text_path}: a pickle without Flight Recorder's 'entries' and 'pg_config'")
-    return None
-
-
-def read_any_rank_file(path: str | os.PathLike[str]) -> RankFile:
-    """A rank's collectives from its Flight Recorder dump, spans file or JSON dump, whichever it is."""
-    dump = load_dump(path)
-    if dump is not None:
-        return read_flight_recorder_file(path, dump)
-    return read_rank_file(path)
+        return read_flight_recorder_file(text_path, _unpickled_dump(text_path, data))
+    payload = decode_json(text_path, data)
+    if is_dump(payload):
+        return read_flight_recorder_file(text_path, payload)
+    return rank_file_of_payload(text_path, payload, by_module=by_module)
 
 
 def rank_of(path: str, dump: Mapping[str, Any]) -> int:
@@ -312,7 +326,8 @@ def align_buffers(files: Sequence[RankFile]) -> tuple[list[RankFile], list[str]]
     this, every old collective a busier rank's ring evicted would read as a hang.
     """
     first: dict[tuple[str, str], int] = {}
-    for f in files:
+    recorded = [f for f in files if _has_buffer(f)]  # spans files hold none: not walked
+    for f in recorded:
         mins: dict[tuple[str, str], int] = {}
         for call in f.calls:
             if call.window in (WINDOW, P2P_WINDOW):
@@ -324,6 +339,9 @@ def align_buffers(files: Sequence[RankFile]) -> tuple[list[RankFile], list[str]]
         return list(files), []
     out, notes = [], []
     for f in files:
+        if not _has_buffer(f):
+            out.append(f)
+            continue
         kept = [c for c in f.calls if c.window not in (WINDOW, P2P_WINDOW) or c.seq >= first[(c.window, c.group)]]
         if len(kept) != len(f.calls):
             notes.append(
@@ -333,3 +351,7 @@ def align_buffers(files: Sequence[RankFile]) -> tuple[list[RankFile], list[str]]
             f = dataclasses.replace(f, calls=kept)
         out.append(f)
     return out, notes
+
+
+def _has_buffer(f: RankFile) -> bool:
+    return any(kind.window in (WINDOW, P2P_WINDOW) for kind in f.calls.kinds)

@@ -1,108 +1,51 @@
-"""Reading per-rank files for the rank comparison: each rank's collectives as `RankCall`s,
+"""Reading per-rank files for the rank comparison: each rank's collectives as a `CallTable`,
 from a spans file (`CommDebugMode.write_spans`, the watchdog's) or a JSON dump (torch's
-Flight Recorder dumps: `flight_recorder.read_any_rank_file`)."""
+Flight Recorder dumps: `flight_recorder.read_any_rank_file`).
+
+A file is read and JSON-decoded once (`rank_input`), straight into the fields compared:
+no protobuf round trip, no SDK span objects.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hp_otel.spans import codec, exposure
+from hp_otel.analysis.call_table import CallTable
+from hp_otel.analysis.rank_call import RankCall
+from hp_otel.analysis.rank_input import (
+    CollectiveSpan,
+    RankInputError,
+    decode_json,
+    otlp_int,
+    read_bytes,
+    resources_and_collectives,
+)
+from hp_otel.spans import codec, collectives_file, exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import span_attributes
-from hp_otel.spans.otlp_json import SpanFileError, read_trace_file
 
-# Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
+__all__ = ["RankCall", "RankFile", "RankInputError", "calls_from_spans", "read_rank_file"]
 
-
-_SHAPE_FREE_OPS = frozenset({"all_to_all", "send", "recv", "gather", "scatter"})
-_P2P_OPS = frozenset({"send", "recv"})
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-
-
-class RankInputError(ValueError):
-    """A file `hp-otel ranks` cannot compare (missing, not spans, no rank, two files of one rank)."""
-
-
-@dataclass(frozen=True)
-class RankCall:
-    """One collective as one rank issued it."""
-
-    rank: int
-    window: str
-    group: str
-    group_ranks: tuple[int, ...]
-    seq: int
-    op: str
-    name: str
-    input_shape: tuple[int, ...]
-    output_shape: tuple[int, ...]
-    dtype: str
-    reduce_op: str
-    module: str
-    phase: str
-    start_ns: int
-    end_ns: int
-    in_flight: bool
-    bytes: int = 0  # what it moved (its inputs' bytes, hp.collective.bytes); 0 where the file says none
-    stack: tuple[str, ...] = ()  # where it was issued (`stack=`, a Flight Recorder dump's frames), innermost first
-    # NCCL-tests' bandwidths of this rank's call, bytes/s (0.0: none recorded: in flight, a barrier, older files)
-    algbw: float = 0.0
-    busbw: float = 0.0
-
-    def signature(self) -> tuple[Any, ...]:
-        """What must be equal on every rank of the group."""
-        op = "send/recv" if self.op in _P2P_OPS else self.op
-        if self.op in _SHAPE_FREE_OPS:
-            return (op, self.dtype, self.reduce_op)
-        return (op, self.input_shape, self.output_shape, self.dtype, self.reduce_op)
-
-    def where(self) -> str:
-        return f"Module({self.module})" if self.module else "no module"
-
-    def describe(self) -> str:
-        shapes = f"input {_shape(self.input_shape)} output {_shape(self.output_shape)}"
-        reduce = f" {self.reduce_op}" if self.reduce_op else ""
-        state = " (in flight)" if self.in_flight else ""
-        at = f" at {self.stack[0]}" if self.stack else ""
-        phase = f" [{self.phase}]" if self.phase else ""  # a Flight Recorder entry has none
-        return f"{self.op} {shapes} {self.dtype}{reduce} in {self.where()}{phase}{state}{at}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "seq": self.seq,
-            "op": self.op,
-            "name": self.name,
-            "input_shape": list(self.input_shape),
-            "output_shape": list(self.output_shape),
-            "dtype": self.dtype,
-            "reduce_op": self.reduce_op,
-            "module": self.module,
-            "phase": self.phase,
-            "start_ns": self.start_ns,
-            "in_flight": self.in_flight,
-            **({"stack": list(self.stack)} if self.stack else {}),
-        }
-
-
-def _shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(map(str, shape)) + ")"
 
 
 @dataclass
 class RankFile:
     path: str
     rank: int
-    calls: list[RankCall]
+    calls: CallTable  # a list of RankCalls is turned into one
     unsequenced: int = 0  # collective spans without a seq (written by an older hp_otel)
     world_size: int | None = None  # the resource's hp.world_size (None: the file does not say)
     # window label -> its exposed communication (spans files only: a JSON dump has no wait times)
     exposure: dict[str, exposure.ExposureReport] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.calls, CallTable):
+            self.calls = CallTable.of(self.rank, self.calls)
 
 
 def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: int | None = None) -> int:
@@ -136,27 +79,65 @@ def read_rank_file(path: str | os.PathLike[str], default_rank: int | None = None
     process); None: such a file is refused.
     """
     text_path = os.fspath(path)
-    dump = _json_dump(text_path)
-    if dump is not None:
-        return _read_dump(text_path, dump, default_rank)
+    return rank_file_of_payload(text_path, decode_json(text_path, read_bytes(text_path)), default_rank)
+
+
+def rank_file_of_payload(path: str, payload: Any, default_rank: int | None = None, by_module: bool = True) -> RankFile:
+    """A decoded file as a rank's collectives: a JSON dump (a dict with "records"), else OTLP/JSON spans;
+    its exposure per module too with `by_module`."""
+    if isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload:
+        return _read_dump(path, payload, default_rank)
+    if collectives_file.is_collectives_payload(payload):
+        resources, spans = _collectives_file(path, payload)
+    else:
+        resources, spans = resources_and_collectives(path, payload)
     try:
-        spans, resources = read_trace_file(text_path)
-    except SpanFileError as exc:
-        raise RankInputError(str(exc)) from exc
-    try:
-        rank = _rank_of(text_path, resources, default_rank)
+        rank = _rank_of(path, resources, default_rank)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, RankInputError):
             raise
-        raise RankInputError(f"{text_path}: its {s.RESOURCE_RANK} is not a rank ({exc})") from exc
-    calls, unsequenced = calls_from_spans(spans, rank, text_path)
+        raise RankInputError(f"{path}: its {s.RESOURCE_RANK} is not a rank ({exc})") from exc
+    collectives = list(spans)
+    table = CallTable(rank)
+    unsequenced = _add_calls(table, collectives, path)
     try:
-        exposures = exposure.by_window(spans)
+        exposures = exposure.by_window(collectives, by_module)
     except (TypeError, ValueError) as exc:
-        raise RankInputError(
-            f"{text_path}: a collective span's times or wait attributes are malformed ({exc})"
-        ) from exc
-    return RankFile(text_path, rank, calls, unsequenced, _world_size_of(resources), exposures)
+        raise RankInputError(f"{path}: a collective span's times or wait attributes are malformed ({exc})") from exc
+    return RankFile(path, rank, table, unsequenced, _world_size_of(resources), exposures)
+
+
+def _collectives_file(path: str, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], list[CollectiveSpan]]:
+    """A collectives file (`CommDebugMode.write_collectives`): its resource and calls, as a spans file's."""
+    try:
+        resource = payload.get("resource") or {}
+        if not isinstance(resource, dict):
+            raise ValueError("its resource is not an object")
+        spans = [
+            CollectiveSpan(name, attributes, otlp_int(start), otlp_int(end))
+            for name, attributes, start, end in collectives_file.collective_spans(payload)
+        ]
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise RankInputError(f"{path}: not a collectives file hp_otel wrote ({type(exc).__name__}: {exc})") from exc
+    return [resource], spans
+
+
+def _add_calls(table: CallTable, spans: Iterable[Any], where: str) -> int:
+    """Append the collectives among `spans` to `table`; how many had no seq."""
+    unsequenced = 0
+    for span in spans:
+        attrs = span_attributes(span)
+        if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
+            continue
+        try:
+            call = _call_from_span(table.rank, span, attrs)
+            if call is not None:
+                table.append(call)
+        except (TypeError, ValueError, OverflowError) as exc:  # attributes hp_otel did not write
+            raise RankInputError(f"{where}: collective span {span.name!r} is malformed ({exc})") from exc
+        if call is None:
+            unsequenced += 1
+    return unsequenced
 
 
 def calls_from_spans(spans: Iterable[Any], rank: int, where: str = "spans") -> tuple[list[RankCall], int]:
@@ -205,16 +186,6 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         algbw=float(attrs.get(s.COLLECTIVE_ALGBW, 0.0)),
         busbw=float(attrs.get(s.COLLECTIVE_BUSBW, 0.0)),
     )
-
-
-def _json_dump(path: str) -> dict[str, Any] | None:
-    """The file as a JSON dump (a dict with "records"), or None for anything else (read as spans)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            payload = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None  # the spans reader says what is wrong
-    return payload if isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload else None
 
 
 def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None) -> RankFile:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-# Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
 from hp_otel.analysis.bandwidth import bandwidth_report, bandwidth_to_json, format_bandwidth
-from hp_otel.analysis.comparing import RanksReport
+from hp_otel.analysis.comparing import GroupReport, RanksReport, Skew
+from hp_otel.analysis.listing import LISTED, more_line, ranks_listed, ranks_text
 from hp_otel.common.safe_text import printable
 from hp_otel.spans import exposure
 from hp_otel.spans import schema as s
@@ -14,17 +15,6 @@ from hp_otel.spans import schema as s
 
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f} ms"
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """`0-3,6`: runs of ranks shortened (a 1024-rank job missing half its files stays one line)."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _expected_text(report: RanksReport) -> str:
@@ -52,7 +42,7 @@ def verdict_line(report: RanksReport) -> str:
     if report.missing_ranks:
         return (
             f"verdict: INCOMPLETE: the {len(report.ranks)} ranks given agree, but ranks "
-            f"{_ranks_text(report.missing_ranks)} have no file (exit status {EXIT_INCOMPLETE})"
+            f"{ranks_text(report.missing_ranks)} have no file (exit status {EXIT_INCOMPLETE})"
         )
     return "verdict: ranks agree"
 
@@ -61,7 +51,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     lines = []
     total = sum(len(f.calls) for f in report.files)
     lines.append(
-        f"ranks {','.join(map(str, report.ranks))}: {len(report.files)} files, {total} collectives, "
+        f"ranks {ranks_listed(report.ranks)}: {len(report.files)} files, {total} collectives, "
         f"{len(report.groups)} group windows"
     )
     for note in report.notes:
@@ -69,39 +59,29 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     missing = report.missing_ranks
     if missing:
         expected = _expected_text(report)
-        lines.append(f"note: no file for ranks {_ranks_text(missing)} of {expected}: they are not compared")
+        lines.append(f"note: no file for ranks {ranks_text(missing)} of {expected}: they are not compared")
     for f in report.files:
         if f.unsequenced:
             lines.append(f"note: {f.path} has {f.unsequenced} collectives without {s.COLLECTIVE_SEQ} (not compared)")
+    agreeing = [g for g in report.groups if g.agree and not g.absent_ranks]
+    folded = {id(g) for g in agreeing} if len(agreeing) > LISTED else set()
     for g in report.groups:
-        verdict = "agree" if g.agree else "DIVERGE" if g.divergence is not None else "INCOMPLETE"
-        lines += ["", f"{g.title()}: {verdict} ({g.compared} collectives reached by every rank)"]
-        if g.absent_ranks:
-            lines.append(f"  no file for ranks {','.join(map(str, g.absent_ranks))} (not compared)")
-        if g.divergence is not None:
-            d = g.divergence
-            lines.append(f"  first divergence at seq #{d.seq}:")
-            for rank in sorted(d.calls):
-                lines.append(f"    rank {rank}: {d.calls[rank].describe()}")
-        for m in g.missing:
-            ref = m.reference
-            waiting = f"; rank {','.join(map(str, m.in_flight_on))} waiting in it" if m.in_flight_on else ""
-            at = f" at {ref.stack[0]}" if ref.stack else ""  # where the others issued it (stack=, FR frames)
-            lines.append(
-                f"  hang suspect: rank {m.rank} never reached {ref.op} #{m.seq} in {ref.where()} "
-                f"(issued by rank {','.join(map(str, m.issued_by))}{at}{waiting})"
-            )
-        for seq in g.stuck_together:
-            lines.append(f"  every rank is waiting in seq #{seq}: the collective itself does not complete")
+        if id(g) not in folded:
+            lines += _group_lines(g)
+    if folded:
+        reached = sorted({g.compared for g in agreeing})
+        each = f"{reached[0]}" if len(reached) == 1 else f"{reached[0]}-{reached[-1]}"
+        lines += ["", f"{len(agreeing)} other group windows agree ({each} collectives reached by every rank of each)"]
     lines += ["", "stragglers (arrival skew = last issue - first issue, over collectives every rank reached):"]
     lines.append(f"  {'rank':>4}  {'last':>9}  {'others waited':>14}  {'mean skew when last':>20}  {'max skew':>12}")
-    for row in report.stragglers:
+    for row in report.stragglers[:LISTED]:
         last = f"{row.last}/{row.compared}"
         lines.append(
             f"  {row.rank:>4}  {last:>9}  {_ms(row.total_skew_ns):>14}  {_ms(row.mean_skew_ns):>20}"
             f"  {_ms(row.max_skew_ns):>12}"
         )
-    worst = sorted(((k, g) for g in report.groups for k in g.skews), key=lambda kg: -kg[0].skew_ns)[:top]
+    lines += more_line(len(report.stragglers) - LISTED, "ranks")
+    worst = largest_skews(report, top)
     if worst and worst[0][0].skew_ns > 0:
         lines.append("  largest skews:")
         for k, g in worst:
@@ -114,54 +94,68 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     return "\n".join(map(printable, lines))
 
 
-def report_to_json(report: RanksReport) -> dict[str, Any]:
-    return {
+def largest_skews(report: RanksReport, top: int) -> list[tuple[Skew, GroupReport]]:
+    return sorted(((k, g) for g in report.groups for k in g.skews), key=lambda kg: -kg[0].skew_ns)[:top]
+
+
+def _group_lines(g: GroupReport) -> list[str]:
+    verdict = "agree" if g.agree else "DIVERGE" if g.divergence is not None else "INCOMPLETE"
+    ranks = ranks_listed(list(g.group_ranks or g.ranks))
+    lines = ["", f"group {g.group or '?'} (ranks {ranks}), {g.window or 'no window'}: {verdict} "
+             f"({g.compared} collectives reached by every rank)"]  # fmt: skip
+    if g.absent_ranks:
+        lines.append(f"  no file for ranks {ranks_listed(g.absent_ranks)} (not compared)")
+    if g.divergence is not None:
+        d = g.divergence
+        lines.append(f"  first divergence at seq #{d.seq}:")
+        shown = sorted(d.calls)
+        if len(shown) > LISTED:  # a big group: the ranks that differ from the most common call, and one that does not
+            common = Counter(c.signature() for c in d.calls.values()).most_common(1)[0][0]
+            odd = [r for r in shown if d.calls[r].signature() != common]
+            shown = sorted({*odd[: LISTED - 1], next(r for r in shown if r not in odd)})
+        for rank in shown:
+            lines.append(f"    rank {rank}: {d.calls[rank].describe()}")
+        lines += more_line(len(d.calls) - len(shown), "ranks")
+    for m in g.missing[:LISTED]:
+        ref = m.reference
+        waiting = f"; rank {ranks_listed(m.in_flight_on)} waiting in it" if m.in_flight_on else ""
+        at = f" at {ref.stack[0]}" if ref.stack else ""  # where the others issued it (stack=, FR frames)
+        lines.append(
+            f"  hang suspect: rank {m.rank} never reached {ref.op} #{m.seq} in {ref.where()} "
+            f"(issued by rank {ranks_listed(m.issued_by)}{at}{waiting})"
+        )
+    lines += more_line(len(g.missing) - LISTED, "ranks that never reached a collective")
+    for seq in g.stuck_together:
+        lines.append(f"  every rank is waiting in seq #{seq}: the collective itself does not complete")
+    return lines
+
+
+def _skew_json(k: Skew) -> dict[str, Any]:
+    return {"seq": k.seq, "op": k.op, "module": k.module, "skew_ns": k.skew_ns, "last_rank": k.last_rank}
+
+
+def report_to_json(report: RanksReport, per_collective: bool = True, top: int = 5) -> dict[str, Any]:
+    """The report as JSON. `per_collective`: each group's skew per collective and each collective's
+    bandwidths (the JSON then grows with ranks x collectives); else the `top` largest skews and slowest
+    collectives, and exposure per window and phase only."""
+    out: dict[str, Any] = {
         "agree": report.agree,
         "complete": report.complete,
         "exit_status": exit_status(report),
         "ranks": report.ranks,
         "missing_ranks": report.missing_ranks,
         "notes": report.notes,
+        "per_collective": per_collective,
         "files": [
             {
                 "path": f.path,
                 "rank": f.rank,
                 "collectives": len(f.calls),
-                "exposure": {window: e.to_json() for window, e in f.exposure.items()},
+                "exposure": {window: _exposure_json(e, per_collective) for window, e in f.exposure.items()},
             }
             for f in report.files
         ],
-        "groups": [
-            {
-                "window": g.window,
-                "group": g.group,
-                "group_ranks": list(g.group_ranks),
-                "ranks": g.ranks,
-                "compared": g.compared,
-                "agree": g.agree,
-                "absent_ranks": g.absent_ranks,
-                "divergence": None
-                if g.divergence is None
-                else {"seq": g.divergence.seq, "calls": [c.to_json() for _, c in sorted(g.divergence.calls.items())]},
-                "missing": [
-                    {
-                        "rank": m.rank,
-                        "seq": m.seq,
-                        "op": m.reference.op,
-                        "module": m.reference.module,
-                        "issued_by": m.issued_by,
-                        "in_flight_on": m.in_flight_on,
-                    }
-                    for m in g.missing
-                ],
-                "stuck_together": g.stuck_together,
-                "skews": [
-                    {"seq": k.seq, "op": k.op, "module": k.module, "skew_ns": k.skew_ns, "last_rank": k.last_rank}
-                    for k in g.skews
-                ],
-            }
-            for g in report.groups
-        ],
+        "groups": [_group_json(g, per_collective) for g in report.groups],
         "stragglers": [
             {
                 "rank": r.rank,
@@ -173,8 +167,50 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
             }
             for r in report.stragglers
         ],
-        "bandwidth": bandwidth_to_json(bandwidth_report(report.files)),
+        "bandwidth": bandwidth_to_json(bandwidth_report(report.files), per_collective, top),
     }
+    if not per_collective:
+        out["largest_skews"] = [
+            {"window": g.window, "group": g.group, **_skew_json(k)} for k, g in largest_skews(report, top)
+        ]
+    return out
+
+
+def _exposure_json(e: exposure.ExposureReport, by_module: bool) -> dict[str, Any]:
+    shown = e.to_json()
+    if not by_module:
+        del shown["by_module"]
+    return shown
+
+
+def _group_json(g: GroupReport, per_collective: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "window": g.window,
+        "group": g.group,
+        "group_ranks": list(g.group_ranks),
+        "ranks": g.ranks,
+        "compared": g.compared,
+        "agree": g.agree,
+        "absent_ranks": g.absent_ranks,
+        "divergence": None
+        if g.divergence is None
+        else {"seq": g.divergence.seq, "calls": [c.to_json() for _, c in sorted(g.divergence.calls.items())]},
+        "missing": [
+            {
+                "rank": m.rank,
+                "seq": m.seq,
+                "op": m.reference.op,
+                "module": m.reference.module,
+                "issued_by": m.issued_by,
+                "in_flight_on": m.in_flight_on,
+            }
+            for m in g.missing
+        ],
+        "stuck_together": g.stuck_together,
+    }
+    if per_collective:
+        out["skews"] = [_skew_json(k) for k in g.skews]
+    return out
 
 
 def exposure_lines(report: RanksReport) -> list[str]:
@@ -182,6 +218,9 @@ def exposure_lines(report: RanksReport) -> list[str]:
     rows = [(f.rank, window, e) for f in report.files for window, e in f.exposure.items() if e.total.collectives]
     if not rows:
         return []
+    hidden = len(rows) - LISTED
+    if hidden > 0:  # the ranks that waited most
+        rows = sorted(rows, key=lambda r: -r[2].total.exposed_ns)[:LISTED]
     lines = ["", "exposed communication (in flight = union of [issue, completion]; exposed = the rank waited):"]
     lines.append(f"  {'rank':>4}  {'window':<12}  {'in flight':>12}  {'exposed':>12}  {'overlapped':>12}  overlap")
     for rank, window, e in sorted(rows, key=lambda r: (r[1], r[0])):
@@ -195,4 +234,6 @@ def exposure_lines(report: RanksReport) -> list[str]:
         for phase, p in sorted(e.by_phase.items()):
             if len(e.by_phase) > 1:
                 lines.append(f"  {'':>4}  {'  ' + phase:<12}  {exposure.describe(p)}")
+    if hidden > 0:
+        lines += more_line(hidden, "rank windows (those above waited most)")
     return lines

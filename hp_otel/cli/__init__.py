@@ -161,10 +161,46 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--jobs",
         type=positive,
-        default=1,
+        default=None,
         metavar="N",
-        help="--instructions: callgrind processes at a time (the counts do not depend on it; each takes ≈1 GB)",
+        help="--instructions: callgrind processes at a time, default 1 (the counts do not depend on it; each takes "
+        "≈1 GB); --ranks: processes making the files and reading them (default: the cores)",
     )
+    bench.add_argument(
+        "--ranks",
+        type=positive,
+        metavar="N",
+        help="instead: time `hp-otel ranks` on N ranks' files of the llama step (8 layers, TP + sequence parallel, "
+        "a (N / tp) x tp mesh) with a hang, a desync and a straggler planted, and say whether each was named",
+    )
+    bench.add_argument("--tp", type=positive, default=8, metavar="N", help="--ranks: the tensor-parallel degree")
+    bench.add_argument(
+        "--evidence",
+        choices=("spans", "collectives"),
+        default="spans",
+        help="--ranks: the files made: spans files (write_spans) or collectives files (write_collectives)",
+    )
+    bench.add_argument(
+        "--keep-files",
+        metavar="DIR",
+        help="--ranks: write the ranks' files to DIR and keep them (default: a temporary folder, removed)",
+    )
+
+
+def _bench_ranks(args: argparse.Namespace) -> int:
+    import json
+
+    from hp_otel.cli.bench_ranks import format_ranks_bench, ranks_bench_json, run_ranks_bench
+
+    try:
+        result = run_ranks_bench(
+            args.ranks, args.tp, args.jobs, args.keep_files, to_stderr("bench --ranks"), args.evidence
+        )
+    except ValueError as exc:
+        print(f"hp-otel bench: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(ranks_bench_json(result), indent=2) if args.json else "\n".join(format_ranks_bench(result)))
+    return 0 if all(result.found.values()) else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -174,6 +210,8 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.ranks is not None:
+        return _bench_ranks(args)
     if args.export_down:
         from hp_otel.cli.bench_export import main as bench_export
 
@@ -204,7 +242,7 @@ def _bench(args: argparse.Namespace) -> int:
             only=args.variant,
             progress=to_stderr("bench"),
             instruction_steps=args.counted_steps if args.instructions else None,
-            jobs=args.jobs,
+            jobs=args.jobs or 1,
         )
     except ToolMissing as exc:
         print(printable(f"hp-otel bench: {exc}"), file=sys.stderr)

@@ -27,23 +27,44 @@ def add_arguments(ranks: argparse.ArgumentParser) -> None:
     )
     ranks.add_argument("--json", action="store_true", help="the report as JSON")
     ranks.add_argument("--top", type=positive, default=5, metavar="N", help="largest skews to list")
+    ranks.add_argument(
+        "--per-collective",
+        action="store_true",
+        help="--json: every collective's skew and bandwidths, and exposure per module (the JSON then grows with "
+        "ranks x collectives); default: the --top largest skews and slowest collectives",
+    )
+    ranks.add_argument(
+        "--jobs",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="processes reading the files (default: the cores this process may use)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_ranks(args.files, args.json, args.top)
+    return run_ranks(args.files, args.json, args.top, args.per_collective, args.jobs)
 
 
-def run_ranks(files: Sequence[Path], as_json: bool, top: int = 5) -> int:
+def run_ranks(
+    files: Sequence[Path], as_json: bool, top: int = 5, per_collective: bool = False, jobs: int | None = None
+) -> int:
     from hp_otel.analysis import RankInputError, compare_files, format_report, report_to_json
+    from hp_otel.analysis.reading_pool import default_jobs
     from hp_otel.analysis.reporting import EXIT_BAD_INPUT, exit_status
+    from hp_otel.cli.progress import ReadProgress
 
+    progress = ReadProgress("ranks") if sys.stderr.isatty() else None
     try:
-        report = compare_files(files)
+        report = compare_files(files, jobs or default_jobs(), progress, by_module=per_collective)
     except RankInputError as exc:
         print(printable(f"hp-otel ranks: {exc}"), file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        if progress is not None:
+            progress.done()
     if as_json:
-        print(json.dumps(report_to_json(report), indent=2))
+        print(json.dumps(report_to_json(report, per_collective, top), indent=2))
     else:
         print(format_report(report, top=top))
     return exit_status(report)

@@ -74,6 +74,9 @@ def _is_seconds(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS
 
 
+EVIDENCE = ("spans", "collectives")  # what the watchdog's file holds (CommDebugMode writes either)
+
+
 class HangWatchdog:
     """Writes every rank's spans so far when one of its collectives has not completed in `timeout_s`.
 
@@ -83,6 +86,9 @@ class HangWatchdog:
         on_signals: signals that also write the file (e.g. `(signal.SIGTERM, signal.SIGINT)`);
             installed only when the window is entered on the main thread.
         poll_s: how often the thread looks (default: a quarter of the timeout, at most 1 s).
+        evidence: what the file holds: `"spans"` (OTLP/JSON, every span so far) or `"collectives"`
+            (the collectives file `hp-otel ranks` reads, a few percent of the spans file and
+            cheaper to write while thousands of ranks hang).
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class HangWatchdog:
         *,
         on_signals: Iterable[int] = (),
         poll_s: float | None = None,
+        evidence: str = "spans",
     ) -> None:
         if not _is_seconds(timeout_s):
             raise ValueError(
@@ -103,6 +110,9 @@ class HangWatchdog:
             raise ValueError(
                 f"poll_s must be a positive number of seconds, at most {MAX_SECONDS}, or None, got {poll_s!r}"
             )
+        if evidence not in EVIDENCE:
+            raise ValueError(f"evidence must be one of {', '.join(map(repr, EVIDENCE))}, got {evidence!r}")
+        self.evidence = evidence
         signals = tuple(on_signals)
         valid = set(signal.valid_signals())
         for sig in signals:

@@ -119,8 +119,9 @@ def _exposure(comms: Sequence[CommSpan], blocked: list[intervals.Interval]) -> E
     return Exposure(intervals.length(flight), intervals.length(intervals.intersect(flight, blocked)), len(comms))
 
 
-def summarise(comms: Iterable[CommSpan]) -> ExposureReport:
-    """The exposure of these collectives (one window's, one rank's)."""
+def summarise(comms: Iterable[CommSpan], by_module: bool = True) -> ExposureReport:
+    """The exposure of these collectives (one window's, one rank's); per module only with `by_module`
+    (half the cost: a step's modules each intersect the window's blocked time)."""
     comms = list(comms)
     if not comms:
         return ExposureReport()
@@ -133,7 +134,7 @@ def summarise(comms: Iterable[CommSpan]) -> ExposureReport:
     return ExposureReport(
         _exposure(comms, blocked),
         {phase: _exposure(group, blocked) for phase, group in phases.items()},
-        {key: _exposure(group, blocked) for key, group in modules.items()},
+        {key: _exposure(group, blocked) for key, group in modules.items()} if by_module else {},
     )
 
 
@@ -151,9 +152,9 @@ def comm_span_of(attrs: Mapping[str, Any], start_ns: int, end_ns: int) -> CommSp
     )
 
 
-def by_window(spans: Iterable[Any]) -> dict[str, ExposureReport]:
+def by_window(spans: Iterable[Any], by_module: bool = True) -> dict[str, ExposureReport]:
     """Finished spans (ReadableSpan-like: attributes, start_time, end_time) -> exposure per window label
-    (`hp.collective.window`; "" for spans that carry none)."""
+    (`hp.collective.window`; "" for spans that carry none); per module too with `by_module`."""
     windows: dict[str, list[CommSpan]] = {}
     for span in spans:
         attrs = span.attributes or {}
@@ -165,7 +166,7 @@ def by_window(spans: Iterable[Any]) -> dict[str, ExposureReport]:
             continue
         start, end = span.start_time or 0, span.end_time or 0
         windows.setdefault(str(attrs.get(s.COLLECTIVE_WINDOW, "")), []).append(comm_span_of(attrs, start, end))
-    return {window: summarise(comms) for window, comms in windows.items()}
+    return {window: summarise(comms, by_module) for window, comms in windows.items()}
 
 
 def _ms(ns: int) -> str:

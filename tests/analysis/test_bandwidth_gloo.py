@@ -77,7 +77,10 @@ def test_span_bandwidths_match_the_hand_computed_ones(job: Path) -> None:
 def test_ranks_reports_the_skew_free_bandwidth_and_the_slowest(job: Path) -> None:
     files = [str(job / f"spans_rank{r}.json") for r in range(WORLD_SIZE)]
     run = subprocess.run(
-        [sys.executable, "-m", "hp_otel.cli", "ranks", *files, "--json"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "hp_otel.cli", "ranks", *files, "--json", "--per-collective"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)["bandwidth"]

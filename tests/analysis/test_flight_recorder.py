@@ -30,7 +30,7 @@ def _run(tmp_path: Path, scenario: str) -> None:
 
 
 def _cli(*files: Path, json_out: bool = False) -> subprocess.CompletedProcess[str]:
-    extra = ["--json"] if json_out else []
+    extra = ["--json", "--per-collective"] if json_out else []  # per collective: each group's skews
     return subprocess.run(
         [sys.executable, "-m", "hp_otel.cli", "ranks", *map(str, files), *extra],
         capture_output=True,

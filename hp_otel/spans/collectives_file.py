@@ -1,0 +1,118 @@
+"""A rank's collectives file: the evidence `hp-otel ranks` compares, a few percent of the spans file.
+
+The cross-rank analysis reads, of each collective span, its attributes of `KEPT` (group,
+seq, op, shapes, dtype, bytes, module, phase, waits, bandwidths, call site) and its times;
+nothing of the module and op spans around it.  This file holds exactly that, as JSON:
+
+    {"format": "hp_otel.collectives", "version": 1, "resource": {"hp.rank": 3, ...},
+     "kinds": [{attribute: value, ...}, ...],        # what calls share (op, group, shapes, module, ...)
+     "calls": [[kind, name, start_ns, end_ns, {attribute: value, ...}], ...]}   # what each call has of its own
+
+A step repeats a few kinds of call, so each kind is written once.  Reading it back gives
+the same (name, attributes, start, end) a spans file gives for its collective spans, so
+`hp-otel ranks` compares both the same way (`collective_spans`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hp_otel.common.files import write_text_atomically
+from hp_otel.spans import schema as s
+
+FORMAT = "hp_otel.collectives"
+VERSION = 1
+# Per call: what differs between calls of one kind.
+PER_CALL = (
+    s.COLLECTIVE_SEQ,
+    s.COLLECTIVE_IN_FLIGHT,
+    s.COLLECTIVE_CALL_NS,
+    s.COLLECTIVE_WAITED_NS,
+    s.COLLECTIVE_ALGBW,
+    s.COLLECTIVE_BUSBW,
+)
+# Shared by the calls of one kind.
+SHARED = (
+    s.CALL_KIND,
+    s.COLLECTIVE_NAME,
+    s.COLLECTIVE_OP,
+    s.COLLECTIVE_GROUP,
+    s.COLLECTIVE_GROUP_RANKS,
+    s.COLLECTIVE_GROUP_SIZE,
+    s.COLLECTIVE_INPUT_SHAPE,
+    s.COLLECTIVE_OUTPUT_SHAPE,
+    s.COLLECTIVE_DTYPE,
+    s.COLLECTIVE_BYTES,
+    s.COLLECTIVE_REDUCE_OP,
+    s.COLLECTIVE_ASYNC,
+    s.COLLECTIVE_COMPLETION,
+    s.COLLECTIVE_WINDOW,
+    s.COLLECTIVE_MODULE,
+    s.PHASE,
+    s.CALL_STACK,
+)
+KEPT = frozenset(PER_CALL + SHARED)
+RESOURCE_KEPT = (s.RESOURCE_RANK, s.RESOURCE_WORLD_SIZE)
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def collectives_payload(spans: Iterable[Any], resource: Mapping[str, Any]) -> dict[str, Any]:
+    """The file's JSON for finished spans (ReadableSpan-like: name, attributes, start_time, end_time)."""
+    kinds: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+    calls: list[list[Any]] = []
+    for span in spans:
+        attrs = span.attributes or {}
+        if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
+            continue
+        kind = {key: _plain(attrs[key]) for key in SHARED if key in attrs}
+        key = json.dumps(kind, sort_keys=True)
+        number = index.get(key)
+        if number is None:
+            number = index[key] = len(kinds)
+            kinds.append(kind)
+        own = {key: _plain(attrs[key]) for key in PER_CALL if key in attrs}
+        calls.append([number, span.name, span.start_time or 0, span.end_time or 0, own])
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "resource": {key: resource[key] for key in RESOURCE_KEPT if resource.get(key) is not None},
+        "kinds": kinds,
+        "calls": calls,
+    }
+
+
+def write_collectives(path: str | os.PathLike[str], spans: Iterable[Any], resource: Mapping[str, Any]) -> None:
+    """Write the collectives file atomically (one C-encoded `json.dumps`: cheap enough for a hanging rank)."""
+    text = json.dumps(collectives_payload(spans, resource), separators=(",", ":"))
+    write_text_atomically(path, lambda handle: handle.write(text))
+
+
+def is_collectives_payload(payload: Any) -> bool:
+    return isinstance(payload, dict) and payload.get("format") == FORMAT
+
+
+def _attribute(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def collective_spans(payload: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], Any, Any]]:
+    """(name, attributes, start_ns, end_ns) of each call, as a spans file's collective span would give them.
+
+    Raises ValueError (or TypeError, KeyError) for a payload this version did not write."""
+    if payload.get("version") != VERSION:
+        raise ValueError(f"version {payload.get('version')!r}; this hp_otel reads version {VERSION}")
+    kinds = [{key: _attribute(v) for key, v in dict(kind).items()} for kind in payload["kinds"]]
+    out = []
+    for number, name, start, end, own in payload["calls"]:
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(kinds):
+            raise ValueError(f"a call names kind {number!r} of {len(kinds)}")
+        attributes = {**kinds[number], **{key: _attribute(v) for key, v in dict(own).items()}}
+        out.append((str(name), attributes, start, end))
+    return out
