@@ -21,6 +21,7 @@ from hp_otel import CommDebugMode, step
 from hp_otel.always_on.steps import step_ids
 from hp_otel.analysis import compare_files, format_report
 from hp_otel.cli import main as cli_main
+from hp_otel.export import providers
 from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
 from hp_otel.spans.otlp_json import read_trace_file
@@ -50,6 +51,8 @@ def _issue_and_complete(observer, info, late_ns: int = 0, start: int | None = No
 def _play_rank(rank: int, program, path: Path, monkeypatch) -> CommDebugMode:  # type: ignore[no-untyped-def]
     """Run `program(observer)` as rank `rank` in a module `layers.<i>` per collective, write its file."""
     monkeypatch.setenv("RANK", str(rank))
+    # each rank is a process of its own: its default provider's resource is made with its RANK
+    monkeypatch.setattr(providers, "_default_tracer_provider", None)
     with CommDebugMode() as mode:
         program(mode.observer)
     mode.write_spans(path)
