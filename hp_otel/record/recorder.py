@@ -76,7 +76,11 @@ class WindowRecorder:
         self._max_pending = max(max_pending, 1)
         self._pending: list[ev.Event] = []
         self._builder: SpanBuilder | None = None
-        self._build_lock = threading.Lock()
+        # Re-entrant: a span hook runs inside a build and may read the mode (`get_finished_spans`,
+        # `write_spans`) on the same thread; `_building` names that thread, whose reads then see the
+        # spans built so far instead of building again inside the build.
+        self._build_lock = threading.RLock()
+        self._building = 0
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
         # Backward by autograd node (torch): the module calls owning the running backward
         # work, outermost first, and the source's function that names them.
@@ -264,7 +268,13 @@ class WindowRecorder:
     def reset(self) -> None:
         """Forget counts and unbuilt events (the OTel counters, being cumulative, keep theirs).
 
-        Between windows also the span builder (its per-window caches) and the in-flight records."""
+        Between windows also the span builder (its per-window caches) and the in-flight records.
+        Refused from a span hook while that build runs: the build would go on with what it forgot."""
+        if self._building == threading.get_ident():
+            raise RuntimeError(
+                "clear() was called from a span hook (collective_hook, module_hook, op_hook) while the mode "
+                "builds its spans; clear the mode after reading it, outside the hook"
+            )
         with self._build_lock:
             self._pending = []  # a new list: the old one's memory goes (clear() keeps its capacity)
             if not self._active:
@@ -275,35 +285,47 @@ class WindowRecorder:
         self.module_counts.clear()
 
     def materialise(self) -> None:
-        """Build the spans of every event recorded so far."""
+        """Build the spans of every event recorded so far (from a span hook during a build: nothing more)."""
+        if self._building == threading.get_ident():
+            return
         with self._build_lock:
             pending, self._pending = self._pending, []
-            builder = self._builder
-            if builder is None:
-                return
-            for event in pending:
-                try:
-                    builder.feed(event)
-                except Exception as exc:
-                    self.on_fault("span_build", exc)
+            self._build(pending)
 
     def build_oldest(self, count: int | None = None) -> None:
         """Build the spans of the oldest `count` unbuilt events: what the step pays once `max_pending`
         wait, a slice at a time, so no single step pauses for the whole backlog (issue 20: 1-2 s
         at 20,000 events); each later slice comes after as many new events."""
+        if self._building == threading.get_ident():  # a hook's own collective or module during a build
+            return
         count = _BUILD_SLICE if count is None else count
         with self._build_lock:
             pending = self._pending
             batch = pending[:count]
             del pending[:count]
-            builder = self._builder
-            if builder is None:
-                return
-            for event in batch:
+            self._build(batch)
+
+    def _build(self, events: list[ev.Event]) -> None:
+        """Feed `events` to the builder (under the build lock). An exception that is not a fault
+        of ours (Ctrl-C, SystemExit from a hook) puts back every event not yet built, the
+        interrupted one included, so a later read builds them: nothing recorded is lost."""
+        builder = self._builder
+        if builder is None:
+            return
+        built = 0
+        self._building = threading.get_ident()
+        try:
+            for event in events:
                 try:
                     builder.feed(event)
                 except Exception as exc:
                     self.on_fault("span_build", exc)
+                built += 1
+        except BaseException:
+            self._pending[:0] = events[built:]
+            raise
+        finally:
+            self._building = 0
 
     def _emit(self, event: ev.Event) -> None:
         if not self.spans_enabled:
