@@ -105,6 +105,7 @@ class WindowRecorder:
         self._window_rows = WindowRows()
         self._window_collectives: list[ev.Collective] = []  # finished, not yet in _window_rows
         self._window_awaited: list[ev.Collective] = []
+        self._awaited_limit = _EXPOSURE_BATCH  # awaited ones held before those done are folded into rows
         self._exposure_room = _MAX_WINDOW_COLLECTIVES  # collectives the window's rows may still take
         self._exposure_rows = WindowRows()  # the last stopped window's, for `exposure`
         self._exposure: ExposureReport | None = None
@@ -168,6 +169,7 @@ class WindowRecorder:
         self._window_rows = WindowRows()
         self._window_collectives = []
         self._window_awaited = []
+        self._awaited_limit = _EXPOSURE_BATCH
         self._exposure_room = _MAX_WINDOW_COLLECTIVES
         self._thread = threading.get_ident()
         self.active = True
@@ -236,6 +238,22 @@ class WindowRecorder:
         for e in collectives:
             add(e.start_ns, e.end_ns, e.info.is_async, e.completion, e.returned_ns - e.start_ns, e.waited_ns,
                 e.phase, e.fqn)  # fmt: skip
+
+    def _fold_awaited(self) -> None:
+        """Write the rows of the awaited collectives nothing can move any more (completed by their
+        `wait_tensor`, which reports its wait first); keep the others as events, at most
+        `_MAX_AWAITING` (beyond, the oldest are written as they are, as the metrics' sweep does).
+        So a long window holds a bounded number of events whatever `max_spans` drops (issue 33)."""
+        still: list[ev.Collective] = []
+        final: list[ev.Collective] = []
+        for event in self._window_awaited:
+            (final if event.completion == s.COMPLETION_WAIT else still).append(event)
+        if len(still) > _MAX_AWAITING:
+            final.extend(still[:-_MAX_AWAITING])
+            still = still[-_MAX_AWAITING:]
+        self._write_exposure_rows(self._window_rows, final)
+        self._window_awaited = still
+        self._awaited_limit = max(_EXPOSURE_BATCH, 2 * len(still))  # amortised: each event swept O(1) times
 
     def _measure_exposure(self) -> None:
         """Snapshot the window's collectives for its exposed communication (computed when asked for or
@@ -639,7 +657,10 @@ class WindowRecorder:
             if self._exposure_room > 0:
                 self._exposure_room -= 1
                 if awaits:
-                    self._window_awaited.append(event)
+                    awaited = self._window_awaited
+                    awaited.append(event)
+                    if len(awaited) >= self._awaited_limit:
+                        self._fold_awaited()
                 else:
                     finished = self._window_collectives
                     finished.append(event)
