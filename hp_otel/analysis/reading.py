@@ -4,17 +4,17 @@ Flight Recorder dumps: `flight_recorder.read_any_rank_file`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hp_otel.common.input_files import InputFileError, checked_int, read_json
 from hp_otel.spans import codec, exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import span_attributes
-from hp_otel.spans.otlp_json import SpanFileError, read_trace_file
+from hp_otel.spans.otlp_json import SpanFileError, trace_from_payload
 
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
 
@@ -106,7 +106,7 @@ class RankFile:
 
 
 def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: int | None = None) -> int:
-    ranks = {int(r[s.RESOURCE_RANK]) for r in resources if r.get(s.RESOURCE_RANK) is not None}
+    ranks = {checked_int(r[s.RESOURCE_RANK], s.RESOURCE_RANK) for r in resources if r.get(s.RESOURCE_RANK) is not None}
     if len(ranks) > 1:
         raise RankInputError(f"{path}: spans of several ranks {sorted(ranks)} in one file; give one file per rank")
     if ranks:
@@ -123,26 +123,28 @@ def _world_size_of(resources: Sequence[Mapping[str, Any]]) -> int | None:
     sizes = []
     for r in resources:
         try:
-            sizes.append(int(r[s.RESOURCE_WORLD_SIZE]))
+            sizes.append(checked_int(r[s.RESOURCE_WORLD_SIZE], s.RESOURCE_WORLD_SIZE))
         except (KeyError, TypeError, ValueError):
             continue
     return max(sizes, default=None)
 
 
-def read_rank_file(path: str | os.PathLike[str], default_rank: int | None = None) -> RankFile:
+def read_rank_file(path: str | os.PathLike[str], default_rank: int | None = None, payload: Any = None) -> RankFile:
     """One rank's collectives from its spans file (OTLP/JSON) or its JSON dump (`generate_json_dump`).
 
     `default_rank`: the rank of a file that names none (`hp-otel diff` reads one file of one
-    process); None: such a file is refused.
+    process); None: such a file is refused. `payload`: the file already parsed (read once by
+    the bounded reader, `common/input_files.py`); None: it is read here.
     """
     text_path = os.fspath(path)
-    dump = _json_dump(text_path)
-    if dump is not None:
-        return _read_dump(text_path, dump, default_rank)
     try:
-        spans, resources = read_trace_file(text_path)
-    except SpanFileError as exc:
-        raise RankInputError(str(exc)) from exc
+        if payload is None:
+            payload = read_json(text_path, "spans file")
+        if _is_dump(payload):
+            return _read_dump(text_path, payload, default_rank)
+        spans, resources = trace_from_payload(payload, text_path)
+    except (InputFileError, SpanFileError) as exc:
+        raise RankInputError(str(exc)) from None
     try:
         rank = _rank_of(text_path, resources, default_rank)
     except (TypeError, ValueError) as exc:
@@ -187,12 +189,12 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         rank=rank,
         window=match.window,
         group=info.group,
-        group_ranks=tuple(int(r) for r in info.group_ranks),
+        group_ranks=tuple(checked_int(r, s.COLLECTIVE_GROUP_RANKS) for r in info.group_ranks),
         seq=match.seq,
         op=info.op or info.name,
         name=info.name,
-        input_shape=tuple(int(d) for d in info.input_shape),
-        output_shape=tuple(int(d) for d in info.output_shape),
+        input_shape=tuple(checked_int(d, s.COLLECTIVE_INPUT_SHAPE) for d in info.input_shape),
+        output_shape=tuple(checked_int(d, s.COLLECTIVE_OUTPUT_SHAPE) for d in info.output_shape),
         dtype=info.dtype,
         reduce_op=info.reduce_op,
         module=match.module,
@@ -207,14 +209,9 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
     )
 
 
-def _json_dump(path: str) -> dict[str, Any] | None:
-    """The file as a JSON dump (a dict with "records"), or None for anything else (read as spans)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            payload = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None  # the spans reader says what is wrong
-    return payload if isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload else None
+def _is_dump(payload: Any) -> bool:
+    """A JSON dump: a dict with "records" (anything else is read as spans)."""
+    return isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload
 
 
 def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None) -> RankFile:
@@ -235,31 +232,31 @@ def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None)
             if "seq" not in node:
                 unsequenced += 1
                 continue
-            start = int(node["start_ns"])
+            start = checked_int(node["start_ns"], "start_ns")
             calls.append(
                 RankCall(
                     rank=rank,
                     window=str(node.get("window", "")),
                     group=str(node.get("group", "")),
-                    group_ranks=tuple(int(r) for r in node.get("group_ranks", ())),
-                    seq=int(node["seq"]),
+                    group_ranks=tuple(checked_int(r, "group_ranks") for r in node.get("group_ranks", ())),
+                    seq=checked_int(node["seq"], "seq"),
                     op=str(node.get("op") or node.get("collective_type", "")),
                     name=str(node.get("collective_type", "")),
-                    input_shape=tuple(int(d) for d in node.get("input_shape", ())),
-                    output_shape=tuple(int(d) for d in node.get("output_shape", ())),
+                    input_shape=tuple(checked_int(d, "input_shape") for d in node.get("input_shape", ())),
+                    output_shape=tuple(checked_int(d, "output_shape") for d in node.get("output_shape", ())),
                     dtype=str(node.get("dtype", "")),
                     reduce_op=str(node.get("reduce_op", "")),
                     module=str(node.get("issued_in_module", "")),
                     phase=str(node.get("phase", "")),
                     start_ns=start,
-                    end_ns=start + int(node.get("duration_ns", 0)),
+                    end_ns=start + checked_int(node.get("duration_ns", 0), "duration_ns"),
                     in_flight=False,
-                    bytes=int(node.get("bytes", 0)),
+                    bytes=checked_int(node.get("bytes", 0), "bytes"),
                     stack=tuple(str(f) for f in node.get("stack", ())),
                     algbw=float(node.get("algbw_bytes_per_s", 0.0)),
                     busbw=float(node.get("busbw_bytes_per_s", 0.0)),
                 )
             )
-    except (AttributeError, TypeError, ValueError, KeyError) as exc:
-        raise RankInputError(f"{path}: not a JSON dump hp_otel wrote ({type(exc).__name__}: {exc})") from exc
+    except (AttributeError, TypeError, ValueError, KeyError, RecursionError) as exc:
+        raise RankInputError(f"{path}: not a JSON dump hp_otel wrote ({type(exc).__name__}: {exc})") from None
     return RankFile(path, rank, calls, unsequenced)
