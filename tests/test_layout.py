@@ -258,3 +258,22 @@ def test_the_layer_rules_catch_a_wrong_arrow(tmp_path: Path) -> None:
     (package / "sources" / "dtensor.py").write_text("def f():\n    import opentelemetry.trace\n")
     assert layer_violations(import_graph(package, "hp_otel")) == ["hp_otel.record.recorder -> hp_otel.sources.dtensor"]
     assert external_imports(package, "hp_otel")["hp_otel.sources.dtensor"] == {"opentelemetry"}
+
+
+# --- input files ------------------------------------------------------------------------
+
+_PARSERS = {("json", "load"), ("pickle", "load"), ("pickle", "loads"), ("pickle", "Unpickler")}
+
+
+def test_every_input_file_is_read_by_the_one_bounded_reader() -> None:
+    """`json.load`, `pickle.load(s)` and `pickle.Unpickler` (a file parsed without the size limit,
+    the regular-file check or the unpickler's budget) appear in `common/input_files.py` only."""
+    found = []
+    for module, path in module_files().items():
+        if module == "hp_otel.common.input_files":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if (node.value.id, node.attr) in _PARSERS:
+                    found.append(f"{module}:{node.lineno} {node.value.id}.{node.attr}")
+    assert not found, "files parsed outside hp_otel/common/input_files.py:\n" + "\n".join(found)

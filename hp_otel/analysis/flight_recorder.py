@@ -31,18 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 import json
 import os
-import pickle
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hp_otel.analysis.rank_input import decode_json, read_bytes
 from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, rank_file_of_payload
+from hp_otel.common.input_files import InputFileError, checked_int, parse_json, parse_pickle, read_bytes
 from hp_otel.common.package_dirs import package_dirs
-from hp_otel.spans.otlp_json import max_bytes_limit
 
 WINDOW = "flight recorder"
 P2P_WINDOW = "flight recorder p2p"
@@ -104,43 +101,34 @@ _LIBRARY_FOLDER = re.compile(r"(?:^|(?<=[\\/]))(torch|hp_otel)(?=[\\/])")
 _PICKLE_PROTOCOL_2_PLUS = b"\x80"
 
 
-class _NoClasses(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"names a class ({module}.{name}); a Flight Recorder dump holds none")
-
-
-def load_dump(path: str | os.PathLike[str], max_bytes: int | None = None) -> dict[str, Any] | None:
-    """The dump in the file (pickle or JSON), or None when the file is not a Flight Recorder dump."""
-    text_path = os.fspath(path)
-    try:
-        size = os.path.getsize(text_path)
-        if size > max_bytes_limit(max_bytes):
-            return None  # the spans reader says it is too large
-        with open(text_path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    if data[:1] == _PICKLE_PROTOCOL_2_PLUS:
-        return _unpickled_dump(text_path, data)
-    try:
-        payload = json.loads(data)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return payload if is_dump(payload) else None
-
-
-def is_dump(payload: Any) -> bool:
+def _is_dump(payload: Any) -> bool:
     return isinstance(payload, dict) and "entries" in payload and "pg_config" in payload
 
 
-def _unpickled_dump(path: str, data: bytes) -> dict[str, Any]:
+def read_payload(path: str | os.PathLike[str], max_bytes: int | None = None) -> tuple[Any, bool]:
+    """The file parsed once by the bounded reader (`common/input_files.py`): (payload, is a pickle).
+
+    A pickle is read by the restricted unpickler (plain data only, an object budget); anything
+    else as JSON. A file that is neither raises RankInputError naming it."""
+    text_path = os.fspath(path)
     try:
-        payload = _NoClasses(io.BytesIO(data)).load()
-    except Exception as exc:  # a damaged or foreign pickle: say so rather than guess
-        raise RankInputError(f"{path}: a pickle that is not a Flight Recorder dump ({exc})") from exc
-    if not is_dump(payload):
-        raise RankInputError(f"{path}: a pickle without Flight Recorder's 'entries' and 'pg_config'")
-    return payload  # type: ignore[no-any-return]
+        data = read_bytes(text_path, "rank file", max_bytes)
+        if data[:1] == _PICKLE_PROTOCOL_2_PLUS:
+            return parse_pickle(data, text_path, "Flight Recorder dump"), True
+        return parse_json(data, text_path, "spans file"), False
+    except InputFileError as exc:
+        raise RankInputError(str(exc)) from None
+
+
+def load_dump(path: str | os.PathLike[str], max_bytes: int | None = None) -> dict[str, Any] | None:
+    """The dump in the file (pickle or JSON), or None when the file is not a Flight Recorder dump
+    (a file that cannot be read at all raises RankInputError)."""
+    payload, pickled = read_payload(path, max_bytes)
+    if _is_dump(payload):
+        return payload  # type: ignore[no-any-return]
+    if pickled:
+        raise RankInputError(f"{os.fspath(path)}: a pickle without Flight Recorder's 'entries' and 'pg_config'")
+    return None
 
 
 def read_any_rank_file(path: str | os.PathLike[str], by_module: bool = True) -> RankFile:
@@ -149,12 +137,11 @@ def read_any_rank_file(path: str | os.PathLike[str], by_module: bool = True) -> 
     The file is read and decoded once, whatever it turns out to be; `by_module`: a spans
     file's exposure per module too."""
     text_path = os.fspath(path)
-    data = read_bytes(text_path)
-    if data[:1] == _PICKLE_PROTOCOL_2_PLUS:
-        return read_flight_recorder_file(text_path, _unpickled_dump(text_path, data))
-    payload = decode_json(text_path, data)
-    if is_dump(payload):
+    payload, pickled = read_payload(text_path)
+    if _is_dump(payload):
         return read_flight_recorder_file(text_path, payload)
+    if pickled:
+        raise RankInputError(f"{text_path}: a pickle without Flight Recorder's 'entries' and 'pg_config'")
     return rank_file_of_payload(text_path, payload, by_module=by_module)
 
 
@@ -177,19 +164,19 @@ def read_flight_recorder_file(path: str | os.PathLike[str], dump: Mapping[str, A
         if dump is None:
             raise RankInputError(f"{text_path}: not a Flight Recorder dump")
     rank = rank_of(text_path, dump)
-    groups = _Groups(dump.get("pg_config"))
     calls: list[RankCall] = []
     skipped = 0
     try:
+        groups = _Groups(dump.get("pg_config"))
         for entry in dump["entries"] or ():
             call = _call(rank, entry, groups)
             if call is None:
                 skipped += 1
             else:
                 calls.append(call)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
-        raise RankInputError(f"{text_path}: a Flight Recorder entry hp_otel cannot read ({problem})") from exc
+        raise RankInputError(f"{text_path}: a Flight Recorder entry hp_otel cannot read ({problem})") from None
     return RankFile(text_path, rank, calls, skipped)
 
 
@@ -208,8 +195,9 @@ class _Groups:
                 continue
             ranks = config.get("ranks", "")
             try:
-                parsed = tuple(int(r) for r in (json.loads(ranks) if isinstance(ranks, str) else ranks))
-            except (TypeError, ValueError):
+                listed = json.loads(ranks) if isinstance(ranks, str) else ranks
+                parsed = tuple(checked_int(r, "ranks") for r in listed)
+            except (TypeError, ValueError, RecursionError):
                 parsed = ()
             self.by_name[str(config.get("name", name))] = parsed
             if config.get("desc"):
@@ -234,11 +222,11 @@ def _call(rank: int, entry: Mapping[str, Any], groups: _Groups) -> RankCall | No
     if entry.get("is_p2p"):
         if len(group_ranks) != 2:  # a p2p number aligns only between the two ends of a pair
             return None
-        window, seq = P2P_WINDOW, int(entry["p2p_seq_id"])
+        window, seq = P2P_WINDOW, checked_int(entry["p2p_seq_id"], "p2p_seq_id")
     else:
-        window, seq = WINDOW, int(entry["collective_seq_id"])
-    start = int(entry.get("time_created_ns") or 0)
-    completed = int(entry.get("time_discovered_completed_ns") or 0)
+        window, seq = WINDOW, checked_int(entry["collective_seq_id"], "collective_seq_id")
+    start = checked_int(entry.get("time_created_ns") or 0, "time_created_ns")
+    completed = checked_int(entry.get("time_discovered_completed_ns") or 0, "time_discovered_completed_ns")
     in_flight = not entry.get("retired", False) and entry.get("state") != "completed"
     return RankCall(
         rank=rank,
@@ -264,7 +252,7 @@ def _call(rank: int, entry: Mapping[str, Any], groups: _Groups) -> RankCall | No
 def _first_shape(sizes: Any) -> tuple[int, ...]:
     if not sizes:
         return ()
-    return tuple(int(d) for d in sizes[0])
+    return tuple(checked_int(d, "input_sizes/output_sizes") for d in sizes[0])
 
 
 def _dtype(dtypes: Any) -> str:
@@ -281,7 +269,7 @@ def _user_frames(frames: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
         filename = str(frame.get("filename", ""))
         if _is_library_frame(filename):
             continue
-        out.append(f"{filename}:{int(frame.get('line', 0))}:{frame.get('name', '')}")
+        out.append(f"{filename}:{checked_int(frame.get('line', 0), 'line')}:{frame.get('name', '')}")
         if len(out) >= STACK_DEPTH:
             break
     return tuple(out)

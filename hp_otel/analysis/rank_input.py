@@ -3,70 +3,43 @@
 `hp-otel ranks` reads thousands of files; the protobuf round trip of `spans.otlp_json`
 (ParseDict, then SDK spans) cost half its time, and each file was decoded three times
 (Flight Recorder probe, JSON dump probe, spans).  Here a file is read once
-(`read_bytes`: the one place that opens it and checks its size), decoded once
+(`read_bytes`, by the one bounded reader of `common/input_files.py`), decoded once
 (`decode_json`), and only the collective spans' attributes are converted
 (`attribute_values`), with every integer checked in one place (`otlp_int`).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.common import input_files
 from hp_otel.spans import schema as s
-from hp_otel.spans.otlp_json import MAX_BYTES_VARIABLE, max_bytes_limit
 
 
 class RankInputError(ValueError):
     """A file `hp-otel ranks` cannot compare (missing, not spans, no rank, two files of one rank)."""
 
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
 def read_bytes(path: str) -> bytes:
-    """The file's bytes, refused over the spans size limit (HP_OTEL_RENDER_MAX_BYTES) before they are read."""
-    limit = max_bytes_limit()
+    """The file's bytes by the one bounded reader (`common/input_files.py`: a regular file, the size limit first)."""
     try:
-        size = os.stat(path).st_size
-    except FileNotFoundError as exc:
-        raise RankInputError(f"spans file {path!r} does not exist") from exc
-    except OSError as exc:
-        raise RankInputError(f"spans file {path!r} cannot be read: {exc}") from exc
-    if size > limit:
-        raise RankInputError(
-            f"spans file {path!r} is {size:,} bytes, over the limit of {limit:,} bytes; "
-            f"raise it with {MAX_BYTES_VARIABLE}"
-        )
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(limit + 1)
-    except OSError as exc:
-        raise RankInputError(f"spans file {path!r} cannot be read: {exc}") from exc
+        return input_files.read_bytes(path, "spans file")
+    except input_files.InputFileError as exc:
+        raise RankInputError(str(exc)) from None
 
 
 def decode_json(path: str, data: bytes) -> Any:
     try:
-        return json.loads(data)
-    except UnicodeDecodeError as exc:
-        raise RankInputError(f"spans file {path!r} cannot be read: {exc}") from exc
-    except RecursionError:
-        raise RankInputError(f"spans file {path!r} nests values deeper than can be read") from None
-    except ValueError as exc:
-        raise RankInputError(f"spans file {path!r} is not JSON: {exc}") from exc
+        return input_files.parse_json(data, path, "spans file")
+    except input_files.InputFileError as exc:
+        raise RankInputError(str(exc)) from None
 
 
-def otlp_int(value: Any) -> int:
+def otlp_int(value: Any, field: str = "an int64 value") -> int:
     """An OTLP/JSON int64 (a JSON integer or its decimal text, as the protobuf JSON mapping allows)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"not an int64: {value!r}")
-    number = int(value)  # ValueError for text that is not an integer
-    if not INT64_MIN <= number <= INT64_MAX:
-        raise ValueError(f"{value!r} is out of the int64 range")
-    return number
+    return input_files.checked_int(value, field)
 
 
 def any_value(value: Any) -> Any:
@@ -141,8 +114,8 @@ def _collectives(path: str, entries: list[Any]) -> Iterator[CollectiveSpan]:
                     yield CollectiveSpan(
                         str(span.get("name", "")),
                         attribute_values(attributes),
-                        otlp_int(span.get("startTimeUnixNano", 0)),
-                        otlp_int(span.get("endTimeUnixNano", 0)),
+                        otlp_int(span.get("startTimeUnixNano", 0), "startTimeUnixNano"),
+                        otlp_int(span.get("endTimeUnixNano", 0), "endTimeUnixNano"),
                     )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise RankInputError(f"spans file {path!r} is not valid OTLP/JSON traces: {exc}") from exc

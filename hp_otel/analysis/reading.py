@@ -24,6 +24,7 @@ from hp_otel.analysis.rank_input import (
     read_bytes,
     resources_and_collectives,
 )
+from hp_otel.common.input_files import checked_int
 from hp_otel.spans import codec, collectives_file, exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import span_attributes
@@ -49,7 +50,7 @@ class RankFile:
 
 
 def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: int | None = None) -> int:
-    ranks = {int(r[s.RESOURCE_RANK]) for r in resources if r.get(s.RESOURCE_RANK) is not None}
+    ranks = {checked_int(r[s.RESOURCE_RANK], s.RESOURCE_RANK) for r in resources if r.get(s.RESOURCE_RANK) is not None}
     if len(ranks) > 1:
         raise RankInputError(f"{path}: spans of several ranks {sorted(ranks)} in one file; give one file per rank")
     if ranks:
@@ -66,20 +67,23 @@ def _world_size_of(resources: Sequence[Mapping[str, Any]]) -> int | None:
     sizes = []
     for r in resources:
         try:
-            sizes.append(int(r[s.RESOURCE_WORLD_SIZE]))
+            sizes.append(checked_int(r[s.RESOURCE_WORLD_SIZE], s.RESOURCE_WORLD_SIZE))
         except (KeyError, TypeError, ValueError):
             continue
     return max(sizes, default=None)
 
 
-def read_rank_file(path: str | os.PathLike[str], default_rank: int | None = None) -> RankFile:
+def read_rank_file(path: str | os.PathLike[str], default_rank: int | None = None, payload: Any = None) -> RankFile:
     """One rank's collectives from its spans file (OTLP/JSON) or its JSON dump (`generate_json_dump`).
 
     `default_rank`: the rank of a file that names none (`hp-otel diff` reads one file of one
-    process); None: such a file is refused.
+    process); None: such a file is refused. `payload`: the file already parsed (read once by
+    the bounded reader, `common/input_files.py`); None: it is read here.
     """
     text_path = os.fspath(path)
-    return rank_file_of_payload(text_path, decode_json(text_path, read_bytes(text_path)), default_rank)
+    if payload is None:
+        payload = decode_json(text_path, read_bytes(text_path))
+    return rank_file_of_payload(text_path, payload, default_rank)
 
 
 def rank_file_of_payload(path: str, payload: Any, default_rank: int | None = None, by_module: bool = True) -> RankFile:
@@ -168,12 +172,12 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         rank=rank,
         window=match.window,
         group=info.group,
-        group_ranks=tuple(int(r) for r in info.group_ranks),
+        group_ranks=tuple(checked_int(r, s.COLLECTIVE_GROUP_RANKS) for r in info.group_ranks),
         seq=match.seq,
         op=info.op or info.name,
         name=info.name,
-        input_shape=tuple(int(d) for d in info.input_shape),
-        output_shape=tuple(int(d) for d in info.output_shape),
+        input_shape=tuple(checked_int(d, s.COLLECTIVE_INPUT_SHAPE) for d in info.input_shape),
+        output_shape=tuple(checked_int(d, s.COLLECTIVE_OUTPUT_SHAPE) for d in info.output_shape),
         dtype=info.dtype,
         reduce_op=info.reduce_op,
         module=match.module,
@@ -206,31 +210,31 @@ def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None)
             if "seq" not in node:
                 unsequenced += 1
                 continue
-            start = int(node["start_ns"])
+            start = checked_int(node["start_ns"], "start_ns")
             calls.append(
                 RankCall(
                     rank=rank,
                     window=str(node.get("window", "")),
                     group=str(node.get("group", "")),
-                    group_ranks=tuple(int(r) for r in node.get("group_ranks", ())),
-                    seq=int(node["seq"]),
+                    group_ranks=tuple(checked_int(r, "group_ranks") for r in node.get("group_ranks", ())),
+                    seq=checked_int(node["seq"], "seq"),
                     op=str(node.get("op") or node.get("collective_type", "")),
                     name=str(node.get("collective_type", "")),
-                    input_shape=tuple(int(d) for d in node.get("input_shape", ())),
-                    output_shape=tuple(int(d) for d in node.get("output_shape", ())),
+                    input_shape=tuple(checked_int(d, "input_shape") for d in node.get("input_shape", ())),
+                    output_shape=tuple(checked_int(d, "output_shape") for d in node.get("output_shape", ())),
                     dtype=str(node.get("dtype", "")),
                     reduce_op=str(node.get("reduce_op", "")),
                     module=str(node.get("issued_in_module", "")),
                     phase=str(node.get("phase", "")),
                     start_ns=start,
-                    end_ns=start + int(node.get("duration_ns", 0)),
+                    end_ns=start + checked_int(node.get("duration_ns", 0), "duration_ns"),
                     in_flight=False,
-                    bytes=int(node.get("bytes", 0)),
+                    bytes=checked_int(node.get("bytes", 0), "bytes"),
                     stack=tuple(str(f) for f in node.get("stack", ())),
                     algbw=float(node.get("algbw_bytes_per_s", 0.0)),
                     busbw=float(node.get("busbw_bytes_per_s", 0.0)),
                 )
             )
-    except (AttributeError, TypeError, ValueError, KeyError) as exc:
-        raise RankInputError(f"{path}: not a JSON dump hp_otel wrote ({type(exc).__name__}: {exc})") from exc
+    except (AttributeError, TypeError, ValueError, KeyError, RecursionError) as exc:
+        raise RankInputError(f"{path}: not a JSON dump hp_otel wrote ({type(exc).__name__}: {exc})") from None
     return RankFile(path, rank, calls, unsequenced)

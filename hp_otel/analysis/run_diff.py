@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hp_otel.analysis.reading import RankCall, RankInputError, calls_from_spans, read_rank_file
+from hp_otel.common.input_files import InputFileError, checked_int, read_json
 from hp_otel.spans import schema as s
 
 SNAPSHOT_FORMAT = "hp_otel.comm_snapshot"
@@ -163,22 +164,13 @@ def summary_from_snapshot(payload: Mapping[str, Any], source: str) -> RunSummary
     try:
         for row in payload["collectives"]:
             key = CellKey(str(row["module"]), str(row["phase"]), str(row["op"]))
-            count, size = int(row["count"]), int(row["bytes"])
+            count, size = checked_int(row["count"], "count"), checked_int(row["bytes"], "bytes")
             if count < 0 or size < 0 or key in cells:
                 raise ValueError(f"row {row!r}: negative, or its (module, phase, op) listed twice")
             cells[key] = Cell(count, size)
     except (KeyError, TypeError, ValueError) as exc:
         raise DiffInputError(f"{source}: not a snapshot hp_otel wrote ({type(exc).__name__}: {exc})") from exc
     return RunSummary(source, {None: cells})
-
-
-def _snapshot_payload(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            payload = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None  # the spans reader says what is wrong
-    return payload if _is_snapshot(payload) else None
 
 
 # --- reading a run --------------------------------------------------------------------------
@@ -191,11 +183,14 @@ def read_run(path: str | os.PathLike[str]) -> RunSummary:
         return _read_folder(name)
     if not os.path.exists(name):
         raise DiffInputError(f"{name}: no such file or folder")
-    payload = _snapshot_payload(name)
-    if payload is not None:
+    try:
+        payload = read_json(name, "spans file")  # read once, within the size limit, by the bounded reader
+    except InputFileError as exc:
+        raise DiffInputError(str(exc)) from None
+    if _is_snapshot(payload):
         return summary_from_snapshot(payload, name)
     try:
-        rank_file = read_rank_file(name, default_rank=0)
+        rank_file = read_rank_file(name, default_rank=0, payload=payload)
     except RankInputError as exc:
         raise DiffInputError(str(exc)) from exc
     cells: dict[CellKey, Cell] = {}

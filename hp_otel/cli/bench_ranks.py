@@ -10,7 +10,6 @@ its load: the command prints them, tests assert only the verdicts.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import subprocess
@@ -31,6 +30,7 @@ from hp_otel.cli.rank_files import (
     split_template,
     write_rank_files,
 )
+from hp_otel.common.input_files import read_json
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,7 @@ def run_ranks_bench(
         progress(f"hp-otel ranks on {ranks} files")
         report_path = os.path.join(scratch, "report.json")
         wall, cpu, peak, status = run_ranks_command(paths, jobs, report_path)
-        with open(report_path, encoding="utf-8") as handle:
-            report = json.load(handle)
+        report = read_json(report_path, "ranks report")
         return RanksBenchResult(
             ranks=ranks,
             tp=tp,

@@ -41,12 +41,28 @@ def _load(command: str, args: argparse.Namespace, every_step: bool) -> dict[int,
     except SpanFileError as exc:
         print(printable(f"hp-otel {command}: {exc}"), file=sys.stderr)
         return None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     return spans_by_rank
 
 
-def run_plot(args: argparse.Namespace) -> int:
+def _write_out(command: str, out: Path, write: Any) -> bool:
+    """Write `--out` (its folder made if missing); False after one line on stderr naming `--out` and why."""
     from hp_otel.common.files import write_text_atomically
+
+    try:
+        if not out.parent.is_dir():
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise OSError(exc.errno, f"--out: cannot make the folder {str(out.parent)!r} ({exc.strerror})") from exc
+        write_text_atomically(out, write, argument="--out")
+    except (OSError, TypeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)  # not "[Errno 28] ..."
+        print(printable(f"hp-otel {command}: {reason}"), file=sys.stderr)
+        return False
+    return True
+
+
+def run_plot(args: argparse.Namespace) -> int:
     from hp_otel.render.timeline import render_html, render_svg
 
     if args.out.suffix.lower() not in PLOT_FORMATS:
@@ -60,13 +76,13 @@ def run_plot(args: argparse.Namespace) -> int:
     title = f"hp_otel: {'step ' + args.step if args.step else 'one step'} on ranks {ranks}"
     render = render_html if args.out.suffix.lower() == ".html" else render_svg
     text = render(spans_by_rank, title)
-    write_text_atomically(args.out, lambda handle: handle.write(text), argument="--out")
+    if not _write_out("plot", args.out, lambda handle: handle.write(text)):
+        return 2
     print(printable(f"wrote {args.out} ({len(spans_by_rank)} ranks)"))
     return 0
 
 
 def run_chrome_trace(args: argparse.Namespace) -> int:
-    from hp_otel.common.files import write_text_atomically
     from hp_otel.render.chrome_trace import ProfilerTraceError, chrome_trace, read_profiler_trace
 
     spans_by_rank = _load("chrome-trace", args, every_step=args.step is None)
@@ -78,7 +94,8 @@ def run_chrome_trace(args: argparse.Namespace) -> int:
         print(printable(f"hp-otel chrome-trace: {exc}"), file=sys.stderr)
         return 2
     document = chrome_trace(spans_by_rank, profiler)
-    write_text_atomically(args.out, lambda handle: json.dump(document, handle), argument="--out")
+    if not _write_out("chrome-trace", args.out, lambda handle: json.dump(document, handle)):
+        return 2
     added = sum(1 for event in document["traceEvents"] if str(event.get("cat", "")).startswith("hp_otel."))
     merged = f", merged into {args.merge}'s {len(profiler['traceEvents'])} events" if profiler else ""
     print(printable(f"wrote {args.out}: {added} hp_otel events on {len(spans_by_rank)} rank track(s){merged}"))

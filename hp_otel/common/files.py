@@ -46,7 +46,11 @@ def check_path(path: Any, argument: str = "path") -> str:
 
 
 def _error(exc: OSError, argument: str, target: str) -> OSError:
-    return type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror})")
+    if getattr(exc, "hp_otel_argument", None) == argument:  # named already, deeper down
+        return exc
+    named = type(exc)(exc.errno, f"{argument}: cannot write {target!r} ({exc.strerror or exc})")
+    named.hp_otel_argument = argument  # type: ignore[attr-defined]
+    return named
 
 
 def write_text_atomically(
@@ -179,16 +183,16 @@ def _write_and_rename(
                 fd, tmp = _create_temporary(folder, name)
             except OSError as exc:
                 raise _error(exc, argument, target) from exc
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            write(handle)
-            if existing is not None:  # the file keeps its permissions
-                os.fchmod(handle.fileno(), stat.S_IMODE(existing.st_mode))
-            if unnamed:
-                handle.flush()
-                try:
+        try:  # a full disk (ENOSPC) shows in a write or the final flush: name the path there too
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                write(handle)
+                if existing is not None:  # the file keeps its permissions
+                    os.fchmod(handle.fileno(), stat.S_IMODE(existing.st_mode))
+                if unnamed:
+                    handle.flush()
                     tmp = _name_unnamed(handle.fileno(), folder, name)
-                except OSError as exc:
-                    raise _error(exc, argument, target) from exc
+        except OSError as exc:
+            raise _error(exc, argument, target) from exc
         try:
             os.replace(tmp, real)  # type: ignore[arg-type]
         except OSError as exc:

@@ -76,7 +76,11 @@ class WindowRecorder:
         self._max_pending = max(max_pending, 1)
         self._pending: list[ev.Event] = []
         self._builder: SpanBuilder | None = None
-        self._build_lock = threading.Lock()
+        # Re-entrant: a span hook runs inside a build and may read the mode (`get_finished_spans`,
+        # `write_spans`) on the same thread; `_building` names that thread, whose reads then see the
+        # spans built so far instead of building again inside the build.
+        self._build_lock = threading.RLock()
+        self._building = 0
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
         # Backward by autograd node (torch): the module calls owning the running backward
         # work, outermost first, and the source's function that names them.
@@ -101,6 +105,7 @@ class WindowRecorder:
         self._window_rows = WindowRows()
         self._window_collectives: list[ev.Collective] = []  # finished, not yet in _window_rows
         self._window_awaited: list[ev.Collective] = []
+        self._awaited_limit = _EXPOSURE_BATCH  # awaited ones held before those done are folded into rows
         self._exposure_room = _MAX_WINDOW_COLLECTIVES  # collectives the window's rows may still take
         self._exposure_rows = WindowRows()  # the last stopped window's, for `exposure`
         self._exposure: ExposureReport | None = None
@@ -164,6 +169,7 @@ class WindowRecorder:
         self._window_rows = WindowRows()
         self._window_collectives = []
         self._window_awaited = []
+        self._awaited_limit = _EXPOSURE_BATCH
         self._exposure_room = _MAX_WINDOW_COLLECTIVES
         self._thread = threading.get_ident()
         self.active = True
@@ -233,6 +239,22 @@ class WindowRecorder:
             add(e.start_ns, e.end_ns, e.info.is_async, e.completion, e.returned_ns - e.start_ns, e.waited_ns,
                 e.phase, e.fqn)  # fmt: skip
 
+    def _fold_awaited(self) -> None:
+        """Write the rows of the awaited collectives nothing can move any more (completed by their
+        `wait_tensor`, which reports its wait first); keep the others as events, at most
+        `_MAX_AWAITING` (beyond, the oldest are written as they are, as the metrics' sweep does).
+        So a long window holds a bounded number of events whatever `max_spans` drops (issue 33)."""
+        still: list[ev.Collective] = []
+        final: list[ev.Collective] = []
+        for event in self._window_awaited:
+            (final if event.completion == s.COMPLETION_WAIT else still).append(event)
+        if len(still) > _MAX_AWAITING:
+            final.extend(still[:-_MAX_AWAITING])
+            still = still[-_MAX_AWAITING:]
+        self._write_exposure_rows(self._window_rows, final)
+        self._window_awaited = still
+        self._awaited_limit = max(_EXPOSURE_BATCH, 2 * len(still))  # amortised: each event swept O(1) times
+
     def _measure_exposure(self) -> None:
         """Snapshot the window's collectives for its exposed communication (computed when asked for or
         when a metric reader collects: not on the step's path)."""
@@ -264,7 +286,13 @@ class WindowRecorder:
     def reset(self) -> None:
         """Forget counts and unbuilt events (the OTel counters, being cumulative, keep theirs).
 
-        Between windows also the span builder (its per-window caches) and the in-flight records."""
+        Between windows also the span builder (its per-window caches) and the in-flight records.
+        Refused from a span hook while that build runs: the build would go on with what it forgot."""
+        if self._building == threading.get_ident():
+            raise RuntimeError(
+                "clear() was called from a span hook (collective_hook, module_hook, op_hook) while the mode "
+                "builds its spans; clear the mode after reading it, outside the hook"
+            )
         with self._build_lock:
             self._pending = []  # a new list: the old one's memory goes (clear() keeps its capacity)
             if not self._active:
@@ -275,35 +303,47 @@ class WindowRecorder:
         self.module_counts.clear()
 
     def materialise(self) -> None:
-        """Build the spans of every event recorded so far."""
+        """Build the spans of every event recorded so far (from a span hook during a build: nothing more)."""
+        if self._building == threading.get_ident():
+            return
         with self._build_lock:
             pending, self._pending = self._pending, []
-            builder = self._builder
-            if builder is None:
-                return
-            for event in pending:
-                try:
-                    builder.feed(event)
-                except Exception as exc:
-                    self.on_fault("span_build", exc)
+            self._build(pending)
 
     def build_oldest(self, count: int | None = None) -> None:
         """Build the spans of the oldest `count` unbuilt events: what the step pays once `max_pending`
         wait, a slice at a time, so no single step pauses for the whole backlog (issue 20: 1-2 s
         at 20,000 events); each later slice comes after as many new events."""
+        if self._building == threading.get_ident():  # a hook's own collective or module during a build
+            return
         count = _BUILD_SLICE if count is None else count
         with self._build_lock:
             pending = self._pending
             batch = pending[:count]
             del pending[:count]
-            builder = self._builder
-            if builder is None:
-                return
-            for event in batch:
+            self._build(batch)
+
+    def _build(self, events: list[ev.Event]) -> None:
+        """Feed `events` to the builder (under the build lock). An exception that is not a fault
+        of ours (Ctrl-C, SystemExit from a hook) puts back every event not yet built, the
+        interrupted one included, so a later read builds them: nothing recorded is lost."""
+        builder = self._builder
+        if builder is None:
+            return
+        built = 0
+        self._building = threading.get_ident()
+        try:
+            for event in events:
                 try:
                     builder.feed(event)
                 except Exception as exc:
                     self.on_fault("span_build", exc)
+                built += 1
+        except BaseException:
+            self._pending[:0] = events[built:]
+            raise
+        finally:
+            self._building = 0
 
     def _emit(self, event: ev.Event) -> None:
         if not self.spans_enabled:
@@ -617,7 +657,10 @@ class WindowRecorder:
             if self._exposure_room > 0 and not info.fake_group:  # a fake group's calls overlap nothing
                 self._exposure_room -= 1
                 if awaits:
-                    self._window_awaited.append(event)
+                    awaited = self._window_awaited
+                    awaited.append(event)
+                    if len(awaited) >= self._awaited_limit:
+                        self._fold_awaited()
                 else:
                     finished = self._window_collectives
                     finished.append(event)

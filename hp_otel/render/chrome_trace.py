@@ -20,13 +20,13 @@ collectives sit next to the kernels and CPU ops they launched.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
+from hp_otel.common.input_files import InputFileError, read_json
 from hp_otel.render.cross_rank import CollectiveKeys
 from hp_otel.spans import schema as s
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
@@ -161,10 +161,9 @@ def _join(ranks: list[tuple[int, int, dict[str, Any]]], bind_id: str) -> None:
 
 def read_profiler_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as handle:
-            trace = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise ProfilerTraceError(f"profiler trace {os.fspath(path)!r} cannot be read as JSON: {exc}") from exc
+        trace = read_json(path, "profiler trace")  # the bounded reader: regular file, size limit first
+    except InputFileError as exc:
+        raise ProfilerTraceError(str(exc)) from None
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise ProfilerTraceError(f"profiler trace {os.fspath(path)!r} has no 'traceEvents' list")
     if not isinstance(trace.get("baseTimeNanoseconds"), int):

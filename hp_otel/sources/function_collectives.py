@@ -237,7 +237,7 @@ class AsyncHandles:
             try:
                 return original_wait(*args, **kwargs)
             finally:
-                self._close(key, time.time_ns())
+                self._close(key, time.monotonic_ns())
 
         try:
             handle.wait = wait
@@ -261,7 +261,7 @@ class AsyncHandles:
 
     def close_all(self, owner: Any) -> None:
         """`owner`'s window ends: report what it never waited for, with the window's end as its end."""
-        now = time.time_ns()
+        now = time.monotonic_ns()
         with self._lock:
             keys = [key for key, entry in self._pending.items() if entry[2] is owner]
         for key in keys:
@@ -283,16 +283,19 @@ def wrap_collective(
         if observer is None or not observer.accepting or getattr(_inside, "active", False):
             return function(*args, **kwargs)
         _inside.active = True
-        start = time.time_ns()
+        start = time.time_ns()  # an epoch start; its end is a monotonic duration later (never before it)
+        anchor = start - time.monotonic_ns()
         issued = _issue(observer, reader, args, kwargs, start, phase_of)
         try:
             result = function(*args, **kwargs)
         except BaseException as error:
             _inside.active = False
-            _report(observer, reader, args, kwargs, None, start, time.time_ns(), error, phase_of, handles, issued)
+            end = anchor + time.monotonic_ns()
+            _report(observer, reader, args, kwargs, None, start, end, error, phase_of, handles, issued, anchor)
             raise
         _inside.active = False
-        _report(observer, reader, args, kwargs, result, start, time.time_ns(), None, phase_of, handles, issued)
+        end = anchor + time.monotonic_ns()
+        _report(observer, reader, args, kwargs, result, start, end, None, phase_of, handles, issued, anchor)
         return result
 
     traced_collective.__hp_otel_original__ = function  # type: ignore[attr-defined]
@@ -329,7 +332,10 @@ def _report(
     phase_of: Callable[[], str | None],
     handles: AsyncHandles,
     issued: tuple[CollectiveInfo, Any] | None = None,
+    anchor: int = 0,
 ) -> None:
+    """`anchor`: the start's epoch time less the monotonic clock then; an async handle's wait
+    reports the monotonic clock, and its end is `anchor +` that."""
     ticket = issued[1] if issued is not None else None
     try:
         arguments = reader.bind(args, kwargs)
@@ -344,7 +350,9 @@ def _report(
         handle = result[-1] if isinstance(result, tuple) and result else result
         try:
             if handle is not None and handles.track(
-                handle, lambda end_ns: observer.on_collective(info, start, end_ns, None, phase, ticket), observer
+                handle,
+                lambda clock_ns: observer.on_collective(info, start, anchor + clock_ns, None, phase, ticket),
+                observer,
             ):
                 return
         except Exception as exc:

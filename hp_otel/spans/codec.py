@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from hp_otel.common.input_files import checked_int
 from hp_otel.spans import schema as s
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
 
@@ -302,13 +303,13 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
     return CollectiveInfo(
         name=str(get(s.COLLECTIVE_NAME, span_name)),
         op=str(get(s.COLLECTIVE_OP, "")),
-        group_size=int(get(s.COLLECTIVE_GROUP_SIZE, 0)),
+        group_size=checked_int(get(s.COLLECTIVE_GROUP_SIZE, 0), s.COLLECTIVE_GROUP_SIZE),
         group=str(get(s.COLLECTIVE_GROUP, "")),
         group_ranks=tuple(get(s.COLLECTIVE_GROUP_RANKS, ())),
         input_shape=tuple(get(s.COLLECTIVE_INPUT_SHAPE, ())),
         output_shape=tuple(get(s.COLLECTIVE_OUTPUT_SHAPE, ())),
         dtype=str(get(s.COLLECTIVE_DTYPE, "")),
-        bytes=int(get(s.COLLECTIVE_BYTES, 0)),
+        bytes=checked_int(get(s.COLLECTIVE_BYTES, 0), s.COLLECTIVE_BYTES),
         reduce_op=str(get(s.COLLECTIVE_REDUCE_OP, "")),
         is_async=bool(get(s.COLLECTIVE_ASYNC, False)),
         param_module=str(get(s.COLLECTIVE_PARAM_MODULE, "")),
@@ -332,7 +333,7 @@ class CollectiveMatch:
 def decode_collective_match(attrs: Mapping[str, Any]) -> CollectiveMatch:
     get = attrs.get
     return CollectiveMatch(
-        seq=int(get(s.COLLECTIVE_SEQ, -1)),
+        seq=checked_int(get(s.COLLECTIVE_SEQ, -1), s.COLLECTIVE_SEQ),
         window=str(get(s.COLLECTIVE_WINDOW, "")),
         module=str(get(s.COLLECTIVE_MODULE, "")),
         match_id=str(get(s.COLLECTIVE_MATCH_ID, "")),

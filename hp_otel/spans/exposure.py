@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hp_otel.common import intervals
+from hp_otel.common.input_files import checked_int
 from hp_otel.spans import schema as s
 
 _FULLY_BLOCKING = (s.COMPLETION_CALL, "")
@@ -145,8 +146,8 @@ def comm_span_of(attrs: Mapping[str, Any], start_ns: int, end_ns: int) -> CommSp
         end_ns,
         is_async=bool(attrs.get(s.COLLECTIVE_ASYNC, False)),
         completion=str(attrs.get(s.COLLECTIVE_COMPLETION, "")),
-        call_ns=int(attrs.get(s.COLLECTIVE_CALL_NS, 0) or 0),
-        waited_ns=int(attrs.get(s.COLLECTIVE_WAITED_NS, 0) or 0),
+        call_ns=checked_int(attrs.get(s.COLLECTIVE_CALL_NS, 0) or 0, s.COLLECTIVE_CALL_NS),
+        waited_ns=checked_int(attrs.get(s.COLLECTIVE_WAITED_NS, 0) or 0, s.COLLECTIVE_WAITED_NS),
         phase=str(attrs.get(s.PHASE, s.PHASE_FORWARD)),
         module=str(attrs.get(s.COLLECTIVE_MODULE, "")),
     )

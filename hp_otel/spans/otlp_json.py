@@ -22,10 +22,17 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from hp_otel.common.files import write_text_atomically
+from hp_otel.common.input_files import (
+    DEFAULT_MAX_BYTES,
+    MAX_BYTES_VARIABLE,
+    InputFileError,
+    max_bytes_limit,
+    parse_json,
+    read_bytes,
+)
 
+__all__ = ["DEFAULT_MAX_BYTES", "MAX_BYTES_VARIABLE", "max_bytes_limit"]  # kept here for their old importers
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
-MAX_BYTES_VARIABLE = "HP_OTEL_RENDER_MAX_BYTES"
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 MEMORY_PER_FILE_BYTE = 10  # peak memory / file size when reading (measured: 9.8x for a 42 MB file of 40,000 spans)
 
 
@@ -149,20 +156,6 @@ def _any_value(value: AnyValue) -> Any:
     return getattr(value, kind)
 
 
-def max_bytes_limit(max_bytes: int | None = None, environ: Mapping[str, str] = os.environ) -> int:
-    """The size limit for reading a spans file: the argument, else HP_OTEL_RENDER_MAX_BYTES, else 256 MiB."""
-    if max_bytes is not None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
-        return max_bytes
-    text = environ.get(MAX_BYTES_VARIABLE, "").strip()
-    if text:
-        if not text.isdigit() or int(text) < 1:
-            raise SpanFileError(f"{MAX_BYTES_VARIABLE} must be a positive number of bytes, got {text!r}")
-        return int(text)
-    return DEFAULT_MAX_BYTES
-
-
 def read_spans(path: str | os.PathLike[str], max_bytes: int | None = None) -> list[ReadableSpan]:
     """Read an OTLP/JSON traces file back into ReadableSpans; SpanFileError says what is wrong (see read_trace_file)."""
     return read_trace_file(path, max_bytes)[0]
@@ -173,34 +166,41 @@ def read_trace_file(
 ) -> tuple[list[ReadableSpan], list[dict[str, Any]]]:
     """The spans of an OTLP/JSON traces file, and the attributes of every resource in it (also one without spans).
 
-    The whole file is parsed in memory (about 10x its size at the peak), so files
-    over `max_bytes` (default: `HP_OTEL_RENDER_MAX_BYTES`, else 256 MiB) are refused
-    with their size and the limit, and running out of memory is reported as such.
+    Read by the bounded reader (`common/input_files.py`): a file over `max_bytes` (default:
+    `HP_OTEL_RENDER_MAX_BYTES`, else 256 MiB) is refused with its size and the limit before
+    anything is parsed (parsing needs about 10x its size), and running out of memory is
+    reported as such.
     """
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):  # an int would be read as a descriptor
         raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
     name = os.fspath(path)
-    limit = max_bytes_limit(max_bytes)
     try:
-        size = os.stat(name).st_size
-    except FileNotFoundError as exc:
-        raise SpanFileError(f"spans file {name!r} does not exist") from exc
-    except OSError as exc:
-        raise SpanFileError(f"spans file {name!r} cannot be read: {exc}") from exc
-    if size > limit:
-        raise SpanFileError(
-            f"spans file {name!r} is {size:,} bytes, over the limit of {limit:,} bytes (reading needs about "
-            f"{MEMORY_PER_FILE_BYTE}x the file size in memory); raise it with --max-bytes or {MAX_BYTES_VARIABLE}"
-        )
+        data = read_bytes(name, "spans file", max_bytes)
+        size = len(data)
+        payload = parse_json(data, name, "spans file")
+    except InputFileError as exc:
+        raise SpanFileError(str(exc)) from None
+    except MemoryError:
+        raise SpanFileError(_out_of_memory(name, os.path.getsize(name))) from None
+    del data
+    return trace_from_payload(payload, name, size)
+
+
+def _out_of_memory(name: str, size: int) -> str:
+    return (
+        f"spans file {name!r} ({size:,} bytes) needs more memory than is available to read "
+        f"(about {MEMORY_PER_FILE_BYTE}x the file size); split the file or read it on a larger machine"
+    )
+
+
+def trace_from_payload(payload: Any, name: str, size: int = 0) -> tuple[list[ReadableSpan], list[dict[str, Any]]]:
+    """`read_trace_file` on a file already parsed as JSON (`payload`; `size`: its bytes, for messages)."""
     try:
-        message = _parse(name)
+        message = _parse(name, payload)
         resources = [{kv.key: _any_value(kv.value) for kv in rs.resource.attributes} for rs in message.resource_spans]
         return _spans_of(message), resources
     except MemoryError:
-        raise SpanFileError(
-            f"spans file {name!r} ({size:,} bytes) needs more memory than is available to read "
-            f"(about {MEMORY_PER_FILE_BYTE}x the file size); split the file or read it on a larger machine"
-        ) from None
+        raise SpanFileError(_out_of_memory(name, size)) from None
     except RecursionError:
         raise SpanFileError(
             f"spans file {name!r} nests values deeper than can be read ({sys.getrecursionlimit()} levels); "
@@ -208,14 +208,7 @@ def read_trace_file(
         ) from None
 
 
-def _parse(name: str) -> ExportTraceServiceRequest:
-    try:
-        with open(name, encoding="utf-8") as handle:
-            payload = json.load(handle)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpanFileError(f"spans file {name!r} cannot be read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise SpanFileError(f"spans file {name!r} is not JSON: {exc}") from exc
+def _parse(name: str, payload: Any) -> ExportTraceServiceRequest:
     if not isinstance(payload, dict) or "resourceSpans" not in payload:
         raise SpanFileError(f"spans file {name!r} is not OTLP/JSON traces (no 'resourceSpans' key)")
     try:

@@ -215,3 +215,44 @@ def test_the_guard_put_back_later_by_code_that_saved_it_still_works(model: torch
             signal.raise_signal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def test_sigint_while_deferred_spans_are_built_loses_none_of_them(tp_mlp) -> None:
+    """A real Ctrl-C lands inside the span build (from a hook, the 2nd collective's): the read that
+    was interrupted raises it; the events it had not built yet go back, and the next read builds
+    every span an uninterrupted window keeps."""
+    from hp_otel.cli.tp_mlp import train_step
+    from hp_otel.spans import schema
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.fail("signals are delivered on the main thread only; run this test there")
+    model, x = tp_mlp
+    steps = 20
+
+    def kinds(spans) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for span in spans:
+            kind = span.attributes.get(schema.CALL_KIND, "")
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
+    with CommDebugMode(module=model) as reference:
+        for _ in range(steps):
+            train_step(model, x)
+    expected = kinds(reference.get_finished_spans())
+    hooked: list[int] = []
+
+    def interrupt_once(span, info) -> None:
+        hooked.append(1)
+        if len(hooked) == 2:
+            signal.raise_signal(signal.SIGINT)
+
+    with CommDebugMode(module=model, collective_hook=interrupt_once) as mode:
+        for _ in range(steps):
+            train_step(model, x)
+    with pytest.raises(KeyboardInterrupt):
+        mode.get_finished_spans()
+    spans = mode.get_finished_spans()
+    assert mode.get_total_counts() == 2 * steps == expected[schema.KIND_COLLECTIVE]
+    assert kinds(spans) == expected and sum(expected.values()) == 300
+    assert mode.get_callback_error_counts() == {}

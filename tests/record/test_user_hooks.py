@@ -18,6 +18,7 @@ from hp_otel.always_on.instrumentation import HpOtelInstrumentor
 from hp_otel.cli.tp_mlp import train_step
 from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
+from hp_otel.spans.otlp_json import read_spans
 
 
 def _exporting_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -187,3 +188,54 @@ def test_the_span_hooks_example_runs_and_prints_what_it_says(tmp_path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "all_reduce 4.0 {}"
+
+
+def _in_a_thread(call, timeout_s: float = 60.0) -> list[object]:
+    """`call()` on a daemon thread: a deadlock fails the test instead of hanging it."""
+    import threading
+
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), "the read deadlocked (a span hook read the mode while its spans were built)"
+    return out
+
+
+@pytest.mark.parametrize("read", ["get_finished_spans", "write_spans", "get_dropped_record_count"])
+def test_a_hook_that_reads_the_mode_sees_the_spans_built_so_far_and_does_not_hang(tp_mlp, tmp_path, read) -> None:
+    model, x = tp_mlp
+    seen: list[int] = []
+    holder: list[CommDebugMode] = []
+
+    def module_hook(span, info: ModuleInfo) -> None:
+        mode = holder[0]
+        if read == "write_spans":
+            mode.write_spans(tmp_path / f"{len(seen)}.json")
+            seen.append(len(read_spans(tmp_path / f"{len(seen)}.json")))
+        elif read == "get_finished_spans":
+            seen.append(len(mode.get_finished_spans()))
+        else:
+            seen.append(mode.get_dropped_record_count())
+
+    with CommDebugMode(module=model, module_hook=module_hook) as mode:
+        holder.append(mode)
+        train_step(model, x)
+    spans = _in_a_thread(lambda: holder[0].get_finished_spans())[0]
+    modules = [s for s in spans if _kind(s) == schema.KIND_MODULE]
+    assert len(seen) == len(modules) > 0 and mode.get_callback_error_counts() == {}
+    if read != "get_dropped_record_count":  # each hook saw the spans that had ended before its own
+        assert seen == sorted(seen) and seen[-1] < len(spans)
+
+
+def test_clear_from_a_hook_is_refused_with_a_clear_error_not_a_hang(tp_mlp, caplog) -> None:
+    model, x = tp_mlp
+    holder: list[CommDebugMode] = []
+    with CommDebugMode(module=model, collective_hook=lambda span, info: holder[0].clear()) as mode:
+        holder.append(mode)
+        train_step(model, x)
+    with caplog.at_level(logging.WARNING, logger="hp_otel"):
+        spans = _in_a_thread(lambda: holder[0].get_finished_spans())[0]
+    assert sum(_kind(s) == schema.KIND_COLLECTIVE for s in spans) == 2  # the build went on, nothing forgotten
+    assert mode.get_callback_error_counts() == {"user_collective_hook": 2}
+    assert "clear() was called from a span hook" in caplog.text

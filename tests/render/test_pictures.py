@@ -208,3 +208,61 @@ def test_otlp_json_files_write_enums_as_integers(rank_files) -> None:
     spans = [sp for rs in payload["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]]
     assert spans and all(isinstance(sp["kind"], int) for sp in spans)
     assert "SPAN_KIND" not in files[0].read_text()
+
+
+def _out_cases(tmp_path):
+    regular = tmp_path / "regular.txt"
+    regular.write_text("x")
+    folder = tmp_path / "folder.svg"
+    folder.mkdir()
+    return {
+        "a folder": (folder, "is a directory"),
+        "under a regular file": (regular / "t.svg", "cannot make the folder"),
+        "/proc/version": (None, "/proc/version"),
+        "a full device (ENOSPC)": (None, "No space left on device"),
+    }
+
+
+@pytest.mark.parametrize("case", ["a folder", "under a regular file", "/proc/version", "a full device (ENOSPC)"])
+@pytest.mark.parametrize("command", ["plot", "chrome-trace"])
+def test_an_out_that_cannot_be_written_is_exit_2_naming_out(rank_files, tmp_path, capsys, command, case) -> None:
+    """Issue 33 item 6: --out a folder, under a file, read-only /proc, a full device: one line, exit 2."""
+    files, _ = rank_files
+    out, reason = _out_cases(tmp_path)[case]
+    if case == "/proc/version":
+        out = "/proc/version"
+    elif case.startswith("a full device"):
+        out = tmp_path / "full.svg"
+        out.symlink_to("/dev/full")  # writes there fail with ENOSPC, as on a full file system
+    code = main([command, *map(str, files), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err and f"hp-otel {command}: --out" in err, err
+    assert reason in err, err
+
+
+def test_a_file_system_that_fills_while_writing_is_exit_2_naming_out(rank_files, tmp_path) -> None:
+    """The regular-file path (an unnamed temporary file, then a rename): the write fails half-way
+    (RLIMIT_FSIZE stands in for a full disk, EFBIG for ENOSPC) and leaves no file."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    files, _ = rank_files
+    out = tmp_path / "t.html"
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "hp_otel.cli", "plot", *map(str, files), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=small_files,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and f"--out: cannot write {str(out)!r} (File too large)" in result.stderr
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted(f.name for f in files)

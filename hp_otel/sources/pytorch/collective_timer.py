@@ -21,6 +21,8 @@ from hp_otel.spans import schema as s
 _in_backward: Callable[[], int] = _compat.current_graph_task_id  # -1 outside autograd
 _cuda_initialized: Callable[[], bool] = torch.cuda.is_initialized
 
+_monotonic_ns = time.monotonic_ns
+
 
 class _Waited:
     """A functional collective's result: done once `wait_tensor` returned for it."""
@@ -79,27 +81,30 @@ class CollectiveTimer:
 
     def collective(self, spec: CollectiveSpec, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Run `call(*args, **kwargs)`, the collective op `spec` describes, and report it."""
+        # The start is an epoch time (spans line up across ranks); every later time of this
+        # collective is the start plus a monotonic duration: a wall-clock step never makes one negative.
         start = time.time_ns()
+        anchor = start - _monotonic_ns()
         info, phase, ticket = self._issue(spec, args, kwargs, start)
         device = self._device_start(spec, args, kwargs) if ticket is not None and self._times_devices else None
         try:
             result = call(*args, **kwargs)
         except BaseException as error:
-            self._report(spec, info, phase, ticket, args, kwargs, None, start, error)
+            self._report(spec, info, phase, ticket, args, kwargs, None, start, anchor, error)
             raise
-        self._report(spec, info, phase, ticket, args, kwargs, result, start, None, device)
+        self._report(spec, info, phase, ticket, args, kwargs, result, start, anchor, None, device)
         return result
 
     def waited(self, tensor: Any, start_ns: int | None = None) -> None:
-        """`wait_tensor(tensor)` returned (called at `start_ns`): the watchdog's probe is done, its
-        collective completes now."""
+        """`wait_tensor(tensor)` returned (called at `start_ns`, monotonic clock): the watchdog's probe
+        is done, its collective completes now."""
         try:
             self._completions.waited(tensor, start_ns)
         except Exception as exc:
             self._observer.on_fault("collective_complete", exc)
 
     def work_waited(self, work: Any, start_ns: int, end_ns: int) -> None:
-        """`work.wait()` returned: how long the thread waited for that collective."""
+        """`work.wait()` returned: how long the thread waited for that collective (monotonic clock)."""
         try:
             self._completions.work_waited(work, start_ns, end_ns)
         except Exception as exc:
@@ -134,9 +139,9 @@ class CollectiveTimer:
 
     def _report(
         self, spec: CollectiveSpec, info: Any, phase: str, ticket: Any, args: Any, kwargs: Any, result: Any,
-        start: int, error: Any, device: DeviceSpan | None = None,
+        start: int, anchor: int, error: Any, device: DeviceSpan | None = None,
     ) -> None:  # fmt: skip
-        end = time.time_ns()
+        end = anchor + _monotonic_ns()
         observer = self._observer
         done = None
         try:
@@ -167,7 +172,7 @@ class CollectiveTimer:
                     device=device,
                 )  # fmt: skip
             if token is not None:  # launched, not finished: its wait or Work says when it is
-                self._completions.launched(spec.functional, result, token, device)
+                self._completions.launched(spec.functional, result, token, device, anchor)
         except Exception as exc:
             observer.on_fault("collective_after", exc)
 

@@ -50,15 +50,22 @@ class Completions:
 
     def __init__(self, observer: Observer) -> None:
         self._observer = observer
-        self._by_storage: dict[int, Any] = {}  # storage of a functional output -> the observer's token
+        # storage of a functional output -> (the observer's token, its clock anchor: see `launched`)
+        self._by_storage: dict[int, tuple[Any, int]] = {}
         self._probes: dict[int, Any] = {}  # storage of a functional output -> the watchdog's probe (`.done`)
         self._devices: dict[int, Any] = {}  # storage of a functional output -> its DeviceSpan (CUDA)
-        self._by_work: dict[Any, tuple[Any, Any]] = {}  # an eager op's Work -> (token, DeviceSpan or None)
+        self._by_work: dict[Any, tuple[Any, Any, int]] = {}  # an eager op's Work -> (token, DeviceSpan or None, anchor)
         self._on_wait = getattr(observer, "on_collective_wait", None)  # optional for observers
 
-    def launched(self, functional: bool, result: Any, token: Any, device: Any = None) -> None:
+    def launched(
+        self, functional: bool, result: Any, token: Any, device: Any = None, anchor: int | None = None
+    ) -> None:
         """A collective op returned `result` without finishing; `token` is the observer's;
-        `device` its DeviceSpan on CUDA (its end is recorded when the collective is waited for)."""
+        `device` its DeviceSpan on CUDA (its end is recorded when the collective is waited for).
+        `anchor`: its start's epoch time less the monotonic clock then: its completion is
+        `anchor + time.monotonic_ns()`, so a wall-clock step cannot end it before it began."""
+        if anchor is None:
+            anchor = time.time_ns() - time.monotonic_ns()
         if functional:
             pending = self._by_storage
             if len(pending) >= _MAX_PENDING:
@@ -66,7 +73,7 @@ class Completions:
                 self._devices.clear()
             for tensor in (result,) if isinstance(result, torch.Tensor) else _tensors(result):
                 key = _storage_key(tensor)
-                pending[key] = token
+                pending[key] = (token, anchor)
                 if device is not None:
                     self._devices[key] = device
             return
@@ -78,7 +85,7 @@ class Completions:
         by_work = self._by_work
         if len(by_work) >= _MAX_PENDING:  # works never waited for: forget them
             by_work.clear()
-        by_work[work] = (token, device)
+        by_work[work] = (token, device, anchor)
         try:
             future = work.get_future()
         except RuntimeError:  # a backend without futures: only the launch is known
@@ -89,7 +96,7 @@ class Completions:
             try:
                 if device is not None:  # a CUDA future runs this with its streams synchronised
                     device.finish()
-                observer.on_collective_complete(token, time.time_ns(), s.COMPLETION_WORK)
+                observer.on_collective_complete(token, anchor + time.monotonic_ns(), s.COMPLETION_WORK)
             except Exception as exc:
                 observer.on_fault("collective_complete", exc)
 
@@ -103,34 +110,35 @@ class Completions:
         probes[_storage_key(output)] = probe
 
     def waited(self, tensor: Any, start_ns: int | None = None) -> None:
-        """`wait_tensor(tensor)` returned (called at `start_ns`, when known): the collective that
-        made its storage is done."""
+        """`wait_tensor(tensor)` returned (called at `start_ns` of the monotonic clock, when known):
+        the collective that made its storage is done."""
         if not (self._by_storage or self._probes) or not isinstance(tensor, torch.Tensor):
             return
         key = _storage_key(tensor)
         probe = self._probes.pop(key, None)
         if probe is not None:
             probe.done = True
-        token = self._by_storage.pop(key, None)
-        if token is not None:
-            now = time.time_ns()
+        pending = self._by_storage.pop(key, None)
+        if pending is not None:
+            token, anchor = pending
+            now = anchor + time.monotonic_ns()
             device = self._devices.pop(key, None)
             if device is not None:  # the current stream now waits for the collective
                 device.finish()
             if start_ns is not None and self._on_wait is not None:
-                self._on_wait(token, start_ns, now)
+                self._on_wait(token, min(anchor + start_ns, now), now)
             self._observer.on_collective_complete(token, now, s.COMPLETION_WAIT)
 
     def work_waited(self, work: Any, start_ns: int, end_ns: int) -> None:
-        """`work.wait()` ran from `start_ns` to `end_ns` on a Work this window launched."""
+        """`work.wait()` ran from `start_ns` to `end_ns` (monotonic clock) on a Work this window launched."""
         pending = self._by_work.pop(work, None)
         if pending is None:
             return
-        token, device = pending
+        token, device, anchor = pending
         if device is not None:
             device.finish()
         if self._on_wait is not None:
-            self._on_wait(token, start_ns, end_ns)
+            self._on_wait(token, anchor + start_ns, anchor + end_ns)
 
     def waited_in(self, args: Any, kwargs: Any) -> None:
         """An op that read AsyncCollectiveTensors returned: their waits are done."""

@@ -120,7 +120,7 @@ class _CollectiveMode(_compat.TorchDispatchMode):  # type: ignore[misc]
             traced = False
         if not traced:  # nearly every op: pass straight through
             if func is WAIT_TENSOR:
-                start = time.time_ns()
+                start = time.monotonic_ns()
                 result = func(*args, **kwargs)
                 timer.waited(args[0] if args else kwargs.get("tensor"), start)
                 return result

@@ -145,7 +145,7 @@ def _wait_kernel(op: Any) -> Any:
     redispatch = _compat.redispatch_boxed(op)
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.time_ns()  # how long the step waits here: its exposed communication
+        start = time.monotonic_ns()  # how long the step waits here: its exposed communication
         result = redispatch(keyset.remove(_BACKEND_SELECT), *args, **kwargs)
         timer = None
         try:

@@ -30,13 +30,13 @@ def _make_wrapper(original: Any) -> Callable[..., Any]:
         return wrapper
 
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.time_ns()
+        start = time.monotonic_ns()
         try:
             return original(self, *args, **kwargs)
         finally:
             timer = wait_slot.current()
             if timer is not None:  # never raises: faults are counted by the timer
-                timer.work_waited(self, start, time.time_ns())
+                timer.work_waited(self, start, time.monotonic_ns())
 
     functools.update_wrapper(wait, original, assigned=("__name__", "__qualname__", "__doc__"), updated=())
     wait.__hp_otel_original__ = original  # type: ignore[attr-defined]

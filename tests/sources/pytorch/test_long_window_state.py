@@ -127,3 +127,30 @@ def test_trimming_keeps_each_live_graph_and_folds_dead_ones(tp_mlp) -> None:
         kept.backward()
     assert mode.get_comm_module_counts() == referee.module_counts_dict()
     assert mode.get_comm_module_counts()["fc1"]["backward"]
+
+
+def test_a_window_that_drops_spans_holds_a_bounded_number_of_collective_events(fake_world) -> None:
+    """Issue 33 item 10: `max_spans=1000` must bound a long window's memory. The awaited
+    collectives' events (each ≈0.84 KB with its info) were all kept for the exposure figures
+    until the window's end (up to 65,536); the ones their wait completed become 40-byte rows."""
+    import gc
+
+    import torch.distributed as dist
+
+    from hp_otel.record import events as ev
+
+    def live_collective_events() -> int:
+        gc.collect()
+        return sum(type(o) is ev.Collective for o in gc.get_objects())
+
+    group = dist.group.WORLD.group_name
+    seen = []
+    with CommDebugMode(max_spans=1000) as mode:
+        for _ in range(2):
+            for _ in range(8000):
+                out = torch.ops._c10d_functional.all_reduce(torch.ones(2), "sum", group)
+                torch.ops._c10d_functional.wait_tensor(out)
+            seen.append(live_collective_events())
+    assert mode.get_total_counts() == 16000 and mode.get_dropped_record_count() > 0
+    assert seen[1] <= recorder_module._EXPOSURE_BATCH and seen[1] <= seen[0] + 100, seen
+    assert mode.get_comm_exposure().total.collectives == 16000  # every collective still in the figures
