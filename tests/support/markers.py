@@ -103,7 +103,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """With HP_OTEL_TESTS_WITHOUT_TORCH=1 only the torch_free modules are collected."""
+    """With HP_OTEL_TESTS_WITHOUT_TORCH=1 only the torch_free modules are collected (under tests/,
+    where this conftest reaches: the run is given `tests`; examples/ are torch programs, and
+    collecting them there fails loudly)."""
     if without_torch() and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
         return not torch_free_module(collection_path)
     return None
