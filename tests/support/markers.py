@@ -1,7 +1,8 @@
 """The suite's markers, decided here once: a pytest plugin, its hooks imported by tests/conftest.py.
 
-`slow` is never written on a test: it is the union of the kinds below, so `-m "not slow"` (the
-inner loop) and `-m "not server and not browser"` (CI's torch 2.14.1 pass) select from one
+`slow` is never written on a test: it is the union of the kinds pyproject.toml registers as
+"(implies slow)", so `-m "not slow"` (the inner loop) and CI's torch 2.14.1 pass
+(`-m "not torch_free and not server and not browser and not bench"`, .ci/run) select from one
 split. `torch_free` marks a whole module whose tests need no torch; with
 HP_OTEL_TESTS_WITHOUT_TORCH=1 only those modules run, with torch made unimportable in the
 process and its children, so a module wrongly marked fails instead of silently missing the
