@@ -21,6 +21,14 @@ SUPPORT = str(Path(__file__).resolve().parent / "support")
 if SUPPORT not in sys.path:
     sys.path.insert(0, SUPPORT)
 
+# The markers' hooks (slow from its kinds, the torch_free checks), one plugin in tests/support.
+from markers import (  # noqa: E402, F401
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_ignore_collect,
+    pytest_runtest_makereport,
+)
+
 
 @pytest.fixture(autouse=True)
 def _one_off_windows(monkeypatch):

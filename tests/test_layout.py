@@ -15,7 +15,11 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import hp_otel
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 PACKAGE = "hp_otel"
 PACKAGE_DIR = Path(hp_otel.__file__).parent

@@ -12,6 +12,8 @@ from hp_otel.record.metric_labels import ENV_VAR
 from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleInfo
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 class TestAlwaysOnModuleDepth(TestBase):
     def tearDown(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 
+import pytest
 from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -18,6 +19,8 @@ from hp_otel.always_on.instrumentation import HpOtelInstrumentor
 from hp_otel.always_on.package import _instruments, _instruments_any
 from hp_otel.export.providers import build_resource
 from hp_otel.spans import schema as s
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 
 def test_the_instrumentor_declares_the_frameworks_it_instruments_as_contrib_does() -> None:

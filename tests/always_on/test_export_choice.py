@@ -21,6 +21,8 @@ from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
 from hp_otel.common._otel_compat import proxy_meter_provider_class
 from hp_otel.export import telemetry
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 @pytest.fixture
 def no_global_providers(monkeypatch):

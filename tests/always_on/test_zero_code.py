@@ -21,7 +21,7 @@ import pytest
 import servers
 from installed_metadata import ROOT, subprocess_env, write_dist_info
 
-pytestmark = pytest.mark.slow  # a real OTLP receiver and 2-rank torchrun runs
+pytestmark = [pytest.mark.server, pytest.mark.multiprocess]  # a real OTLP receiver and 2-rank torchrun runs
 
 DISTRO = ROOT / ".tools" / "otel-distro"
 LIST_DISTROS = (

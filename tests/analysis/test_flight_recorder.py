@@ -55,7 +55,7 @@ def _referee(tmp_path: Path, rank: int) -> list[list[str]]:
     return json.loads((tmp_path / f"referee_rank{rank}.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_agreeing_ranks_match_hp_otels_spans_seq_for_seq_and_frame_for_frame(tmp_path: Path) -> None:
     _run(tmp_path, "agree")
     for rank in range(WORLD_SIZE):
@@ -97,7 +97,7 @@ def test_agreeing_ranks_match_hp_otels_spans_seq_for_seq_and_frame_for_frame(tmp
     assert report["stragglers"][0]["rank"] == 1
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_desync_is_the_first_divergence_at_frs_seq_and_names_the_line(tmp_path: Path) -> None:
     _run(tmp_path, "desync")
     line = {r: _referee(tmp_path, r)[1] for r in range(WORLD_SIZE)}
@@ -115,7 +115,7 @@ def test_a_desync_is_the_first_divergence_at_frs_seq_and_names_the_line(tmp_path
     assert "first divergence at seq #1:" in _cli(*_spans(tmp_path)).stdout  # hp_otel's: #1 of the window
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_an_all_reduce_one_rank_never_issued_is_the_hang_suspect(tmp_path: Path) -> None:
     _run(tmp_path, "hang")
     extra = _referee(tmp_path, 0)[-1]

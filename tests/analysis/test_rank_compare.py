@@ -243,7 +243,7 @@ def test_two_files_of_one_rank_are_bad_input(tmp_path, monkeypatch, capsys) -> N
     assert "are both rank 0; give one file per rank" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # a subprocess (the fake group is process-wide), about 8 s here
+@pytest.mark.multiprocess  # a subprocess (the fake group is process-wide), about 8 s here
 def test_per_rank_programs_over_the_fake_process_group(tmp_path) -> None:
     """The real torch path (dispatch mode -> issue -> seq -> file) for divergent ranks, without hanging."""
     import subprocess

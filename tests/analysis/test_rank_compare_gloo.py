@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from hp_otel.cli.demo import free_port
 
-pytestmark = pytest.mark.slow  # two gloo processes each
+pytestmark = pytest.mark.multiprocess  # two gloo processes each
 
 WORLD_SIZE = 2
 

@@ -80,7 +80,7 @@ def _assert_same_as_before(files: list[str], faults: dict[str, int], jobs: int) 
     return before, after
 
 
-@pytest.mark.slow  # the llama step recorded in a child, and the old reader: about 20 s here
+@pytest.mark.multiprocess  # the llama step recorded in a child, and the old reader: about 20 s here
 def test_the_report_of_8_ranks_is_today_s_field_by_field_and_in_text(tmp_path: Path) -> None:
     files, faults = _make_files(tmp_path, 8, 2)
     before, after = _assert_same_as_before(files, faults, jobs=2)
@@ -90,7 +90,7 @@ def test_the_report_of_8_ranks_is_today_s_field_by_field_and_in_text(tmp_path: P
     )
 
 
-@pytest.mark.slow  # the old reader takes about 0.45 s a file: about 40 s here
+@pytest.mark.multiprocess  # the old reader takes about 0.45 s a file: about 40 s here
 def test_the_report_of_64_ranks_is_today_s_field_by_field(tmp_path: Path, capsys) -> None:
     files, faults = _make_files(tmp_path, 64, 8)
     _assert_same_as_before(files, faults, jobs=2)

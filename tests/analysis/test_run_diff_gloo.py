@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from hp_otel.cli.demo import free_port
 
-pytestmark = pytest.mark.slow  # two gloo processes a run
+pytestmark = pytest.mark.multiprocess  # two gloo processes a run
 
 WORLD_SIZE = 2
 F32 = 4

@@ -43,7 +43,7 @@ def test_every_small_workload_builds_and_runs_one_round(name, fake_world) -> Non
     _check_runs(name)
 
 
-@pytest.mark.slow  # about 0.3 s a step, a dozen steps
+@pytest.mark.bench  # about 0.3 s a step, a dozen steps
 def test_the_realistic_workload_builds_and_runs_one_round(fake_world) -> None:
     _check_runs("realistic")
 
@@ -158,7 +158,7 @@ def test_the_profiler_variant_runs_or_says_why(fake_world) -> None:
     assert (PROFILER in ran) != (PROFILER in result.skipped)
 
 
-@pytest.mark.slow  # every variant of the mlp, in this process: about 6 s
+@pytest.mark.bench  # every variant of the mlp, in this process: about 6 s
 def test_bench_command_prints_json(capsys, fake_world) -> None:
     assert main(["bench", "--rounds", "1", "--steps", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

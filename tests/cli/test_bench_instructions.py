@@ -114,7 +114,8 @@ def test_the_table_and_json_carry_instructions_beside_wall_clock() -> None:
     assert "MIr/step" not in plain[2] and "callgrind" not in "\n".join(plain)
 
 
-@pytest.mark.slow  # three processes under callgrind (≈30 s of CPU each, most of it importing torch)
+@pytest.mark.bench
+@pytest.mark.multiprocess  # three processes under callgrind (≈30 s of CPU each, most of it importing torch)
 def test_traced_counts_more_than_untraced_and_a_variant_repeats_within_one_percent(capsys, fake_world) -> None:
     try:
         tools = find_tools()

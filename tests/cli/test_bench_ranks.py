@@ -11,7 +11,7 @@ import pytest
 from hp_otel.cli import main
 
 
-@pytest.mark.slow  # records the llama step, writes 1,024 files (~1 MB or 71 kB), reads them twice: 1-4 min here
+@pytest.mark.bench  # records the llama step, writes 1,024 files (~1 MB or 71 kB), reads them twice: 1-4 min here
 @pytest.mark.parametrize("evidence", ["spans", "collectives"])
 def test_at_1024_ranks_the_harness_names_the_hang_the_desync_and_the_straggler(tmp_path, evidence) -> None:
     command = ["bench", "--ranks", "1024", "--json", "--keep-files", str(tmp_path), "--evidence", evidence]

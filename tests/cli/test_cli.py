@@ -24,7 +24,7 @@ def demo_run(tmp_path_factory):
     return out, result
 
 
-@pytest.mark.slow  # a real 2-process gloo demo
+@pytest.mark.multiprocess  # a real 2-process gloo demo
 def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
     out, result = demo_run
     assert result.returncode == 0, result.stderr[-3000:]
@@ -44,7 +44,7 @@ def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
         assert spans["resourceSpans"][0]["scopeSpans"][0]["scope"]["name"] == "hp_otel"
 
 
-@pytest.mark.slow  # reads the demo's files
+@pytest.mark.multiprocess  # reads the demo's files
 def test_render_rebuilds_the_table_from_a_spans_file(demo_run, capsys) -> None:
     out, _ = demo_run
     assert main(["render", str(out / "spans_rank0.json"), "--noise-level", "2"]) == 0
@@ -69,7 +69,7 @@ def test_bad_noise_level_is_rejected_by_the_parser(capsys) -> None:
     assert "must be one of 0, 1, 2, 3" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # runs the benchmark
+@pytest.mark.bench  # runs the benchmark
 def test_bench_runs_every_variant() -> None:
     result = _hp_otel("bench", "--rounds", "1", "--steps", "2")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -89,7 +89,7 @@ def test_bench_runs_every_variant() -> None:
         assert any(line.startswith(variant) for line in lines), result.stdout
 
 
-@pytest.mark.slow  # a real 2-process gloo demo
+@pytest.mark.multiprocess  # a real 2-process gloo demo
 def test_demo_transformer(tmp_path) -> None:
     result = _hp_otel("demo", "--model", "transformer", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -180,7 +180,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow  # each runs a command in a child process
+@pytest.mark.multiprocess  # each runs a command in a child process
 @pytest.mark.parametrize(
     ("args", "stdout_has", "progress"),
     [
@@ -201,7 +201,7 @@ def test_every_command_runs_without_numpy(args, stdout_has, progress, tmp_path) 
     assert (f"hp-otel {args[0]}" in result.stderr) is progress  # progress on stderr, stdout stays the result
 
 
-@pytest.mark.slow  # a real 2-process torchrun
+@pytest.mark.multiprocess  # a real 2-process torchrun
 def test_the_torchrun_example_writes_every_ranks_file_into_its_folder(tmp_path) -> None:
     from pathlib import Path
 

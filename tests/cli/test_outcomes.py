@@ -155,7 +155,7 @@ def test_a_failure_and_the_timeout_in_the_same_instant_say_one_line(caplog) -> N
     assert len(warnings) == 1 and "shutdown failed" in warnings[0], warnings
 
 
-@pytest.mark.slow  # a real dead endpoint: the exporter retries until the shutdown budget is spent
+@pytest.mark.multiprocess  # a real dead endpoint: the exporter retries until the shutdown budget is spent
 def test_shutdown_with_a_dead_endpoint_and_prometheus_says_one_line() -> None:
     script = (
         "import hp_otel\n"

@@ -6,7 +6,11 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
+
 from hp_otel.common import intervals
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 
 def _points(spans: list[tuple[int, int]]) -> set[int]:

@@ -16,6 +16,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from hp_otel.common import _otel_compat
 from hp_otel.common._otel_compat import MEMBERS
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 def _owner(spec: str):
     module, _, name = spec.partition(":")

@@ -170,7 +170,7 @@ class _OtlpReceiver:
         self.server.server_close()
 
 
-@pytest.mark.slow  # a real 2-process torchrun job
+@pytest.mark.multiprocess  # a real 2-process torchrun job
 def test_the_torchrun_otlp_example_sends_one_trace_per_step_from_every_rank(tmp_path) -> None:
     receiver = _OtlpReceiver()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "HP_OTEL_"))}
@@ -203,7 +203,7 @@ def _step(span: dict) -> int | None:
     return None
 
 
-@pytest.mark.slow  # 2 gloo ranks
+@pytest.mark.multiprocess  # 2 gloo ranks
 def test_the_rank_desync_example_diverges_as_the_walkthrough_shows(tmp_path) -> None:
     out = tmp_path / "div"
     run = subprocess.run(

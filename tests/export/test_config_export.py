@@ -21,6 +21,8 @@ from hp_otel.export.telemetry import (
 )
 from hp_otel.spans import schema
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 def test_an_endpoint_argument_gets_the_signal_path_for_http_and_is_used_as_is_for_grpc() -> None:
     http = ExportConfig.resolve(endpoint="http://collector:4318", environ={})

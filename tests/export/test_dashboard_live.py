@@ -19,7 +19,7 @@ import pytest
 import servers
 import yaml
 
-pytestmark = pytest.mark.slow  # a real Prometheus and a 2-rank gloo run
+pytestmark = [pytest.mark.server, pytest.mark.multiprocess]  # a real Prometheus and a 2-rank gloo run
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 STEPS = 12

@@ -25,7 +25,7 @@ import servers
 from hp_otel.always_on.steps import step_ids
 from hp_otel.spans.otlp_json import read_spans
 
-pytestmark = pytest.mark.slow  # a real MLflow server and two 2-rank runs
+pytestmark = [pytest.mark.server, pytest.mark.multiprocess]  # a real MLflow server and two 2-rank runs
 
 STEPS = 2
 UNLINKED_RUN = "mlflow-unlinked"

@@ -88,7 +88,7 @@ def _demo(tmp_path, endpoint: str, *extra: str, env: dict[str, str] | None = Non
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-@pytest.mark.slow  # two real 2-rank gloo demos
+@pytest.mark.multiprocess  # two real 2-rank gloo demos
 @pytest.mark.parametrize(
     ("how", "extra", "env"),
     [
@@ -104,7 +104,7 @@ def test_a_traces_only_demo_sends_no_request_to_v1_metrics(tmp_path, receiver, h
     assert set(paths) == {"/v1/traces"}, dict(paths)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_without_the_switch_the_demo_sends_both_signals(tmp_path, receiver) -> None:
     """The counting server sees metrics when they are asked for: the zero above is not a deaf server."""
     endpoint, paths = receiver

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = sorted(p for p in (DEPLOY / "k8s").glob("*.yaml") if p.name != "prometheus-pod-sd.yaml")
 _IANA_SVC_NAME = re.compile(r"^(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]*[a-z0-9])?$")

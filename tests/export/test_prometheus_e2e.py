@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import servers
 
-pytestmark = pytest.mark.slow  # a real Prometheus and 2-rank runs
+pytestmark = [pytest.mark.server, pytest.mark.multiprocess]  # a real Prometheus and 2-rank runs
 
 STEPS = 3
 CALLS_PER_STEP = 2  # the TP MLP's forward and backward all_reduce

@@ -38,7 +38,8 @@ def test_no_variable_no_file(tmp_path, monkeypatch) -> None:
         telemetry.shutdown(1.0)
 
 
-@pytest.mark.slow  # a real Prometheus and a 2-rank run
+@pytest.mark.server
+@pytest.mark.multiprocess  # a real Prometheus and a 2-rank run
 def test_a_real_prometheus_finds_both_ranks_through_file_sd(tmp_path) -> None:
     sd = tmp_path / "sd"
     sd.mkdir()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from events import design_mlp_forward
 from opentelemetry import trace
 from opentelemetry.test.test_base import TestBase
 
 from hp_otel import CommDebugMode
 from hp_otel.spans import schema
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 
 class TestUserProviders(TestBase):

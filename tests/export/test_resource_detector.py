@@ -13,6 +13,8 @@ from hp_otel.common import launcher_env
 from hp_otel.export.providers import build_resource
 from hp_otel.export.resource_detector import rank_attributes
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 RANK_KEYS = ("hp.rank", "hp.local_rank", "hp.world_size", "hp.run.id")
 
 # What each launcher puts in a worker's environment (rank 3 of 8, local rank 1), and what must come out.

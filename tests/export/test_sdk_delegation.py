@@ -24,6 +24,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from hp_otel.export.config import ExportConfig
 from hp_otel.export.telemetry import Telemetry, build_telemetry
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 OTEL_PREFIXES = ("OTEL_", "HP_OTEL_")
 
 

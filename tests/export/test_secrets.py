@@ -13,6 +13,8 @@ import hp_otel
 from hp_otel.export.config import ConfigError, ExportConfig
 from hp_otel.export.secrets import mask_secrets, redact_url
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 SECRET = "S3CR3T-T0KEN"
 
 

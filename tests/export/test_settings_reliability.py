@@ -27,6 +27,8 @@ from hp_otel.export.telemetry import (
     shutdown,
 )
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 SECRET = "Bearer s3cr3t-t0ken-value"
 
 

@@ -19,7 +19,7 @@ from hp_otel.spans import schema as s
 from hp_otel.testing import metric_points
 
 T0 = 1_000_000_000_000
-pytestmark = pytest.mark.filterwarnings("ignore:noise_level=.*needs CommDebugMode")
+pytestmark = [pytest.mark.torch_free, pytest.mark.filterwarnings("ignore:noise_level=.*needs CommDebugMode")]
 
 
 def _collective_spans(mode: CommDebugMode) -> list:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hp_otel import CommDebugMode
 from hp_otel.record import exposure_metrics, recorder
 from hp_otel.record.exposure_metrics import ExposureTotals, WindowRows, report_of
 from hp_otel.spans import exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 _COMPLETIONS = (s.COMPLETION_CALL, s.COMPLETION_LAUNCH, s.COMPLETION_WAIT, s.COMPLETION_WORK)
 

@@ -12,6 +12,8 @@ from events import ALL_REDUCE, collective
 from hp_otel import CommDebugMode
 from hp_otel.record.observer import Observer
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 class _Calls:
     def __init__(self) -> None:

@@ -14,6 +14,8 @@ from hp_otel.record.liveness import Liveness
 from hp_otel.spans import schema as s
 from hp_otel.testing import metric_points
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 def _mode(**kwargs: object) -> tuple[CommDebugMode, InMemoryMetricReader]:
     """A window on a provider of its own: the gauges' state is per provider, shared by its windows."""

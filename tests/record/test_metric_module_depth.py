@@ -87,7 +87,7 @@ def _cut(fqn: str, depth: int | None) -> str | None:
     return fqn if depth is None else None if depth == 0 else ".".join(fqn.split(".")[:depth])
 
 
-@pytest.mark.slow  # five DTensor training steps per size (≈25-40 s on a loaded machine)
+@pytest.mark.long  # five DTensor training steps per size (≈25-40 s on a loaded machine)
 @pytest.mark.parametrize("layers", [4, 8])
 def test_series_count_per_setting_on_a_transformer(fake_world: int, layers: int) -> None:
     import torch

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry import context as otel_context
@@ -23,6 +24,8 @@ from hp_otel.render.json_dump import build_json_dump
 from hp_otel.render.levels import NOISE_LEVELS
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, ParameterInfo, TensorInfo
 from hp_otel.testing import assert_collective_counts, collective_counts, span_outline
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 FQNS = ("(root)", "fc1", "fc2", "block.attn")
 OPS = ("linear", "gelu", "matmul")

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hp_otel.record.param_owner import forward_owner
 from hp_otel.spans.infos import ModuleCall, ModuleInfo
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 
 def _info(fqn: str) -> ModuleInfo:

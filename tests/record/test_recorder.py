@@ -15,6 +15,8 @@ from hp_otel.spans import schema
 from hp_otel.spans.call_tree import build_call_tree
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 def _tree_names(mode: CommDebugMode) -> list:
     def walk(record):

@@ -8,6 +8,7 @@ import gc
 import tracemalloc
 import weakref
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,6 +21,8 @@ from hp_otel.record import span_builder
 from hp_otel.render.json_dump import build_json_dump
 from hp_otel.render.table import render_table
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 
 def _tracked() -> int:

@@ -20,6 +20,8 @@ from hp_otel.cli.bench_export import closed_port
 from hp_otel.export import providers
 from hp_otel.export import telemetry as export
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 @pytest.fixture
 def exports_log(tmp_path: Path, monkeypatch) -> Path:

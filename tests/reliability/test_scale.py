@@ -20,6 +20,8 @@ from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo
 from hp_otel.testing import assert_collective_counts, metric_points
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 def test_cap_holds_and_counts_stay_exact_past_the_build_threshold(monkeypatch) -> None:
     monkeypatch.setattr(mode_module, "_MAX_PENDING_EVENTS", 50)  # build many times inside the window

@@ -33,7 +33,7 @@ from hp_otel import mode as mode_module
 from hp_otel.cli.tp_mlp import MLP
 from hp_otel.sources.pytorch import dtensor as torch_dtensor
 
-pytestmark = pytest.mark.slow  # 10,000 windows on 4 threads
+pytestmark = pytest.mark.soak  # 10,000 windows on 4 threads
 
 WINDOWS = 10_000
 THREADS = 4

@@ -28,7 +28,7 @@ from hp_otel.cli.bench_scale import record_window
 from hp_otel.spans import schema as s
 from hp_otel.spans.otlp_json import read_spans, write_spans
 
-pytestmark = pytest.mark.slow  # a 2-rank demo and a browser running the Perfetto UI
+pytestmark = [pytest.mark.browser, pytest.mark.multiprocess]  # a 2-rank demo and a browser running the Perfetto UI
 
 NAMED_ERRORS = ("json_parser_failure", "slice_drop_overlapping_complete_event", "misplaced_end_event")
 FLOWS = """

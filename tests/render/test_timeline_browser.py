@@ -22,6 +22,8 @@ from hp_otel.cli import main
 from hp_otel.render.timeline import COLLECTIVE_COLOURS, LEFT
 from hp_otel.spans.otlp_json import write_spans
 
+pytestmark = pytest.mark.browser  # headless Chromium
+
 WIDTH, HEIGHT = 1280, 900
 BODY_MARGIN = 16  # the page's body margin: the SVG's (0, 0) in the page
 LANE_BG = (0xF6, 0xF8, 0xFA)

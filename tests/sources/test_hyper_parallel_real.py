@@ -18,7 +18,7 @@ import pytest
 from hyper_parallel_real import SKIP_REASON, source_dir
 
 SRC = source_dir()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(SRC is None, reason=SKIP_REASON)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.skipif(SRC is None, reason=SKIP_REASON)]
 TESTS = Path(__file__).resolve().parents[1] / "support"
 
 

@@ -14,7 +14,7 @@ pytest.importorskip("mindspore", reason="mindspore is not installed (CI installs
 
 from hp_otel.cli.demo import free_port
 
-pytestmark = pytest.mark.slow  # two MindSpore workers over mccl
+pytestmark = pytest.mark.multiprocess  # two MindSpore workers over mccl
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "mindspore_mccl_worker.py"
 WORKERS = 2

@@ -7,6 +7,8 @@ import pytest
 from hp_otel.spans import schema as s
 from hp_otel.spans.bandwidth import Bandwidth, bandwidth, bandwidth_attributes, bus_factor, format_rate
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 US = 1000  # ns
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from hp_otel.spans import exposure
 from hp_otel.spans import schema as s
 from hp_otel.spans.exposure import CommSpan, summarise
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 MS = 1_000_000
 

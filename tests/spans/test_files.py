@@ -22,6 +22,8 @@ import pytest
 
 from hp_otel.common.files import write_text_atomically
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 def _write(path: str | Path, text: str = "hello\n") -> None:
     write_text_atomically(path, lambda handle: handle.write(text), argument="file_name")

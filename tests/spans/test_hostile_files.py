@@ -22,6 +22,8 @@ from hp_otel import CommDebugMode
 from hp_otel.cli import main
 from hp_otel.spans.otlp_json import read_spans, write_spans
 
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
+
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory: pytest.TempPathFactory) -> dict:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hp_otel.spans import schema
 from hp_otel.spans.codec import MetricKey, metric_attributes
 from hp_otel.spans.infos import CollectiveInfo
+
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 _INFO = CollectiveInfo(
     name="_c10d_functional.all_reduce", op="all_reduce", group_size=4, dtype="torch.float32", backend="nccl"

@@ -98,7 +98,7 @@ INLINE = ("-p", "no:cacheprovider", "--assert=plain")  # an inline session of th
 SUBPROCESS = ("-p", "no:cacheprovider")
 
 
-@pytest.mark.slow  # six pytest sessions, each in a process of its own
+@pytest.mark.multiprocess  # six pytest sessions, each in a process of its own
 def test_the_snapshot_workflow_end_to_end(pytester, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Each session in its own process, as a user's runs are: nothing of this suite's process (its
     earlier tests' torch state) reaches the user's step."""

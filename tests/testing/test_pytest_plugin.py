@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 pytest_plugins = ("pytester",)
+pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
 USER_TESTS = """
 from hp_otel.spans.infos import CollectiveInfo

@@ -286,7 +286,7 @@ def test_the_always_on_instrumentor_with_compiled_blocks(given: bool) -> None:
 @pytest.mark.parametrize("ac", [False, True], ids=["no_ac", "ac"])
 @pytest.mark.parametrize(
     ("model_name", "backend"),
-    [("mlp", "eager"), ("mlp", "aot_eager"), pytest.param("transformer", "eager", marks=pytest.mark.slow)],  # ≈8 s each
+    [("mlp", "eager"), ("mlp", "aot_eager"), pytest.param("transformer", "eager", marks=pytest.mark.long)],  # ≈8 s each
 )
 def test_backends_tp_and_activation_checkpointing(model_name: str, backend: str, ac: bool) -> None:
     _check(model_name, "blocks", backend, True, "before", "spans", ac)
@@ -297,7 +297,7 @@ def test_aot_eager_whole_model(ac: bool) -> None:
     _check("mlp", "root", "aot_eager", True, "before", "counts_only", ac)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("where", ["blocks", "wrapper"])
 def test_inductor(where: str) -> None:
     _check("mlp", where, "inductor", True, "before", "spans", ac=False)

@@ -56,7 +56,7 @@ def test_live_span_ends_at_the_wait(fake_world) -> None:
     assert mode.get_callback_error_counts() == {}
 
 
-@pytest.mark.slow  # two gloo processes
+@pytest.mark.multiprocess  # two gloo processes
 def test_late_rank_completion_not_launch(tmp_path) -> None:
     mp.spawn(completion_workers.late_rank_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     rank0 = json.loads((tmp_path / "rank0.json").read_text())

@@ -123,7 +123,7 @@ def _nccl_worker(rank: int, path: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the device-time path runs on a GPU only")
 def test_nccl_collectives_take_the_device_time(tmp_path) -> None:
     mp.spawn(_nccl_worker, args=(str(tmp_path / "pg"),), nprocs=1, join=True)

@@ -147,7 +147,7 @@ def _two_d_worker(rank: int, kind: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # a process of its own: a 4-rank fake world
+@pytest.mark.multiprocess  # a process of its own: a 4-rank fake world
 @pytest.mark.parametrize("kind", ["tp", "hsdp"])
 def test_fsdp_on_a_2d_mesh(kind) -> None:
     import torch.multiprocessing as mp
@@ -171,7 +171,7 @@ def _gloo_worker(rank: int, world_size: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # two gloo processes
+@pytest.mark.multiprocess  # two gloo processes
 def test_fsdp_collectives_count_for_the_issuing_group_on_two_gloo_ranks() -> None:
     """Issue 19 item 3 on real gloo ranks: prefetched all_gathers and the root's final-callback
     reduce-scatter count (and nest) under the module whose parameter group issued them."""
@@ -265,7 +265,7 @@ def _prefetch_worker(rank: int, world_size: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # two gloo processes
+@pytest.mark.multiprocess  # two gloo processes
 def test_explicit_prefetch_counts_for_the_prefetched_module_on_two_gloo_ranks() -> None:
     """Issue 19 item 3 with `set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`:
     layer i+1's all_gather issued from layer i's pre-forward hook (and layer i-1's from layer i's

@@ -86,7 +86,7 @@ def _ddp_worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # a gloo process of its own (DDP's reducer needs real completions)
+@pytest.mark.multiprocess  # a gloo process of its own (DDP's reducer needs real completions)
 def test_ddp_dict_output_opens_each_backward_span_once() -> None:
     import torch.multiprocessing as mp
 

@@ -15,7 +15,7 @@ from hp_otel.analysis.comparing import compare_files
 from hp_otel.analysis.reporting import format_report, report_to_json
 from hp_otel.cli.demo import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def test_controlled_overlap_on_two_ranks(tmp_path) -> None:

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 from hp_otel.cli.demo import free_port
 
-pytestmark = pytest.mark.slow  # two gloo processes
+pytestmark = pytest.mark.multiprocess  # two gloo processes
 
 
 def test_every_point_to_point_path(tmp_path) -> None:

@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 
 from hp_otel.cli.demo import free_port
 
-pytestmark = pytest.mark.slow  # two gloo processes
+pytestmark = pytest.mark.multiprocess  # two gloo processes
 
 WORLD_SIZE = 2
 
