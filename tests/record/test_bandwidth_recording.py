@@ -76,26 +76,3 @@ def test_streamed_json_dump_writes_the_same_fields(tmp_path) -> None:
         pytest.approx(256e6 / 3),
     ]
     assert streamed == build_json_dump(mode.get_finished_spans(), 3, {}, {}, 0)["records"]  # one format, two writers
-
-
-def test_the_fake_process_group_is_left_untimed_and_the_table_says_why(tp_mlp) -> None:
-    """torch's fake process group returns at once: a busbw or an overlap from it is the host's
-    dispatch time, not communication (issue 35 item 2).  Its collectives carry no bandwidth, stay out
-    of the exposure figures and the busbw histogram, and the level-3 table says why in its footer."""
-    model, x = tp_mlp
-    reader = InMemoryMetricReader()
-    with CommDebugMode(module=model, meter_provider=MeterProvider(metric_readers=[reader])) as mode:
-        model(x).sum().backward()
-    spans = _collective_spans(mode)
-    assert len(spans) == 2 and all(sp.attributes[s.COLLECTIVE_BACKEND] == s.BACKEND_FAKE for sp in spans)
-    assert [k for sp in spans for k in sp.attributes if k in (s.COLLECTIVE_BUSBW, s.COLLECTIVE_ALGBW)] == []
-    assert mode.get_comm_exposure().total.collectives == 0
-    assert metric_points(reader, s.METRIC_BUSBW) == []
-    assert len(metric_points(reader, s.METRIC_DURATION)) > 0  # the calls are still counted and timed as calls
-    table = mode.generate_comm_debug_tracing_table(noise_level=3)
-    assert "busbw=" not in table and "overlapped" not in table
-    assert table.splitlines()[-1] == (
-        "communication: not timed: 2 collective(s) on torch's fake process group, which returns at once "
-        "(no time, bandwidth or overlap to show)"
-    )
-    assert "busbw" not in json.dumps(build_json_dump(mode.get_finished_spans(), 3, {}, {}, 0))
