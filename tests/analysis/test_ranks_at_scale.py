@@ -98,7 +98,9 @@ def test_the_report_of_64_ranks_is_today_s_field_by_field(tmp_path: Path, capsys
     assert cli_main(["ranks", "--json", *files]) == 3
     default = json.loads(capsys.readouterr().out)
     assert "skews" not in default["groups"][0] and "collectives" not in default["bandwidth"]
-    assert len(default["largest_skews"]) == 5 and len(default["bandwidth"]["slowest_collectives"]) == 5
+    assert len(default["largest_skews"]) == 5
+    # recorded on torch's fake process group, whose collectives are left untimed: no bandwidth to list
+    assert default["bandwidth"]["slowest_collectives"] == []
     assert all("by_module" not in e for f in default["files"] for e in f["exposure"].values())
     assert default["largest_skews"][0]["last_rank"] == faults["straggler_rank"]
     assert cli_main(["ranks", "--json", "--per-collective", *files]) == 3
