@@ -137,7 +137,7 @@ def test_a_full_queue_drops_counts_and_logs_once_without_blocking(caplog) -> Non
             for i in range(50):
                 processor.on_end(_span(i))
             elapsed = time.perf_counter() - started
-        assert elapsed < 0.2  # the caller never waits for the exporter
+        assert elapsed < 0.4  # the caller never waits for the exporter (one wait would be its 0.5 s)
         assert processor.dropped >= 50 - 8 - 8  # at most one batch (8) can be in the exporter's hands
         assert processor.emitted + processor.dropped == 50
         drops_logged = [r for r in caplog.records if r.name == "hp_otel" and "queue full" in r.getMessage()]
