@@ -41,6 +41,16 @@ def _one_off_windows(monkeypatch):
         pass
 
 
+@pytest.fixture
+def fake_group_timed(monkeypatch) -> None:
+    """torch's fake process group timed as a real one: its collectives are otherwise left untimed
+    (no bandwidth, out of the exposure figures), which tests of the timing itself cannot use."""
+    from hp_otel.sources.pytorch import collectives
+
+    monkeypatch.setattr(collectives, "backend_name", lambda pg: "gloo")
+    monkeypatch.setattr(collectives, "_groups", {})  # no group resolved as fake before
+
+
 @pytest.fixture(scope="session")
 def fake_world():
     """A 2-rank world in this process over torch's fake process group (collectives return at once)."""

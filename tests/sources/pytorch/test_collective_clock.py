@@ -61,7 +61,7 @@ def _eager() -> None:
 
 @pytest.mark.parametrize("collective", [_functional, _eager], ids=["functional", "eager"])
 def test_a_clock_step_back_mid_collective_leaves_its_duration_positive(
-    fake_world, step_back_mid_collective, collective, caplog
+    fake_world, fake_group_timed, step_back_mid_collective, collective, caplog
 ) -> None:
     with caplog.at_level(logging.WARNING):
         with CommDebugMode() as mode:

@@ -14,17 +14,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from hp_otel import CommDebugMode
 from hp_otel.render.timeline import exposure_html, render_svg
-from hp_otel.sources.pytorch import collectives
 from hp_otel.spans import schema as s
 from hp_otel.testing import metric_points
 
-
-@pytest.fixture(autouse=True)
-def _fake_group_timed_as_a_real_one(monkeypatch) -> None:
-    """These tests time the waits around a collective, not a network: the fake group, whose calls are
-    otherwise left untimed (issue 35 item 2), stands in for a real one here."""
-    monkeypatch.setattr(collectives, "backend_name", lambda pg: "gloo")
-    monkeypatch.setattr(collectives, "_groups", {})  # no group resolved as fake before
+# These tests time the waits around a collective, not a network: the fake group stands in for a real one.
+pytestmark = pytest.mark.usefixtures("fake_group_timed")
 
 
 def _busy(seconds: float) -> None:

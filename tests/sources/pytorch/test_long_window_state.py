@@ -129,7 +129,7 @@ def test_trimming_keeps_each_live_graph_and_folds_dead_ones(tp_mlp) -> None:
     assert mode.get_comm_module_counts()["fc1"]["backward"]
 
 
-def test_a_window_that_drops_spans_holds_a_bounded_number_of_collective_events(fake_world) -> None:
+def test_a_window_that_drops_spans_holds_a_bounded_number_of_collective_events(fake_world, fake_group_timed) -> None:
     """Issue 33 item 10: `max_spans=1000` must bound a long window's memory. The awaited
     collectives' events (each ≈0.84 KB with its info) were all kept for the exposure figures
     until the window's end (up to 65,536); the ones their wait completed become 40-byte rows."""
