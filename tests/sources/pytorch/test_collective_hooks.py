@@ -20,6 +20,7 @@ from referee import Referee
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel.sources.pytorch import dtensor as torch_dtensor
 from hp_otel.sources.pytorch import kernels as torch_kernels
@@ -56,6 +57,8 @@ def test_window_in_inference_mode_sees_collectives(fake_world, monkeypatch) -> N
 
 def test_kernel_path_installs_no_dispatch_mode_and_makes_its_libraries_once(fake_world, monkeypatch) -> None:
     monkeypatch.setenv(torch_dtensor.HOOK_ENV, "kernels")
+    # from no kept hooks: an earlier test's back-to-back windows keep the kernels until uninstall()
+    hp_otel.uninstall()
     with CommDebugMode():
         assert _get_current_dispatch_mode_stack() == []
         dist.all_reduce(torch.ones(2))
