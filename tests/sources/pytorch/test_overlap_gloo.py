@@ -34,7 +34,12 @@ def test_controlled_overlap_on_two_ranks(tmp_path) -> None:
         assert abs(ours["overlap_fraction"] - expected) < 0.1 and 0.3 < ours["overlap_fraction"] < 0.95, (ours, hand)
     assert rank0["sync"]["ours"]["overlap_fraction"] == 0.0  # waited for all of it
     rank1 = json.loads((tmp_path / "overlap_rank1.json").read_text())
-    assert rank1["eager_async"]["ours"]["overlap_fraction"] < 0.1  # the late rank waits at once
+    # The late rank waits at once: what overlaps there is only the few Python lines between its issue and its
+    # wait, which its own clock measured. A fraction of its short collective (a few ms) is a ratio of two small
+    # times that one preemption on a loaded machine moves past any bound (0.111 once), so the bound is in time:
+    # at most that gap plus the workers' tolerance (rank 0 overlaps its 150 ms compute).
+    late = rank1["eager_async"]
+    assert late["ours"]["overlapped_ns"] <= late["referee"]["compute_ns"] + overlap_workers.TOLERANCE_NS, late
 
     report = compare_files([tmp_path / "spans_rank0.json", tmp_path / "spans_rank1.json"])
     text = format_report(report)
