@@ -36,13 +36,14 @@ class _FirstReasons(list):  # type: ignore[type-arg]
             super().append(item)
 
 
-def _loaded_dynamo_tls() -> Any:
-    """dynamo's thread-local state when dynamo is already imported (never imported for this), else None."""
+def _loaded_skip_reasons() -> Any:
+    """dynamo's `skip_reasons`, through the compat layer (`_compat.SkipReasons`), when dynamo is already
+    imported (never imported for this), else None."""
     if "torch._dynamo.eval_frame" not in sys.modules:
         return None
-    from hp_otel.sources.pytorch._compat import loaded_dynamo_tls
+    from hp_otel.sources.pytorch._compat import loaded_skip_reasons
 
-    return loaded_dynamo_tls()
+    return loaded_skip_reasons()
 
 
 class GraphModeWatch:
@@ -51,28 +52,28 @@ class GraphModeWatch:
     def __init__(self) -> None:
         self.warned = False
         self.notes: list[str] = []  # every note of the latest window
-        self._tls: Any = None
+        self._reasons: Any = None  # the compat layer's accessor of dynamo's skip_reasons, while attached
         self._saved: Any = None
         self._mark = 0
 
     def attach(self, observer: Observer) -> None:
         self.notes = []
-        self._tls = None
-        tls = _loaded_dynamo_tls()
-        if tls is not None:
-            self._tls, self._saved = tls, tls.skip_reasons
+        self._reasons = None
+        reasons = _loaded_skip_reasons()
+        if reasons is not None:
+            self._reasons, self._saved = reasons, reasons.get()
             if self._saved is None:
-                tls.skip_reasons = _FirstReasons()
+                reasons.set(_FirstReasons())
                 self._mark = 0
             else:  # someone else collects them already: read what this window adds
                 self._mark = len(self._saved)
         self._check_mindspore()
 
     def detach(self) -> None:
-        tls, self._tls = self._tls, None
-        if tls is not None:
-            reasons = list(tls.skip_reasons or ())[self._mark :]
-            tls.skip_reasons = self._saved  # restored exactly (the same object, usually None)
+        accessor, self._reasons = self._reasons, None
+        if accessor is not None:
+            reasons = list(accessor.get() or ())[self._mark :]
+            accessor.set(self._saved)  # restored exactly (the same object, usually None)
             self._saved = None
             skipped = [r for r in reasons if _DISPATCH_MODE_SKIP in r]
             if skipped:

@@ -49,7 +49,9 @@ def test_promtool_accepts_the_prometheus_config() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("path", ["otel-collector.yaml", "k8s/otel-collector-daemonset.yaml"])
+@pytest.mark.parametrize(
+    "path", ["otel-collector.yaml", "k8s/otel-collector-daemonset.yaml", "k8s/otel-collector-gateway.yaml"]
+)
 def test_collector_pipelines_use_only_defined_components(path) -> None:
     docs = _yaml(DEPLOY / path)
     config = yaml.safe_load(docs[0]["data"]["config.yaml"]) if path.startswith("k8s") else docs[0]
@@ -199,6 +201,37 @@ PINNED_IMAGES = {
 def test_every_image_is_pinned_to_a_release() -> None:
     services = _yaml(DEPLOY / "docker-compose.yml")[0]["services"]
     assert {name: service["image"] for name, service in services.items()} == PINNED_IMAGES
+
+
+def _collector_config(path: str) -> dict:
+    (config_map,) = [d for d in _yaml(DEPLOY / path) if d["kind"] == "ConfigMap"]
+    return yaml.safe_load(config_map["data"]["config.yaml"])
+
+
+def test_the_node_collectors_route_each_trace_to_one_gateway_pod() -> None:
+    """Thousands of ranks (issue 30 item 4): a step is one trace across ranks, so the node collectors hash
+    trace ids onto the gateway's pods, whose addresses the headless Service's DNS name lists."""
+    node = _collector_config("k8s/otel-collector-daemonset.yaml")
+    assert node["service"]["pipelines"]["traces"]["exporters"] == ["loadbalancing"]
+    balancing = node["exporters"]["loadbalancing"]
+    assert balancing["routing_key"] == "traceID"
+    assert set(balancing["protocol"]) == {"otlp"}  # the only protocol the exporter speaks
+    (resolver,) = balancing["resolver"].values()  # exactly one resolver
+    name, namespace, *_ = resolver["hostname"].split(".")
+    gateway = _yaml(DEPLOY / "k8s/otel-collector-gateway.yaml")
+    services = {d["metadata"]["name"]: d for d in gateway if d["kind"] == "Service"}
+    headless = services[name]
+    assert headless["spec"]["clusterIP"] == "None" and headless["metadata"]["namespace"] == namespace
+    assert [p["port"] for p in headless["spec"]["ports"]] == [resolver.get("port", 4317)]
+    (deployment,) = [d for d in gateway if d["kind"] == "Deployment"]
+    assert headless["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == PINNED_IMAGES["otel-collector"]
+    grpc = _collector_config("k8s/otel-collector-gateway.yaml")["receivers"]["otlp"]["protocols"]["grpc"]
+    assert grpc["endpoint"].endswith(":4317")
+    # the metrics keep going to the gateway's ordinary Service, which exists
+    metrics_host = node["exporters"]["otlp"]["endpoint"].split(".")[0]
+    assert metrics_host in services and "clusterIP" not in services[metrics_host]["spec"]
 
 
 def test_the_node_collector_runs_the_release_the_compose_stack_pins() -> None:

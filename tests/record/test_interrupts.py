@@ -117,17 +117,22 @@ def test_sigint_at_every_point_of_enter_and_exit_leaves_nothing_installed(model:
     total, error, _ = _interrupted_window(model, None)
     assert error is None and _state(model) == before and total > 100
 
-    leaks = []
+    leaks, unreached = [], 0
     for point in range(1, total + 1):
         _, error, where = _interrupted_window(model, point)
         after = _state(model)
-        if error is None or after != before or signal_guard.GUARD.critical or signal_guard.GUARD.held:
+        # A later window can take fewer calls than the first one counted (38 fewer of 1,976 seen: a cache
+        # filled on the way); a point past its end raises no signal, so only the clean-up is checked there.
+        unreached += where is None
+        swallowed = where is not None and error is None
+        if swallowed or after != before or signal_guard.GUARD.critical or signal_guard.GUARD.held:
             leaks.append((point, where, error is not None, after))
             for _ in range(3):  # clean up for the next point
                 if mode_module._current_mode.get() is not None:
                     mode_module._current_mode.get().__exit__(None, None, None)
             mode_module._current_mode.set(None)
     assert not leaks, f"{len(leaks)} of {total} points left hp_otel installed or swallowed the signal: {leaks[:2]}"
+    assert unreached < total // 10, f"only {total - unreached} of {total} points were reached"  # still every path
 
 
 def test_sigint_in_a_window_body_still_counts_and_cleans_up(model: torch.nn.Module) -> None:

@@ -124,3 +124,33 @@ def test_mindspore_graph_mode_is_reported(monkeypatch, mode_value: int, warns: b
     assert bool(_graph_warnings(caught)) is warns
     if warns:
         assert "GRAPH_MODE" in watch.notes[0]
+
+
+def test_the_watch_reads_dynamos_record_through_the_compat_entry_only(monkeypatch) -> None:
+    """Issue 32 item 7: the member name comes from `_compat.SYMBOLS` alone. Renamed there (as a torch
+    release could), the watch collects and restores the renamed member and never touches `skip_reasons`."""
+    import dataclasses
+
+    from torch._dynamo import eval_frame
+
+    from hp_otel.sources.pytorch import _compat
+
+    class Record:  # dynamo's thread-local state as a later torch might name it
+        renamed_reasons = None
+
+    record = Record()
+    monkeypatch.setitem(
+        _compat.SYMBOLS, "dynamo_tls", dataclasses.replace(_compat.SYMBOLS["dynamo_tls"], member="renamed_reasons")
+    )
+    monkeypatch.setattr(eval_frame, "dynamo_tls", record)
+    watch = GraphModeWatch()
+    watch.attach(None)  # type: ignore[arg-type]  # the watch never calls its observer
+    collecting = record.renamed_reasons
+    assert collecting is not None  # the watch put its own bounded list there
+    collecting.append("gathered_sin: skipped because of a torch dispatch mode")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        watch.detach()
+    assert record.renamed_reasons is None  # restored exactly
+    assert not hasattr(record, "skip_reasons")
+    assert "torch.compile'd code ran in this window (gathered_sin" in " ".join(_graph_warnings(caught))

@@ -423,9 +423,32 @@ _declare(Symbol(
 
 def loaded_dynamo_tls() -> Any:
     """dynamo's thread-local state if dynamo is imported and keeps `skip_reasons`, else None (never imports it)."""
-    eval_frame = _loaded(SYMBOLS["dynamo_tls"].module)
-    tls = getattr(eval_frame, "dynamo_tls", None)
-    return tls if tls is not None and hasattr(tls, "skip_reasons") else None
+    symbol = SYMBOLS["dynamo_tls"]
+    eval_frame = _loaded(symbol.module)
+    tls = getattr(eval_frame, symbol.attribute, None)
+    return tls if tls is not None and hasattr(tls, symbol.member) else None
+
+
+class SkipReasons:
+    """dynamo's record of the frames it ran eagerly under a dispatch mode, read and put back through the
+    member name its `SYMBOLS` entry declares: the graph-mode watch touches no private name itself."""
+
+    __slots__ = ("_member", "_tls")
+
+    def __init__(self, tls: Any) -> None:
+        self._tls, self._member = tls, SYMBOLS["dynamo_tls"].member
+
+    def get(self) -> Any:
+        return getattr(self._tls, self._member)
+
+    def set(self, reasons: Any) -> None:
+        setattr(self._tls, self._member, reasons)
+
+
+def loaded_skip_reasons() -> SkipReasons | None:
+    """The accessor of dynamo's `skip_reasons` when dynamo is already imported (never imports it), else None."""
+    tls = loaded_dynamo_tls()
+    return None if tls is None else SkipReasons(tls)
 
 
 # --- torch.distributed: Work, process groups, functional collectives, DTensor, FSDP2 ----------
