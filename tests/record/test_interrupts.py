@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -100,6 +101,20 @@ def _interrupted_window(model: torch.nn.Module, target: int | None) -> tuple[int
     finally:
         sys.setprofile(None)
     return profiler.points, error, profiler.where
+
+
+@pytest.fixture(autouse=True)
+def _python_ctrl_c() -> Iterator[None]:
+    """A pytest started in the background by a shell without job control inherits SIGINT ignored, and
+    Python then keeps SIG_IGN: these tests get Python's usual Ctrl-C handler, as a terminal gives it."""
+    inherited = signal.getsignal(signal.SIGINT)
+    if inherited == signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if inherited == signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture
