@@ -136,8 +136,8 @@ def test_sigint_at_every_point_of_enter_and_exit_leaves_nothing_installed(model:
     for point in range(1, total + 1):
         _, error, where = _interrupted_window(model, point)
         after = _state(model)
-        # A later window can take fewer calls than the first one counted (38 fewer of 1,976 seen: a cache
-        # filled on the way); a point past its end raises no signal, so only the clean-up is checked there.
+        # A later window can take fewer calls than the first one counted; a point past its end raises no
+        # signal, so only the clean-up is checked there.
         unreached += where is None
         swallowed = where is not None and error is None
         if swallowed or after != before or signal_guard.GUARD.critical or signal_guard.GUARD.held:
