@@ -197,10 +197,11 @@ ALLOWED: dict[str, set[str]] = {
     "always_on": BASE | {"spans", "record", "sources", "export", "mode"},
     "testing": BASE | {"spans", "record", "analysis", "mode", "hp_otel"},
     "torch": BASE | {"spans", "record", "sources", "render", "mode"},
+    "workloads": BASE | {"sources"},
     "cli": {"*"},
     "hp_otel": {"spans", "record", "export", "always_on", "mode", "version"},
 }
-# Frameworks stay in sources/ (and the drop-in, the CLI's demos and workloads, the always-on
+# Frameworks stay in sources/ (and the drop-in, the workloads' models, the CLI, the always-on
 # model finder); OpenTelemetry stays out of sources/: sources know frameworks, not telemetry.
 FRAMEWORKS = ("torch", "mindspore", "hyper_parallel")
 NO_FRAMEWORK = ("spans", "record", "render", "analysis", "export", "common", "mode", "testing")

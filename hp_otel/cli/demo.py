@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import sys
 import time
 import uuid
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hp_otel.cli.progress import Progress, quiet, to_stderr
+from hp_otel.workloads.process_groups import free_port, init_gloo
 
 
 @dataclass(frozen=True)
@@ -40,30 +40,13 @@ class DemoConfig:
         return self.otlp_endpoint is not None or self.prometheus_port is not None
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def init_gloo(rank: int, world_size: int, port: int) -> None:
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["RANK"] = str(rank)
-    os.environ["LOCAL_RANK"] = str(rank)
-    os.environ["WORLD_SIZE"] = str(world_size)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-
-
 def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = None) -> None:
     import torch
     import torch.distributed as dist
 
     import hp_otel
     from hp_otel import CommDebugMode
-    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+    from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
     say = to_stderr("demo", progress_started) if progress_started is not None and rank == 0 else quiet
     init_gloo(rank, config.world_size, config.port)
@@ -82,7 +65,7 @@ def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = N
         )
     try:
         if config.model == "transformer":
-            from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+            from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
             model, x = build_tp_transformer(config.world_size), demo_tokens()
         else:
@@ -120,7 +103,7 @@ def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
     print("; ".join(parts), flush=True)
 
 
-# What each --model is and how it is split, for the demo's first line (the plans are in cli/tp_*.py).
+# What each --model is and how it is split, for the demo's first line (the plans are in workloads/tp_*.py).
 WHAT_RAN = {
     "mlp": "a 2-layer MLP, tensor parallel (fc1 ColwiseParallel, fc2 RowwiseParallel)",
     "transformer": "a 2-layer transformer, tensor + sequence parallel (attention and feed-forward "

@@ -28,12 +28,12 @@ import hp_otel.sources.pytorch.dtensor as dtensor_source
 import hp_otel.sources.pytorch.modules as module_source
 import hp_otel.sources.pytorch.op_hook as op_hook
 from hp_otel import CommDebugMode
-from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 from hp_otel.record import events as ev
 from hp_otel.record.instruments import CollectiveTotals, DeferredDurations
 from hp_otel.record.recorder import WindowRecorder
 from hp_otel.spans import codec, schema
 from hp_otel.testing import assert_collective_counts, assert_no_callback_errors, metric_points
+from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
 STEPS = 2  # the second step shows that a kind is logged once, not once per occurrence
 REDISTRIBUTE_MODULES = (
