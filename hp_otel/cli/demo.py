@@ -7,6 +7,7 @@ JSON dump and its spans (OTLP/JSON); rank 0 prints the counts and the tables.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from hp_otel.cli.arguments import NOISE_LEVEL_HELP, noise_level, port, positive
 from hp_otel.cli.progress import Progress, quiet, to_stderr
 from hp_otel.workloads.process_groups import free_port, init_gloo
 
@@ -153,3 +155,56 @@ def run_demo(config: DemoConfig, progress: Progress = quiet) -> None:
     started = progress.started if isinstance(progress, to_stderr) else None  # rank 0 reports on the same clock
     mp.spawn(_rank_main, args=(config, started), nprocs=config.world_size, join=True)
     progress(f"done; files in {config.out_dir}/")
+
+
+def add_arguments(demo: argparse.ArgumentParser) -> None:
+    """`hp-otel demo`'s options."""
+    from hp_otel.export.config import PROTOCOLS
+
+    demo.add_argument(
+        "--model",
+        choices=("mlp", "transformer"),
+        default="mlp",
+        help="mlp: a 2-layer TP MLP; transformer: a 2-layer TP + sequence-parallel transformer",
+    )
+    demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
+    demo.add_argument("--noise-level", type=noise_level, default=2, metavar="0-3", help=NOISE_LEVEL_HELP)
+    demo.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics over OTLP to this endpoint")
+    demo.add_argument(
+        "--otlp-protocol", choices=PROTOCOLS, help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)"
+    )
+    demo.add_argument(
+        "--otlp-traces-only",
+        action="store_true",
+        help="send only spans over OTLP, no metrics (a traces-only backend); the same as OTEL_METRICS_EXPORTER=none",
+    )
+    demo.add_argument(
+        "--prometheus-port", type=port, metavar="N", help="serve /metrics on N + local rank (0: any free port)"
+    )
+    demo.add_argument(
+        "--steps", type=positive, default=1, metavar="N", help="training steps, 1 or more, one trace each across ranks"
+    )
+    demo.add_argument(
+        "--linger", type=float, default=0.0, metavar="S", help="keep /metrics up S seconds at the end (0: exit at once)"
+    )
+    demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (empty: a random one)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`hp-otel demo`: the run with the options given; exit status 0."""
+    run_demo(
+        DemoConfig(
+            out_dir=args.out,
+            model=args.model,
+            noise_level=args.noise_level,
+            otlp_endpoint=args.otlp_endpoint,
+            otlp_protocol=args.otlp_protocol,
+            otlp_traces_only=args.otlp_traces_only,
+            prometheus_port=args.prometheus_port,
+            steps=args.steps,
+            linger_s=args.linger,
+            run_id=args.run_id,
+        ),
+        progress=to_stderr("demo"),
+    )
+    return 0
