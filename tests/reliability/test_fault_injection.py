@@ -130,7 +130,7 @@ FAULTS = [
     Fault("op hook before the call", _fail(op_hook, "_graph_task_id"), ("op_before",)),
     Fault("op inputs/outputs", _fail(op_hook, "tensor_infos"), ("op_inputs", "op_outputs")),
     Fault("op mode before the call", _in_op_mode(_fail(dtensor_source, "_has_dtensor")), ("op_before",)),
-    Fault("op mode inputs/outputs", _in_op_mode(_fail(dtensor_source, "tensor_infos")), ("op_inputs", "op_outputs")),
+    Fault("op mode inputs/outputs", _in_op_mode(_fail(op_hook, "tensor_infos")), ("op_inputs", "op_outputs")),
     Fault("op enter callback", _fail_event(ev.OpEnter), ("op_enter",)),
     Fault("op exit callback", _fail_event(ev.OpExit), ("op_exit",)),
     # collective hooks (kernels or dispatch mode): before the real call, after it, the callback

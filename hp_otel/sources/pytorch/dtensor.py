@@ -35,7 +35,6 @@ from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
 from hp_otel.sources.pytorch.fsdp import fsdp_patches
-from hp_otel.sources.pytorch.tensors import tensor_infos
 from hp_otel.sources.pytorch.waits import wait_slot, work_wait_patches
 from hp_otel.spans.codec import placements_text
 
@@ -77,24 +76,8 @@ class _OpMode(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         if kwargs is None:
             kwargs = {}
-        try:
-            inputs = tensor_infos(*args, *kwargs.values())
-        except Exception as exc:
-            observer.on_fault("op_inputs", exc)
-            inputs = []
-        observer.on_op_enter(name, inputs)
-        try:
-            out = func(*args, **kwargs)
-        except BaseException as error:
-            observer.on_op_exit(name, (), error)
-            raise
-        try:
-            outputs = tensor_infos(out)
-        except Exception as exc:
-            observer.on_fault("op_outputs", exc)
-            outputs = []
-        observer.on_op_exit(name, outputs)
-        return out
+        # Inside the mode's own call torch has popped it: reading the tensors needs no guard.
+        return op_hook.report_op(observer, name, lambda: func(*args, **kwargs), args, kwargs, contextlib.nullcontext)
 
 
 class _CollectiveMode(_compat.TorchDispatchMode):  # type: ignore[misc]
