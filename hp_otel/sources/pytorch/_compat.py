@@ -282,11 +282,11 @@ _TABLE: tuple[Symbol, ...] = (
         "tree_flatten", "torch.utils._pytree", "tree_flatten", CALLABLE,
         "the drop-in finds a module's input tensors in any nesting, as torch's ModTracker does",
     ),
-    # dynamo (imported only when asked: ≈0.8 s)
+    # dynamo (imported only when asked: importing it takes long)
     Symbol(
         "set_code_exec_strategy", "torch._dynamo.eval_frame", "set_code_exec_strategy", CALLABLE,
         "mark a kernel's code to be skipped by dynamo, recursively, at no cost per call",
-        fallback="torch.compiler.disable(fn, recursive=True), ≈5 µs a call",
+        fallback="torch.compiler.disable(fn, recursive=True): a wrapper that costs every call",
     ),
     Symbol(
         "FrameExecStrategy", "torch._dynamo.eval_frame", "FrameExecStrategy", CLASS,
@@ -479,14 +479,14 @@ detect_fake_mode: Callable[..., Any] = resolve("detect_fake_mode")
 tree_flatten: Callable[[Any], tuple[list[Any], Any]] = resolve("tree_flatten")
 
 
-# --- dynamo (imported only when asked: ≈0.8 s) ----------------------------------------------
+# --- dynamo (imported only when asked: importing it takes long) -----------------------------
 
 
 def hide_from_dynamo(fn: Any) -> Any:
     """`fn`, never compiled by dynamo nor anything it calls (our kernels run inside compiled graphs).
 
     Marks its code skipped (no cost per call); without that on this torch, the public
-    `torch.compiler.disable` wrapper (≈5 µs a call); without dynamo, `fn` itself."""
+    `torch.compiler.disable` wrapper (a cost on every call); without dynamo, `fn` itself."""
     try:
         strategy = require("FrameExecStrategy")
         action = require("FrameAction")

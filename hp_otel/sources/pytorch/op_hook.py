@@ -4,8 +4,8 @@ DTensor sets `__torch_function__ = torch._C._disabled_torch_function_impl` (its 
 dispatch at the `__torch_dispatch__` level).  While at least one window records ops,
 `DTensor.__torch_function__` is our classmethod instead: torch calls it for exactly
 the overridable calls with a DTensor among their tensor arguments, where a
-`TorchFunctionMode` would be entered for every torch call of the step (≈8 kIr each even
-when it records nothing).  The hook runs each op through the saved original, so the op
+`TorchFunctionMode` would be entered for every torch call of the step, even when it
+records nothing (docs/how-it-works/costs.md, op mode).  The hook runs each op through the saved original, so the op
 runs exactly as without us, and reports it to the window of the calling context (the
 mode it replaces was thread-local; a context without a window passes straight through),
 outside backward only (the autograd engine runs nodes with an empty mode stack, so the
