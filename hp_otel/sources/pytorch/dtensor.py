@@ -53,6 +53,12 @@ def _has_dtensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
     return any(isinstance(v, DTensor) for v in kwargs.values()) if kwargs else False
 
 
+def _call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`func(*args, **kwargs)`, for `op_hook.report_op` (a function, not a closure: the mode's
+    `__torch_function__` runs for every torch call and keeps its arguments plain locals)."""
+    return func(*args, **kwargs)
+
+
 class _OpMode(TorchFunctionMode):
     """Reports torch-level calls that take a DTensor as op enter/exit: the fallback where the
     class hook (`op_hook`) cannot see them (`op_hook.why_mode()`), entered for every torch call."""
@@ -77,7 +83,7 @@ class _OpMode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         # Inside the mode's own call torch has popped it: reading the tensors needs no guard.
-        return op_hook.report_op(observer, name, lambda: func(*args, **kwargs), args, kwargs, contextlib.nullcontext)
+        return op_hook.report_op(observer, name, _call, (func, args, kwargs), args, kwargs, contextlib.nullcontext)
 
 
 class _CollectiveMode(_compat.TorchDispatchMode):  # type: ignore[misc]

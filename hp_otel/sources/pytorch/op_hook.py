@@ -127,19 +127,22 @@ def _torch_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: An
         traced = False
     if not traced:
         return _original(func, types, args, kwargs)
-    return report_op(observer, name, lambda: _original(func, types, args, kwargs), args, kwargs, _no_subclass_hooks)
+    # No closure here: one would turn this function's arguments into cells on every call, untraced ones too.
+    return report_op(observer, name, _original, (func, types, args, kwargs), args, kwargs, _no_subclass_hooks)
 
 
 def report_op(
     observer: Observer,
     name: str,
-    run: Callable[[], Any],
+    run: Callable[..., Any],
+    run_args: tuple[Any, ...],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     quiet: Callable[[], contextlib.AbstractContextManager[Any]],
 ) -> Any:
     """One traced op, the class hook's and the mode's (`dtensor._OpMode`) alike: its tensors read,
-    `on_op_enter`, `run()` (the op as torch would run it), `on_op_exit` with its outputs or its error.
+    `on_op_enter`, `run(*run_args)` (the op as torch would run it), `on_op_exit` with its outputs or
+    its error.
 
     A fault in reading the tensors is counted and the op still runs; the op's own error reaches
     the caller unchanged. Reading happens inside `quiet()`, so that the reads of shapes and dtypes
@@ -153,7 +156,7 @@ def report_op(
         inputs = []
     observer.on_op_enter(name, inputs)
     try:
-        out = run()
+        out = run(*run_args)
     except BaseException as error:
         observer.on_op_exit(name, (), error)
         raise
