@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hp_otel.cli.tp_mlp import build_tp_mlp
 from hp_otel.testing import assert_comm_snapshot
+from hp_otel.workloads.tp_mlp import build_tp_mlp
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,7 @@ def tp_mlp(fake_world):
     """A fresh TP MLP (fc1 colwise, fc2 rowwise) and an input that requires grad."""
     import torch
 
-    from hp_otel.cli.tp_mlp import build_tp_mlp
+    from hp_otel.workloads.tp_mlp import build_tp_mlp
 
     model = build_tp_mlp(fake_world)
     x = torch.randn(4, 16, requires_grad=True)

@@ -197,10 +197,11 @@ ALLOWED: dict[str, set[str]] = {
     "always_on": BASE | {"spans", "record", "sources", "export", "mode"},
     "testing": BASE | {"spans", "record", "analysis", "mode", "hp_otel"},
     "torch": BASE | {"spans", "record", "sources", "render", "mode"},
+    "workloads": BASE | {"sources"},
     "cli": {"*"},
     "hp_otel": {"spans", "record", "export", "always_on", "mode", "version"},
 }
-# Frameworks stay in sources/ (and the drop-in, the CLI's demos and workloads, the always-on
+# Frameworks stay in sources/ (and the drop-in, the workloads' models, the CLI, the always-on
 # model finder); OpenTelemetry stays out of sources/: sources know frameworks, not telemetry.
 FRAMEWORKS = ("torch", "mindspore", "hyper_parallel")
 NO_FRAMEWORK = ("spans", "record", "render", "analysis", "export", "common", "mode", "testing")
@@ -281,3 +282,21 @@ def test_every_input_file_is_read_by_the_one_bounded_reader() -> None:
                 if (node.value.id, node.attr) in _PARSERS:
                     found.append(f"{module}:{node.lineno} {node.value.id}.{node.attr}")
     assert not found, "files parsed outside hp_otel/common/input_files.py:\n" + "\n".join(found)
+
+
+# --- the CLI's room -------------------------------------------------------------------------
+
+
+def test_models_live_in_workloads_not_in_the_cli() -> None:
+    """The CLI runs models, it does not define them: a class deriving from a torch `Module` under
+    `hp_otel/cli/` belongs in `hp_otel/workloads/`, where the tests and the examples import it too."""
+    found = []
+    for module, path in module_files().items():
+        if layer_of(module) != "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(base) for base in node.bases}
+                if bases & {"Module", "nn.Module", "torch.nn.Module"}:
+                    found.append(f"{module}.{node.name}")
+    assert found == [], "models defined in the CLI (move them to hp_otel/workloads/):\n" + "\n".join(found)

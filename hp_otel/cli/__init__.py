@@ -10,12 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
-from hp_otel.cli import diff, pictures, ranks
-from hp_otel.cli.arguments import NOISE_LEVEL_HELP, DefaultsFormatter, noise_level, port, positive
-from hp_otel.cli.progress import to_stderr
+from hp_otel.cli import bench_command, demo, diff, pictures, ranks, render
+from hp_otel.cli.arguments import DefaultsFormatter
 from hp_otel.common.safe_text import printable
 from hp_otel.version import __version__
 
@@ -31,271 +29,14 @@ class Command(NamedTuple):
     deprecated_aliases: tuple[str, ...] = ()  # old names: still work, with a note on stderr
 
 
-# --- demo ---------------------------------------------------------------------------
-
-
-def _demo_arguments(demo: argparse.ArgumentParser) -> None:
-    from hp_otel.export.config import PROTOCOLS
-
-    demo.add_argument(
-        "--model",
-        choices=("mlp", "transformer"),
-        default="mlp",
-        help="mlp: a 2-layer TP MLP; transformer: a 2-layer TP + sequence-parallel transformer",
-    )
-    demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
-    demo.add_argument("--noise-level", type=noise_level, default=2, metavar="0-3", help=NOISE_LEVEL_HELP)
-    demo.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics over OTLP to this endpoint")
-    demo.add_argument(
-        "--otlp-protocol", choices=PROTOCOLS, help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)"
-    )
-    demo.add_argument(
-        "--otlp-traces-only",
-        action="store_true",
-        help="send only spans over OTLP, no metrics (a traces-only backend); the same as OTEL_METRICS_EXPORTER=none",
-    )
-    demo.add_argument(
-        "--prometheus-port", type=port, metavar="N", help="serve /metrics on N + local rank (0: any free port)"
-    )
-    demo.add_argument(
-        "--steps", type=positive, default=1, metavar="N", help="training steps, 1 or more, one trace each across ranks"
-    )
-    demo.add_argument(
-        "--linger", type=float, default=0.0, metavar="S", help="keep /metrics up S seconds at the end (0: exit at once)"
-    )
-    demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (empty: a random one)")
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from hp_otel.cli.demo import DemoConfig, run_demo
-
-    run_demo(
-        DemoConfig(
-            out_dir=args.out,
-            model=args.model,
-            noise_level=args.noise_level,
-            otlp_endpoint=args.otlp_endpoint,
-            otlp_protocol=args.otlp_protocol,
-            otlp_traces_only=args.otlp_traces_only,
-            prometheus_port=args.prometheus_port,
-            steps=args.steps,
-            linger_s=args.linger,
-            run_id=args.run_id,
-        ),
-        progress=to_stderr("demo"),
-    )
-    return 0
-
-
-# --- bench --------------------------------------------------------------------------
-
-
-def _bench_arguments(bench: argparse.ArgumentParser) -> None:
-    from hp_otel.cli.bench_instructions import DEFAULT_STEPS
-    from hp_otel.cli.bench_variants import UNTRACED, VARIANT_NAMES
-    from hp_otel.cli.bench_workloads import ALIASES, WORKLOADS
-
-    per_workload = ", ".join(f"{name} {spec.rounds}x{spec.steps}" for name, spec in WORKLOADS.items())
-    bench.add_argument(
-        "--rounds",
-        type=positive,
-        metavar="N",
-        help=f"interleaved rounds, 1 or more (median over rounds); default per workload, rounds x steps: {per_workload}"
-        " (realistic runs fewer: its step is about 10-100x longer); --export-down: 15",
-    )
-    bench.add_argument(
-        "--steps",
-        type=positive,
-        metavar="N",
-        help="steps per variant per round, 1 or more (median); default per workload (see --rounds); --export-down: 20",
-    )
-    bench.add_argument(
-        "--export-down",
-        action="store_true",
-        help="instead: cost of exporting to a refused or blackholed OTLP endpoint (HTTP and gRPC), against no export",
-    )
-    bench.add_argument(
-        "--model",
-        choices=(*WORKLOADS, *ALIASES, "all"),
-        default="mlp",
-        help="the step to time; all: each in turn, one table each. "
-        + "; ".join(f"{name}: {spec.summary}" for name, spec in WORKLOADS.items())
-        + "; former names: "
-        + ", ".join(f"{old} = {new}" for old, new in ALIASES.items()),
-    )
-    bench.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
-    bench.add_argument(
-        "--scale",
-        action="store_true",
-        help="instead: memory per retained span, and table / JSON dump time per noise level for one long window",
-    )
-    bench.add_argument("--spans", type=positive, default=100_000, metavar="N", help="spans in the --scale window")
-    bench.add_argument(
-        "--pieces",
-        action="store_true",
-        help="instead: what each part of tracing costs the --model step, one part added at a time "
-        "(kept hooks idle, window + counting, module hooks, spans, op mode, install per window)",
-    )
-    bench.add_argument(
-        "--variant",
-        action="append",
-        choices=VARIANT_NAMES,
-        metavar="NAME",
-        help=f"time only this variant (repeat for more; {UNTRACED!r} always runs); default: all. Names: "
-        + "; ".join(VARIANT_NAMES),
-    )
-    bench.add_argument(
-        "--instructions",
-        action="store_true",
-        help="also count each variant's instructions per step under valgrind's callgrind (needs valgrind and a C "
-        "compiler; each variant in its own process, ≈50x slower than native, about a minute or more each): "
-        "they repeat within ±0.2 %% whatever the load, where wall clock drifts 0.5-2 %%",
-    )
-    bench.add_argument(
-        "--counted-steps",
-        type=positive,
-        default=DEFAULT_STEPS,
-        metavar="N",
-        help="--instructions: steps counted per variant, after a dozen warm-up steps (few: they repeat exactly)",
-    )
-    bench.add_argument(
-        "--jobs",
-        type=positive,
-        default=None,
-        metavar="N",
-        help="--instructions: callgrind processes at a time, default 1 (the counts do not depend on it; each takes "
-        "≈1 GB); --ranks: processes making the files and reading them (default: the cores)",
-    )
-    bench.add_argument(
-        "--ranks",
-        type=positive,
-        metavar="N",
-        help="instead: time `hp-otel ranks` on N ranks' files of the llama step (8 layers, TP + sequence parallel, "
-        "a (N / tp) x tp mesh) with a hang, a desync and a straggler planted, and say whether each was named",
-    )
-    bench.add_argument("--tp", type=positive, default=8, metavar="N", help="--ranks: the tensor-parallel degree")
-    bench.add_argument(
-        "--evidence",
-        choices=("spans", "collectives"),
-        default="spans",
-        help="--ranks: the files made: spans files (write_spans) or collectives files (write_collectives)",
-    )
-    bench.add_argument(
-        "--keep-files",
-        metavar="DIR",
-        help="--ranks: write the ranks' files to DIR and keep them (default: a temporary folder, removed)",
-    )
-
-
-def _bench_ranks(args: argparse.Namespace) -> int:
-    import json
-
-    from hp_otel.cli.bench_ranks import format_ranks_bench, ranks_bench_json, run_ranks_bench
-
-    try:
-        result = run_ranks_bench(
-            args.ranks, args.tp, args.jobs, args.keep_files, to_stderr("bench --ranks"), args.evidence
-        )
-    except ValueError as exc:
-        print(f"hp-otel bench: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(ranks_bench_json(result), indent=2) if args.json else "\n".join(format_ranks_bench(result)))
-    return 0 if all(result.found.values()) else 1
-
-
-def _bench(args: argparse.Namespace) -> int:
-    if args.instructions and (args.export_down or args.scale or args.pieces):
-        print(
-            "hp-otel bench: --instructions counts the variants' steps; not with --export-down, --scale or --pieces",
-            file=sys.stderr,
-        )
-        return 2
-    if args.ranks is not None:
-        return _bench_ranks(args)
-    if args.export_down:
-        from hp_otel.cli.bench_export import main as bench_export
-
-        print("\n".join(bench_export(args.rounds or 15, args.steps or 20, to_stderr("bench --export-down"))))
-        return 0
-    if args.scale:
-        from hp_otel.cli.bench_scale import format_scale_results, run_scale_bench
-
-        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=to_stderr("bench --scale")))))
-        return 0
-    if args.pieces:
-        from hp_otel.cli.bench_pieces import main as bench_pieces
-
-        print(bench_pieces(args.model, args.rounds, args.steps, to_stderr("bench --pieces")))
-        return 0
-    import json
-
-    from hp_otel.cli.bench import format_results, results_json, run_bench
-    from hp_otel.cli.bench_instructions import ToolMissing
-    from hp_otel.cli.bench_workloads import WORKLOADS
-
-    names = list(WORKLOADS) if args.model == "all" else [args.model]
-    try:
-        results = run_bench(
-            names,
-            rounds=args.rounds,
-            steps=args.steps,
-            only=args.variant,
-            progress=to_stderr("bench"),
-            instruction_steps=args.counted_steps if args.instructions else None,
-            jobs=args.jobs or 1,
-        )
-    except ToolMissing as exc:
-        print(printable(f"hp-otel bench: {exc}"), file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(results_json(results), indent=2))
-    else:
-        print("\n\n".join("\n".join(format_results(result)) for result in results))
-    return 0
-
-
-# --- render -------------------------------------------------------------------------
-
-
-def _render_arguments(render: argparse.ArgumentParser) -> None:
-    render.add_argument("file", type=Path, help="an OTLP/JSON spans file")
-    render.add_argument("--noise-level", type=noise_level, default=1, metavar="0-3", help=NOISE_LEVEL_HELP)
-    render.add_argument(
-        "--max-bytes",
-        type=positive,
-        default=None,
-        metavar="N",
-        help="refuse files larger than N bytes (default: HP_OTEL_RENDER_MAX_BYTES, else 256 MiB)",
-    )
-
-
-def _render(args: argparse.Namespace) -> int:
-    from hp_otel.render.table import render_table
-    from hp_otel.spans.call_tree import build_call_tree, check_attribute_types, count_collectives
-    from hp_otel.spans.otlp_json import SpanFileError, read_spans
-
-    try:
-        spans = read_spans(args.file, max_bytes=args.max_bytes)
-        check_attribute_types(build_call_tree(spans))
-    except (SpanFileError, ValueError) as exc:
-        message = (
-            f"hp-otel render: {args.file}: {exc}" if not isinstance(exc, SpanFileError) else f"hp-otel render: {exc}"
-        )
-        print(printable(message), file=sys.stderr)
-        return 2
-    print(printable(f"collective counts: {count_collectives(spans)}"))
-    print(render_table(spans, args.noise_level))
-    return 0
-
-
 # --- the registry -------------------------------------------------------------------
 
 COMMANDS: tuple[Command, ...] = (
     Command(
         "demo",
         "2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode (15-45 s on 2 cores)",
-        _demo_arguments,
-        _demo,
+        demo.add_arguments,
+        demo.run,
         description="A real 2-process CPU (gloo) tensor-parallel forward+backward under CommDebugMode "
         "(a TP MLP, or a 2-layer TP + sequence-parallel transformer): prints rank 0's counts and tables, "
         "writes every rank's JSON dump and spans into --out.",
@@ -303,8 +44,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "bench",
         "what tracing costs a step, against untraced and torch's own tools (1-2 min a workload)",
-        _bench_arguments,
-        _bench,
+        bench_command.add_arguments,
+        bench_command.run,
         description="Times a training step (forward + backward + zero_grad) in one process over torch's fake "
         "process group, each variant interleaved round after round; prints per variant the median µs per "
         "step, the ratio to untraced (median of per-round ratios, with their interquartile range) and, for "
@@ -314,8 +55,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "render",
         "re-render the table and counts from a spans file (OTLP/JSON)",
-        _render_arguments,
-        _render,
+        render.add_arguments,
+        render.run,
         description="Rebuild the collective counts and the tracing table from a spans file "
         "(the demo's spans_rank<r>.json, or any OTLP/JSON file of hp_otel spans).",
     ),

@@ -93,8 +93,8 @@ def run_export_bench(
 
     from hp_otel import CommDebugMode
     from hp_otel.always_on.steps import step as mark_step
-    from hp_otel.cli.bench_workloads import fake_process_group
-    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+    from hp_otel.workloads.process_groups import fake_process_group
+    from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
     torch.set_num_threads(1)
     fake_process_group(2)

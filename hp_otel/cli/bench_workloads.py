@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.workloads.process_groups import fake_process_group
+
 WORLD_SIZE = 2
 
 
@@ -66,18 +68,6 @@ class Workload:
     steps: int
 
 
-def fake_process_group(world_size: int = WORLD_SIZE) -> None:
-    """A world of `world_size` ranks in this process whose collectives return at once
-    (torch's fake process group, registered without importing torch.testing)."""
-    import torch.distributed as dist
-
-    from hp_otel.sources.pytorch import _compat
-
-    if not dist.is_initialized():
-        _compat.register_fake_backend()
-        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world_size)
-
-
 def build_workload(name: str) -> Workload:
     """Build workload `name` (a key of WORKLOADS, or an alias) over the fake process group (started if needed)."""
     name = ALIASES.get(name, name)
@@ -105,7 +95,7 @@ def build_workload(name: str) -> Workload:
 def _mlp() -> tuple[Any, Callable[[], None]]:
     import torch
 
-    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+    from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
     hidden = 32
     model = build_tp_mlp(WORLD_SIZE, hidden, 64)
@@ -122,7 +112,7 @@ def _mlp() -> tuple[Any, Callable[[], None]]:
 
 
 def _demo_transformer() -> tuple[Any, Callable[[], None]]:
-    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+    from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
     model = build_tp_transformer(WORLD_SIZE)
     tokens = demo_tokens()
@@ -147,7 +137,7 @@ def _dtensor_transformer(
     from torch.distributed.tensor import distribute_tensor
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from hp_otel.cli.dtensor_transformer import Transformer, TransformerShape, parallelize
+    from hp_otel.workloads.dtensor_transformer import Transformer, TransformerShape, parallelize
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (WORLD_SIZE,))

@@ -7,9 +7,9 @@ JSON dump and its spans (OTLP/JSON); rank 0 prints the counts and the tables.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
-import socket
 import sys
 import time
 import uuid
@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from hp_otel.cli.arguments import NOISE_LEVEL_HELP, noise_level, port, positive
 from hp_otel.cli.progress import Progress, quiet, to_stderr
+from hp_otel.workloads.process_groups import free_port, init_gloo
 
 
 @dataclass(frozen=True)
@@ -40,30 +42,13 @@ class DemoConfig:
         return self.otlp_endpoint is not None or self.prometheus_port is not None
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def init_gloo(rank: int, world_size: int, port: int) -> None:
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["RANK"] = str(rank)
-    os.environ["LOCAL_RANK"] = str(rank)
-    os.environ["WORLD_SIZE"] = str(world_size)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-
-
 def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = None) -> None:
     import torch
     import torch.distributed as dist
 
     import hp_otel
     from hp_otel import CommDebugMode
-    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+    from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
     say = to_stderr("demo", progress_started) if progress_started is not None and rank == 0 else quiet
     init_gloo(rank, config.world_size, config.port)
@@ -82,7 +67,7 @@ def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = N
         )
     try:
         if config.model == "transformer":
-            from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+            from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
             model, x = build_tp_transformer(config.world_size), demo_tokens()
         else:
@@ -120,7 +105,7 @@ def _report_export(rank: int, telemetry: object, config: DemoConfig) -> None:
     print("; ".join(parts), flush=True)
 
 
-# What each --model is and how it is split, for the demo's first line (the plans are in cli/tp_*.py).
+# What each --model is and how it is split, for the demo's first line (the plans are in workloads/tp_*.py).
 WHAT_RAN = {
     "mlp": "a 2-layer MLP, tensor parallel (fc1 ColwiseParallel, fc2 RowwiseParallel)",
     "transformer": "a 2-layer transformer, tensor + sequence parallel (attention and feed-forward "
@@ -170,3 +155,56 @@ def run_demo(config: DemoConfig, progress: Progress = quiet) -> None:
     started = progress.started if isinstance(progress, to_stderr) else None  # rank 0 reports on the same clock
     mp.spawn(_rank_main, args=(config, started), nprocs=config.world_size, join=True)
     progress(f"done; files in {config.out_dir}/")
+
+
+def add_arguments(demo: argparse.ArgumentParser) -> None:
+    """`hp-otel demo`'s options."""
+    from hp_otel.export.config import PROTOCOLS
+
+    demo.add_argument(
+        "--model",
+        choices=("mlp", "transformer"),
+        default="mlp",
+        help="mlp: a 2-layer TP MLP; transformer: a 2-layer TP + sequence-parallel transformer",
+    )
+    demo.add_argument("--out", type=Path, default=Path("hp_otel_out"), help="folder for the JSON dumps and spans")
+    demo.add_argument("--noise-level", type=noise_level, default=2, metavar="0-3", help=NOISE_LEVEL_HELP)
+    demo.add_argument("--otlp-endpoint", metavar="URL", help="send spans and metrics over OTLP to this endpoint")
+    demo.add_argument(
+        "--otlp-protocol", choices=PROTOCOLS, help="OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http)"
+    )
+    demo.add_argument(
+        "--otlp-traces-only",
+        action="store_true",
+        help="send only spans over OTLP, no metrics (a traces-only backend); the same as OTEL_METRICS_EXPORTER=none",
+    )
+    demo.add_argument(
+        "--prometheus-port", type=port, metavar="N", help="serve /metrics on N + local rank (0: any free port)"
+    )
+    demo.add_argument(
+        "--steps", type=positive, default=1, metavar="N", help="training steps, 1 or more, one trace each across ranks"
+    )
+    demo.add_argument(
+        "--linger", type=float, default=0.0, metavar="S", help="keep /metrics up S seconds at the end (0: exit at once)"
+    )
+    demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (empty: a random one)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`hp-otel demo`: the run with the options given; exit status 0."""
+    run_demo(
+        DemoConfig(
+            out_dir=args.out,
+            model=args.model,
+            noise_level=args.noise_level,
+            otlp_endpoint=args.otlp_endpoint,
+            otlp_protocol=args.otlp_protocol,
+            otlp_traces_only=args.otlp_traces_only,
+            prometheus_port=args.prometheus_port,
+            steps=args.steps,
+            linger_s=args.linger,
+            run_id=args.run_id,
+        ),
+        progress=to_stderr("demo"),
+    )
+    return 0

@@ -67,9 +67,9 @@ def record_template(tp: int) -> dict[str, Any]:
     import torch
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.bench_workloads import fake_process_group
-    from hp_otel.cli.llama import build_llama_step
     from hp_otel.spans.otlp_json import spans_to_otlp_json
+    from hp_otel.workloads.llama import build_llama_step
+    from hp_otel.workloads.process_groups import fake_process_group
 
     torch.set_num_threads(1)
     fake_process_group(TEMPLATE_DP * tp)

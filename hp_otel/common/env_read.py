@@ -1,10 +1,10 @@
 """One environment variable read cheaply, for settings a window reads each time it opens.
 
 `os.environ.get(name)` runs three Python calls and, for an unset variable, raises and
-catches a KeyError (≈2 µs, several per window).  `getenv(name)` looks the name up in the
-environment's own mapping instead, so a variable set or removed since (`os.environ[...] =`,
-`monkeypatch.setenv`) is still seen at once; where `os.environ` was replaced by another
-mapping it falls back to that mapping's `get`.
+catches a KeyError, several times a window (its cost: docs/how-it-works/costs.md).
+`getenv(name)` looks the name up in the environment's own mapping instead, so a variable
+set or removed since (`os.environ[...] =`, `monkeypatch.setenv`) is still seen at once;
+where `os.environ` was replaced by another mapping it falls back to that mapping's `get`.
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ MAX_BYTES_VARIABLE = "HP_OTEL_RENDER_MAX_BYTES"
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
-# Containers a pickle may build: a Flight Recorder dump of its default ring (2,000 entries) builds
-# ≈100,000 (an entry's dict, its sizes' lists, its frames); 2 million empty ones are ≈130 MB.
+# Containers a pickle may build: far more than a Flight Recorder dump of its default ring builds
+# (an entry's dict, its sizes' lists, its frames), far less than fills memory (the sizes on both
+# sides: docs/reliability.md, bad input).
 MAX_PICKLE_CONTAINERS = 2_000_000
 MAX_NESTING = 100  # levels a pickle may nest (a Flight Recorder dump nests 4)
 

@@ -5,7 +5,7 @@ record, never one giant dict in memory.  The streamed text is byte-identical to
 `json.dump(build_json_dump(...), f, indent=2)` (a test pins that), but the call tree is
 encoded while it is walked, and values that repeat every step (an op's input list, a
 collective's shapes) are encoded once per depth.  The standard encoder with `indent`
-runs in pure Python and took ≈6 s for 100 000 spans here; this takes well under a second.
+runs in pure Python: many times slower on a long window (docs/how-it-works/costs.md).
 """
 
 from __future__ import annotations

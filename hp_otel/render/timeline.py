@@ -47,6 +47,7 @@ COLLECTIVE_COLOURS = {
     "barrier": "#7f7f7f",
     "send": "#e377c2",
     "recv": "#e377c2",
+    "p2p": "#e377c2",  # a batch of sends and receives: as they are
     "gather": "#17becf",
     "scatter": "#17becf",
     "reduce": "#bcbd22",

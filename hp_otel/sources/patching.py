@@ -116,24 +116,35 @@ class AttributePatch:
 class SharedPatches:
     """Patches installed while at least one user holds them; `plan()` makes them on first use.
 
+    The one reference count of every shared hook: the first `acquire()` installs, the last
+    `release()` restores, nested and concurrent windows in between share one installation.
     When the last user releases them while hooks are kept (`hp_otel.install()`), they
     stay in place (the wrappers pass calls through with no window) until
     `hp_otel.uninstall()`; a later window takes them over without patching again.
+    `lingers=False`: never kept between windows (a patch that costs every call outside
+    windows). A `plan()` that returns None declines: `acquire()` is then False and holds nothing.
     """
 
-    def __init__(self, plan: Callable[[], list[AttributePatch]]) -> None:
+    def __init__(self, plan: Callable[[], list[AttributePatch] | None], *, lingers: bool = True) -> None:
         self._plan = plan
+        self._lingers = lingers
         self._lock = threading.Lock()
         self._users = 0
         self._patches: list[AttributePatch] = []
 
-    def acquire(self) -> None:
+    def acquire(self) -> bool:
+        """Hold the patches (True), or False where `plan()` declined."""
         with self._lock:
             if self._users == 0:
-                installation.claim(self)
+                if self._lingers:
+                    installation.claim(self)
                 if not self._patches:  # else still installed: kept since the last window
-                    self._patches = self._plan()
+                    patches = self._plan()
+                    if patches is None:
+                        return False
+                    self._patches = patches
             self._users += 1
+            return True
 
     def release(self) -> None:
         with self._lock:
@@ -142,7 +153,7 @@ class SharedPatches:
             self._users -= 1
             if self._users > 0:
                 return
-            if installation.keeping():
+            if self._lingers and installation.keeping():
                 installation.linger(self, self._remove_kept)
                 return
             patches, self._patches = self._patches, []
@@ -158,6 +169,10 @@ class SharedPatches:
     @property
     def patches(self) -> list[AttributePatch]:
         return list(self._patches)
+
+    @property
+    def users(self) -> int:
+        return self._users
 
 
 @contextlib.contextmanager

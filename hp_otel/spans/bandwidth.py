@@ -53,6 +53,8 @@ _RULES = {
     "recv": (False, _one),
     "p2p": (False, _one),
 }
+# The normalised ops with no bandwidth, by decision (every other op of schema.NORMALISED_OPS has a rule).
+NO_BANDWIDTH = frozenset({"barrier", "scatter"})
 
 
 class Bandwidth(NamedTuple):

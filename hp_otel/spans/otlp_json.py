@@ -99,7 +99,7 @@ def write_spans(
     payload = spans_to_otlp_json(spans)
     if resource_defaults:
         _add_resource_defaults(payload, resource_defaults)
-    text = json.dumps(payload)  # one call of the C encoder: json.dump's streaming one is pure Python (≈30x slower)
+    text = json.dumps(payload)  # one call of the C encoder: json.dump's streaming one is pure Python (much slower)
     write_text_atomically(path, lambda handle: handle.write(text), argument=argument)
 
 

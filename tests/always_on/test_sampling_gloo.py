@@ -10,7 +10,7 @@ import pytest
 import sampling_workers
 import torch.multiprocessing as mp
 
-from hp_otel.cli.demo import free_port
+from hp_otel.workloads.process_groups import free_port
 
 pytestmark = pytest.mark.multiprocess
 

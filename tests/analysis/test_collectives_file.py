@@ -124,8 +124,8 @@ import os, sys
 from hp_otel.cli.rank_files import record_template
 import hp_otel
 from hp_otel import CommDebugMode
-from hp_otel.cli.bench_workloads import fake_process_group
-from hp_otel.cli.llama import build_llama_step
+from hp_otel.workloads.process_groups import fake_process_group
+from hp_otel.workloads.llama import build_llama_step
 fake_process_group(16)
 model, step = build_llama_step(2, 8)
 step()

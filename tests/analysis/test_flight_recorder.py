@@ -18,9 +18,9 @@ import torch.multiprocessing as mp
 import hp_otel
 from hp_otel.analysis import RankInputError, compare_files, read_any_rank_file
 from hp_otel.analysis.flight_recorder import P2P_WINDOW, WINDOW, read_flight_recorder_file
-from hp_otel.cli.demo import free_port
 from hp_otel.spans import schema as s
 from hp_otel.spans.otlp_json import read_spans
+from hp_otel.workloads.process_groups import free_port
 
 WORLD_SIZE = 2
 

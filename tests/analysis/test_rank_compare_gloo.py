@@ -16,7 +16,7 @@ import pytest
 import rank_workers
 import torch.multiprocessing as mp
 
-from hp_otel.cli.demo import free_port
+from hp_otel.workloads.process_groups import free_port
 
 pytestmark = pytest.mark.multiprocess  # two gloo processes each
 

@@ -59,7 +59,7 @@ def test_rules_use_only_names_hp_otel_exports(fake_world) -> None:
     try:
         import torch
 
-        from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+        from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
         with CommDebugMode(meter_provider=provider) as mode:
             design_mlp_forward(mode.observer)

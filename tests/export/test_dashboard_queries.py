@@ -68,8 +68,8 @@ def expositions(fake_world) -> dict[int, list[list[tuple[str, dict[str, str], fl
     from prometheus_client.parser import text_string_to_metric_families
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
     from hp_otel.export.providers import build_resource
+    from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
     out: dict[int, list] = {}
     for rank in (0, 1):

@@ -87,7 +87,7 @@ def _exported_names(tp_step: bool = False) -> set[str]:
         if tp_step:
             import torch
 
-            from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+            from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
             model = build_tp_mlp(2)
             with CommDebugMode(module=model, meter_provider=provider) as mode:

@@ -73,7 +73,7 @@ ONE_RANK_STEP = """
 import json, torch, torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 import hp_otel
-from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 model = build_tp_mlp(2)

@@ -19,11 +19,11 @@ from torch.overrides import _get_current_function_mode_stack
 import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel.always_on.instrumentation import HpOtelInstrumentor
-from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
 from hp_otel.record import installation
 from hp_otel.sources.pytorch import dtensor as torch_dtensor
 from hp_otel.sources.pytorch import kernels as torch_kernels
 from hp_otel.spans import schema
+from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
 _REDISTRIBUTE = "redistribute_local_tensor"
 

@@ -241,8 +241,8 @@ def test_sigint_while_deferred_spans_are_built_loses_none_of_them(tp_mlp) -> Non
     """A real Ctrl-C lands inside the span build (from a hook, the 2nd collective's): the read that
     was interrupted raises it; the events it had not built yet go back, and the next read builds
     every span an uninterrupted window keeps."""
-    from hp_otel.cli.tp_mlp import train_step
     from hp_otel.spans import schema
+    from hp_otel.workloads.tp_mlp import train_step
 
     if threading.current_thread() is not threading.main_thread():
         pytest.fail("signals are delivered on the main thread only; run this test there")

@@ -94,7 +94,7 @@ def test_counts_only_window_bounds_work_nobody_waits_for() -> None:
 
 @pytest.fixture
 def transformer(fake_world):
-    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+    from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
     return build_tp_transformer(fake_world), demo_tokens()
 

@@ -1,6 +1,6 @@
 """metric_module_depth: how many label sets the collective metrics have, per setting.
 
-Measured on the TP + sequence-parallel transformer (torch's test Transformer, `cli/dtensor_transformer.py`)
+Measured on the TP + sequence-parallel transformer (torch's test Transformer, `workloads/dtensor_transformer.py`)
 with 4 and 8 layers, one training step over the fake process group; the referee is the set of module
 fqns the window counted collectives for (`get_comm_module_counts`), cut to the depth by hand.
 """
@@ -95,7 +95,7 @@ def test_series_count_per_setting_on_a_transformer(fake_world: int, layers: int)
     from torch.distributed.tensor import distribute_tensor
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from hp_otel.cli.dtensor_transformer import Transformer, TransformerShape, parallelize
+    from hp_otel.workloads.dtensor_transformer import Transformer, TransformerShape, parallelize
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (fake_world,))

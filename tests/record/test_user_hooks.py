@@ -15,10 +15,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel.always_on.instrumentation import HpOtelInstrumentor
-from hp_otel.cli.tp_mlp import train_step
 from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
 from hp_otel.spans.otlp_json import read_spans
+from hp_otel.workloads.tp_mlp import train_step
 
 
 def _exporting_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -178,7 +178,7 @@ def test_the_span_hooks_example_runs_and_prints_what_it_says(tmp_path) -> None:
     import sys
     from pathlib import Path
 
-    from hp_otel.cli.demo import free_port
+    from hp_otel.workloads.process_groups import free_port
 
     root = Path(__file__).resolve().parents[2]
     code = (root / "examples" / "span_hooks.py").read_text()  # docs/guide/providers.md includes this file

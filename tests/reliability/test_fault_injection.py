@@ -28,12 +28,12 @@ import hp_otel.sources.pytorch.dtensor as dtensor_source
 import hp_otel.sources.pytorch.modules as module_source
 import hp_otel.sources.pytorch.op_hook as op_hook
 from hp_otel import CommDebugMode
-from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 from hp_otel.record import events as ev
 from hp_otel.record.instruments import CollectiveTotals, DeferredDurations
 from hp_otel.record.recorder import WindowRecorder
 from hp_otel.spans import codec, schema
 from hp_otel.testing import assert_collective_counts, assert_no_callback_errors, metric_points
+from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
 STEPS = 2  # the second step shows that a kind is logged once, not once per occurrence
 REDISTRIBUTE_MODULES = (
@@ -130,7 +130,7 @@ FAULTS = [
     Fault("op hook before the call", _fail(op_hook, "_graph_task_id"), ("op_before",)),
     Fault("op inputs/outputs", _fail(op_hook, "tensor_infos"), ("op_inputs", "op_outputs")),
     Fault("op mode before the call", _in_op_mode(_fail(dtensor_source, "_has_dtensor")), ("op_before",)),
-    Fault("op mode inputs/outputs", _in_op_mode(_fail(dtensor_source, "tensor_infos")), ("op_inputs", "op_outputs")),
+    Fault("op mode inputs/outputs", _in_op_mode(_fail(op_hook, "tensor_infos")), ("op_inputs", "op_outputs")),
     Fault("op enter callback", _fail_event(ev.OpEnter), ("op_enter",)),
     Fault("op exit callback", _fail_event(ev.OpExit), ("op_exit",)),
     # collective hooks (kernels or dispatch mode): before the real call, after it, the callback

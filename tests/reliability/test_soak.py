@@ -30,8 +30,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from hp_otel import CommDebugMode
 from hp_otel import mode as mode_module
-from hp_otel.cli.tp_mlp import MLP
 from hp_otel.sources.pytorch import dtensor as torch_dtensor
+from hp_otel.workloads.tp_mlp import MLP
 
 pytestmark = pytest.mark.soak  # 10,000 windows on 4 threads
 

@@ -60,7 +60,7 @@ def profiled_step(fake_world, tmp_path_factory) -> tuple[Path, Path]:
     import torch
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
+    from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
     folder = tmp_path_factory.mktemp("profiled")
     model, x = build_tp_mlp(fake_world), torch.randn(4, 16, requires_grad=True)

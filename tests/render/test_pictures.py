@@ -169,7 +169,7 @@ def test_merged_with_torch_profiler_the_collectives_line_up_with_its_ops(tp_mlp,
     import torch
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.tp_mlp import train_step
+    from hp_otel.workloads.tp_mlp import train_step
 
     model, x = tp_mlp
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:

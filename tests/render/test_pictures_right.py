@@ -47,8 +47,8 @@ def _partial_overlaps(events: list[dict]) -> list[tuple[dict, dict]]:
 @pytest.fixture
 def transformer_step_spans(fake_world):  # type: ignore[no-untyped-def]
     """The demo's TP + SP transformer, one forward + backward on the fake process group."""
-    from hp_otel.cli.tp_mlp import train_step
-    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+    from hp_otel.workloads.tp_mlp import train_step
+    from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
     model = build_tp_transformer(fake_world)
     with CommDebugMode(module=model) as mode:

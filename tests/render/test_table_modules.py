@@ -14,7 +14,7 @@ import pytest
 from referee import Referee
 
 from hp_otel import CommDebugMode
-from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
 _PHASES = {"enter": "forward", "backward": "backward", "recompute": "recompute", "optimizer": "optimizer"}
 _MODULE = re.compile(r"^( *)Module +Module\((.*)\) \[(\w+)\]$")

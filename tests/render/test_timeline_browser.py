@@ -53,8 +53,8 @@ def _as_rank(spans, rank: int, shift_ns: int) -> list[ReadableSpan]:  # type: ig
 
 def page_of_the_transformer_step(tmp_path: Path, fake_world: int) -> Path:
     """`hp-otel plot` of the demo's TP + SP transformer step (fake process group; rank 1 a copy 300 µs late)."""
-    from hp_otel.cli.tp_mlp import train_step
-    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+    from hp_otel.workloads.tp_mlp import train_step
+    from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
     model = build_tp_transformer(fake_world)
     with CommDebugMode(module=model) as mode:

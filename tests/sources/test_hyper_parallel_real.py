@@ -26,7 +26,7 @@ def test_torch_platform_on_two_gloo_ranks(tmp_path: Path, monkeypatch: pytest.Mo
     import hyper_parallel_real_workers
     import torch.multiprocessing as mp
 
-    from hp_otel.cli.demo import free_port
+    from hp_otel.workloads.process_groups import free_port
 
     monkeypatch.setenv("HYPER_PARALLEL_PLATFORM", "torch")
     sys.path.insert(0, SRC)  # the spawned ranks inherit it; this process never imports hyper_parallel
@@ -50,7 +50,7 @@ def test_torch_platform_on_two_gloo_ranks(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_mindspore_platform_on_two_mccl_workers(tmp_path: Path) -> None:
     pytest.importorskip("mindspore", reason="mindspore is not installed (CI installs it)")
-    from hp_otel.cli.demo import free_port
+    from hp_otel.workloads.process_groups import free_port
 
     base = {**os.environ, "GLOG_v": "3", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(free_port()),
             "MS_WORKER_NUM": "2", "HP_TEST_OUT": str(tmp_path), "HP_OTEL_HYPER_PARALLEL_SRC": SRC}  # fmt: skip

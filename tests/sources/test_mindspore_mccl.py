@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("mindspore", reason="mindspore is not installed (CI installs it)")
 
-from hp_otel.cli.demo import free_port
+from hp_otel.workloads.process_groups import free_port
 
 pytestmark = pytest.mark.multiprocess  # two MindSpore workers over mccl
 

@@ -62,3 +62,13 @@ def test_every_normalised_op_is_reported_by_some_engine() -> None:
     """The other direction: no op in the schema that nothing reports (a stale entry)."""
     reported = {op for table in TABLES.values() for op in table.values()}
     assert reported == set(schema.NORMALISED_OPS)
+
+
+def test_every_collective_torchs_comm_debug_mode_counts_is_one_hp_otel_counts() -> None:
+    """The drop-in's keys (`torch/op_keys.py`) name rows of the torch source's table: a collective
+    torch counts and hp_otel does not would be missing from torch-shaped counts."""
+    from hp_otel.sources.pytorch.collectives import _NORMALISED
+    from hp_otel.torch import op_keys
+
+    counted_by_torch = set(op_keys._NATIVE_TO_LEGACY) | set(op_keys._C10D_COUNTED)
+    assert sorted(counted_by_torch - set(_NORMALISED)) == []

@@ -19,7 +19,7 @@ def _model(layers: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
 
-    from hp_otel.cli.dtensor_transformer import Transformer, TransformerShape, parallelize
+    from hp_otel.workloads.dtensor_transformer import Transformer, TransformerShape, parallelize
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (2,))

@@ -44,8 +44,8 @@ def bandwidth_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.spans import schema as s
+    from hp_otel.workloads.process_groups import init_gloo
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor's rename in torch 2.13
     init_gloo(rank, world_size, port)

@@ -23,9 +23,9 @@ def late_rank_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.spans import schema
     from hp_otel.testing import metric_points
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     try:

@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from hp_otel import CommDebugMode
-from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
 from hp_otel.export.providers import build_resource
+from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
 
 def _gather_first(rows: int):  # type: ignore[no-untyped-def]

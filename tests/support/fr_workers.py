@@ -39,7 +39,7 @@ def fr_worker(rank: int, world_size: int, port: int, out_dir: str, scenario: str
     differ (same bytes: gloo runs it); `hang`: rank 0 issues an all_reduce rank 1 has not when both dump."""
     os.environ["TORCH_FR_BUFFER_SIZE"] = "64"  # before the process group: FR reads it once
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     referee: list[list[object]] = []

@@ -31,9 +31,9 @@ def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
     from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
-    from hp_otel.cli.tp_mlp import build_tp_mlp, train_step
     from hp_otel.spans import schema
+    from hp_otel.workloads.process_groups import init_gloo
+    from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
 
     init_gloo(rank, world_size, port)
     try:
@@ -145,8 +145,8 @@ def eager_collectives_worker(rank: int, world_size: int, port: int) -> None:
     from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.spans import schema
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     try:
@@ -202,8 +202,8 @@ def work_freed_on_gloo_thread_worker(rank: int, world_size: int, port: int, iter
     import faulthandler
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.sources.pytorch import dtensor as torch_dtensor
+    from hp_otel.workloads.process_groups import init_gloo
 
     os.environ[torch_dtensor.HOOK_ENV] = hook
     init_gloo(rank, world_size, port)

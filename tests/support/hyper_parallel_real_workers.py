@@ -418,7 +418,7 @@ def failing_paths(rank: int, world: int) -> dict:
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    from hp_otel.cli.demo import init_gloo
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world, port)
     try:

@@ -157,7 +157,7 @@ def _redistributions(rank: int, world_size: int, release: str) -> None:
 
 
 def hyper_parallel_worker(rank: int, world_size: int, port: int) -> None:
-    from hp_otel.cli.demo import init_gloo
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     try:

@@ -61,9 +61,9 @@ def overlap_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.spans import schema as s
     from hp_otel.testing import metric_points
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     try:

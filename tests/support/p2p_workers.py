@@ -43,8 +43,8 @@ def p2p_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.spans import schema
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     try:
@@ -95,8 +95,8 @@ def pipeline_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.spans import schema
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     try:

@@ -45,7 +45,7 @@ def _rank(rank: int, hook: str, iterations: int, port: int) -> None:
     import contextlib
 
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
+    from hp_otel.workloads.process_groups import init_gloo
 
     libraries: list = []
     if hook == "cpu-kernels":
@@ -67,7 +67,7 @@ def _rank(rank: int, hook: str, iterations: int, port: int) -> None:
 
 
 def main() -> int:
-    from hp_otel.cli.demo import free_port
+    from hp_otel.workloads.process_groups import free_port
 
     hook = sys.argv[1] if len(sys.argv) > 1 else "kernels"
     iterations = int(sys.argv[2]) if len(sys.argv) > 2 else 500

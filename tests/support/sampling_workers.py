@@ -25,9 +25,9 @@ def sampling_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
 
     import hp_otel
     from hp_otel import CommDebugMode
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.spans import schema
     from hp_otel.testing import metric_points
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     try:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from hp_otel.cli.tp_mlp import MLP
+from hp_otel.workloads.tp_mlp import MLP
 from hp_otel.testing import assert_comm_snapshot
 
 
@@ -83,7 +83,7 @@ def warmed_up(fake_world) -> None:  # type: ignore[no-untyped-def]
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from hp_otel.cli.tp_mlp import MLP
+    from hp_otel.workloads.tp_mlp import MLP
 
     for fc2 in (RowwiseParallel(), ColwiseParallel()):
         plan = {"fc1": ColwiseParallel(use_local_output=False), "fc2": fc2}

@@ -58,6 +58,7 @@ class Symbol:
     fallback: str = ""  # what hp_otel does without it ("": a TorchCompatError when used)
     member: str = ""  # ATTRIBUTE: the private attribute of an instance ("_spec")
     sample: Callable[[], Any] | None = None  # ATTRIBUTE: an object that must have `member` (default: the owner)
+    fallback_value: Any = _NO_FALLBACK  # what `resolve` gives without it (default: a stand-in that raises)
 
     @property
     def path(self) -> str:
@@ -65,16 +66,7 @@ class Symbol:
         return f"{owner}.{self.member}" if self.member else owner
 
 
-SYMBOLS: dict[str, Symbol] = {}
-_fallbacks: dict[str, Any] = {}
 _missing: dict[str, TorchCompatError] = {}
-
-
-def _declare(symbol: Symbol, fallback: Any = _NO_FALLBACK) -> str:
-    SYMBOLS[symbol.name] = symbol
-    if fallback is not _NO_FALLBACK:
-        _fallbacks[symbol.name] = fallback
-    return symbol.name
 
 
 def _lookup(symbol: Symbol) -> Any:
@@ -114,8 +106,8 @@ def resolve(name: str) -> Any:
         value = _lookup(symbol)
     except TorchCompatError as error:
         _missing[name] = error
-        if name in _fallbacks:
-            return _fallbacks[name]
+        if symbol.fallback_value is not _NO_FALLBACK:
+            return symbol.fallback_value
         return _stand_in(symbol, error)
     _missing.pop(name, None)
     return value
@@ -149,56 +141,254 @@ def _an_op() -> Any:
     return torch.ops.aten.add.Tensor
 
 
+class _NoInstances:
+    """Stands for a class this torch lacks: nothing is an instance of it."""
+
+
+# Every DTensor module that imports `redistribute_local_tensor` by name (the redistribute wrapper patches each).
+REDISTRIBUTE_MODULES = (
+    "torch.distributed.tensor._redistribute",
+    "torch.distributed.tensor._dispatch",
+    "torch.distributed.tensor._api",
+)
+REDISTRIBUTE_FUNCTION = "redistribute_local_tensor"
+
+# Every private symbol, one row each: its name here, where torch keeps it, what it is, what hp_otel uses
+# it for, what hp_otel does without it. What a hook calls per event is bound below, once.
+# fmt: off
+_TABLE: tuple[Symbol, ...] = (
+    # autograd: phase, node ownership, backward end (hot: torch's own callables)
+    Symbol(
+        "current_graph_task_id", "torch._C", "_current_graph_task_id", CALLABLE,
+        "the running backward pass's id, -1 outside backward: the phase of a collective, module call or recomputation",
+    ),
+    Symbol(
+        "current_autograd_node", "torch._C", "_current_autograd_node", CALLABLE,
+        "the autograd node running now: which module call's forward created the backward work",
+    ),
+    Symbol(
+        "next_sequence_nr", "torch._C", "_autograd._get_sequence_nr", CALLABLE,
+        "this thread's next autograd node number: the nodes a forward call creates are the numbers it spans",
+    ),
+    Symbol(
+        "node_sequence_nr", "torch.autograd.graph", "Node", ATTRIBUTE,
+        "an autograd node's sequence number: which forward call created it", member="_sequence_nr", sample=_graph_node,
+    ),
+    Symbol(
+        "queue_backward_callback", "torch.autograd", "Variable._execution_engine.queue_callback", CALLABLE,
+        "run a callback when the current backward pass ends (closes backward spans)",
+    ),
+    Symbol(
+        "DisableTorchFunction", "torch._C", "DisableTorchFunction", CLASS,
+        "hp_otel's own tensor calls (registering grad hooks) are not reported as the user's ops",
+    ),
+    Symbol(
+        "DisableTorchFunctionSubclass", "torch._C", "DisableTorchFunctionSubclass", CLASS,
+        "the DTensor op hook reads its own tensors' shapes and dtypes without re-entering itself",
+    ),
+    Symbol(
+        "disabled_torch_function_impl", "torch._C", "_disabled_torch_function_impl", CALLABLE,
+        "DTensor's own `__torch_function__`: the op hook runs each op through it, exactly as DTensor does",
+        fallback="op spans come from a TorchFunctionMode over every torch call (slower, same spans)",
+        fallback_value=None,
+    ),
+    Symbol(
+        "StopRecomputationError", "torch.utils.checkpoint", "_StopRecomputationError", CLASS,
+        "non-reentrant checkpointing ends a recomputed forward early on purpose: not an error of the module",
+        fallback="no exception is treated so (such a recomputation would end its span with an error)",
+        fallback_value=None,
+    ),
+    Symbol(
+        "own_parameters", "torch.nn", "Module", ATTRIBUTE,
+        "a module's own parameters as objects, without its children's",
+        member="_parameters", sample=lambda: torch.nn.Linear(1, 1),
+    ),
+    # compiled modules: where a compiled call leaves eager Python
+    Symbol(
+        "compiled_call_impl", "torch.nn", "Module", ATTRIBUTE,
+        "`nn.Module.compile()` keeps the compiled call here; its hooks run inside the graph, so the call is "
+        "noted around it", fallback="a compiled module's collectives count for the modules enclosing it",
+        member="_compiled_call_impl", sample=lambda: torch.nn.Linear(1, 1),
+    ),
+    Symbol(
+        "child_modules", "torch.nn", "Module", ATTRIBUTE,
+        "a module's children, the dict `named_modules()` walks: a kept hook set tells an unchanged tree from a "
+        "changed one without walking it", fallback="the tree is walked at every window (as a changed one)",
+        member="_modules", sample=lambda: torch.nn.Linear(1, 1),
+    ),
+    Symbol(
+        "OptimizedModule", "torch._dynamo.eval_frame", "OptimizedModule", CLASS,
+        "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names",
+        fallback="the wrapper is tracked as it is (names start with `_orig_mod.`)",
+    ),
+    # the dispatcher: Python kernels on collective ops, op records
+    Symbol(
+        "DispatchKey", "torch._C", "DispatchKey", CLASS, "the BackendSelect key the collective kernels sit on, Meta",
+    ),
+    Symbol(
+        "DispatchKeySet", "torch._C", "DispatchKeySet", CLASS,
+        "the key set a kernel gets (`with_keyset=True`) and redispatches below itself (`remove`)",
+        fallback="kernels are not available: collectives are seen by the dispatch mode",
+    ),
+    Symbol(
+        "dispatch_has_kernel_for_dispatch_key", "torch._C", "_dispatch_has_kernel_for_dispatch_key", CALLABLE,
+        "never replace a BackendSelect kernel someone else registered",
+        fallback="kernels are not available: collectives are seen by the dispatch mode",
+    ),
+    Symbol(
+        "redispatch_boxed", "torch._ops", "OpOverload", ATTRIBUTE,
+        "a kernel goes on to the keys below it, releasing the GIL while the backend runs",
+        member="_handle", sample=_an_op,
+    ),
+    Symbol(
+        "op_schema", "torch._ops", "OpOverload", ATTRIBUTE,
+        "an op's schema: its qualified name and argument names", member="_schema", sample=_an_op,
+    ),
+    Symbol(
+        "overload_name", "torch._ops", "OpOverload", ATTRIBUTE,
+        "an op overload's name ('default', 'Tensor'), to register a kernel for it", member="_overloadname",
+        sample=_an_op,
+    ),
+    Symbol(
+        "overload_packet", "torch._ops", "OpOverload", ATTRIBUTE,
+        "an op overload's packet: the key torch's CommDebugMode counts under", member="_overloadpacket", sample=_an_op,
+    ),
+    Symbol(
+        "OpOverload", "torch._ops", "OpOverload", CLASS, "the type of `torch.ops.<ns>.<op>.<overload>`",
+    ),
+    Symbol(
+        "HigherOrderOperator", "torch._ops", "HigherOrderOperator", CLASS,
+        "the drop-in's dispatch mode runs higher-order operators through, as torch's does",
+    ),
+    Symbol(
+        "dispatch_library", "torch._C", "_dispatch_library", CALLABLE,
+        "the dispatcher's own library object (what `torch.library.Library` wraps): registering the kernels on it "
+        "takes half the time, and `reset()` takes them out again, so each window can register and unregister them",
+        fallback="kernels are not available: collectives are seen by the dispatch mode",
+    ),
+    Symbol(
+        "WAIT_TENSOR", "torch", "ops._c10d_functional.wait_tensor.default", ATTRIBUTE,
+        "the op that waits for a functional collective: when it completes",
+    ),
+    Symbol(
+        "TorchDispatchMode", "torch.utils._python_dispatch", "TorchDispatchMode", CLASS,
+        "the fallback collective hook and the drop-in's op records are dispatch modes",
+    ),
+    Symbol(
+        "detect_fake_mode", "torch._guards", "detect_fake_mode", CALLABLE,
+        "the drop-in does not list ops on fake tensors (torch.compile tracing), as torch's does not",
+    ),
+    Symbol(
+        "tree_flatten", "torch.utils._pytree", "tree_flatten", CALLABLE,
+        "the drop-in finds a module's input tensors in any nesting, as torch's ModTracker does",
+    ),
+    # dynamo (imported only when asked: importing it takes long)
+    Symbol(
+        "set_code_exec_strategy", "torch._dynamo.eval_frame", "set_code_exec_strategy", CALLABLE,
+        "mark a kernel's code to be skipped by dynamo, recursively, at no cost per call",
+        fallback="torch.compiler.disable(fn, recursive=True): a wrapper that costs every call",
+    ),
+    Symbol(
+        "FrameExecStrategy", "torch._dynamo.eval_frame", "FrameExecStrategy", CLASS,
+        "the strategy `set_code_exec_strategy` takes", fallback="as for set_code_exec_strategy",
+    ),
+    Symbol(
+        "FrameAction", "torch._dynamo.eval_frame", "FrameAction", CLASS,
+        "SKIP, for this frame and the frames it calls", fallback="as for set_code_exec_strategy",
+    ),
+    Symbol(
+        "dynamo_tls", "torch._dynamo.eval_frame", "dynamo_tls", ATTRIBUTE,
+        "dynamo's record of the frames it ran eagerly under a dispatch mode (`skip_reasons`): the graph-mode warning",
+        fallback="no warning that compiled code ran eagerly", member="skip_reasons",
+    ),
+    Symbol(
+        "cache_entries", "torch._dynamo.eval_frame", "_debug_get_cache_entry_list", CALLABLE,
+        "whether `torch.compile(model)` compiled a module's forward: its submodules' hooks then run in the graph",
+        fallback="no module counts as compiled so: a window recompiles such a graph (its hooks' ids are guarded)",
+    ),
+    # torch.distributed: Work, process groups, functional collectives, DTensor, FSDP2
+    Symbol(
+        "unbox_work", "torch._C._distributed_c10d", "Work.unbox", CALLABLE,
+        "an eager c10d op returns its Work boxed as a TorchScript object: unbox it to ask when it is done",
+    ),
+    Symbol(
+        "FakeWork", "torch._C._distributed_c10d", "FakeWork", CLASS,
+        "the fake process group's Work never reports completion: the watchdog treats it as done",
+        fallback="no Work is treated as fake",
+        fallback_value=_NoInstances,
+    ),
+    Symbol(
+        "resolve_process_group", "torch.distributed.distributed_c10d", "_resolve_process_group", CALLABLE,
+        "functional collectives name their group by string: its size and ranks",
+    ),
+    Symbol(
+        "AsyncCollectiveTensor", "torch.distributed._functional_collectives", "AsyncCollectiveTensor", CLASS,
+        "an op that reads one waits for its collective inside: when that collective completes",
+        fallback="no such tensors: functional collectives complete at their wait_tensor",
+        fallback_value=_NoInstances,
+    ),
+    Symbol(
+        "dtensor_spec", "torch.distributed.tensor", "DTensor", ATTRIBUTE,
+        "a DTensor's spec (shape, placements, mesh): hashed once, shared by every step's infos", member="_spec",
+    ),
+    *(
+        Symbol(
+            f"redistribute_local_tensor:{module}", module, REDISTRIBUTE_FUNCTION, CALLABLE,
+            "every redistribute of a DTensor goes through it (redistribute spans)",
+        )
+        for module in REDISTRIBUTE_MODULES
+    ),
+    Symbol(
+        "FSDPParamGroup", "torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup", CLASS,
+        "FSDP2 issues a parameter group's collectives in its `unshard` and `post_backward`: which module they move",
+        fallback="collectives carry no FSDP parameter module",
+    ),
+    Symbol(
+        "ModTracker", "torch.distributed._tools.mod_tracker", "ModTracker", CLASS,
+        "the drop-in's module tracker is torch's, with its fqn scheme and parents",
+    ),
+    Symbol(
+        "storage_key", "torch", "UntypedStorage", ATTRIBUTE,
+        "a functional collective's output is matched with its wait by storage, as torch's own work registry does",
+        member="_cdata",
+    ),
+    # process exit
+    Symbol(
+        "c10d_world", "torch.distributed.distributed_c10d", "_world", ATTRIBUTE,
+        "which process groups are still live (`pg_map`): a destroyed group pinned by a default argument is let go "
+        "at exit",
+        fallback="nothing is released at exit", member="pg_map",
+    ),
+    # the CLI's benchmark
+    Symbol(
+        "FakeProcessGroup", "torch._C._distributed_c10d", "FakeProcessGroup._create_internal", CALLABLE,
+        "`hp-otel bench` runs a 2-rank world in one process whose collectives return at once",
+    ),
+    Symbol(
+        "DebugMode", "torch.utils._debug_mode", "DebugMode", CLASS,
+        "`hp-otel bench` compares with torch's DebugMode", fallback="that benchmark variant is skipped",
+    ),
+)
+# fmt: on
+SYMBOLS: dict[str, Symbol] = {symbol.name: symbol for symbol in _TABLE}
+
+
 # --- autograd: phase, node ownership, backward end (hot: torch's own callables) ------------
 
-current_graph_task_id: Callable[[], int] = resolve(_declare(Symbol(
-    "current_graph_task_id", "torch._C", "_current_graph_task_id", CALLABLE,
-    "the running backward pass's id, -1 outside backward: the phase of a collective, module call or recomputation",
-)))  # fmt: skip
-current_autograd_node: Callable[[], Any] = resolve(_declare(Symbol(
-    "current_autograd_node", "torch._C", "_current_autograd_node", CALLABLE,
-    "the autograd node running now: which module call's forward created the backward work",
-)))  # fmt: skip
-next_sequence_nr: Callable[[], int] = resolve(_declare(Symbol(
-    "next_sequence_nr", "torch._C", "_autograd._get_sequence_nr", CALLABLE,
-    "this thread's next autograd node number: the nodes a forward call creates are the numbers it spans",
-)))  # fmt: skip
-_declare(Symbol(
-    "node_sequence_nr", "torch.autograd.graph", "Node", ATTRIBUTE,
-    "an autograd node's sequence number: which forward call created it", member="_sequence_nr", sample=_graph_node,
-))  # fmt: skip
+current_graph_task_id: Callable[[], int] = resolve("current_graph_task_id")
+current_autograd_node: Callable[[], Any] = resolve("current_autograd_node")
+next_sequence_nr: Callable[[], int] = resolve("next_sequence_nr")
 # `node_sequence_nr(node)` is `node._sequence_nr()`, called from C (no Python frame per node).
 node_sequence_nr: Callable[[Any], int] = operator.methodcaller("_sequence_nr")
-queue_backward_callback: Callable[[Callable[[], None]], None] = resolve(_declare(Symbol(
-    "queue_backward_callback", "torch.autograd", "Variable._execution_engine.queue_callback", CALLABLE,
-    "run a callback when the current backward pass ends (closes backward spans)",
-)))  # fmt: skip
-DisableTorchFunction: type = resolve(_declare(Symbol(
-    "DisableTorchFunction", "torch._C", "DisableTorchFunction", CLASS,
-    "hp_otel's own tensor calls (registering grad hooks) are not reported as the user's ops",
-)))  # fmt: skip
-DisableTorchFunctionSubclass: type = resolve(_declare(Symbol(
-    "DisableTorchFunctionSubclass", "torch._C", "DisableTorchFunctionSubclass", CLASS,
-    "the DTensor op hook reads its own tensors' shapes and dtypes without re-entering itself",
-)))  # fmt: skip
-disabled_torch_function_impl: Callable[..., Any] = resolve(_declare(Symbol(
-    "disabled_torch_function_impl", "torch._C", "_disabled_torch_function_impl", CALLABLE,
-    "DTensor's own `__torch_function__`: the op hook runs each op through it, exactly as DTensor does",
-    fallback="op spans come from a TorchFunctionMode over every torch call (slower, same spans)",
-), fallback=None))  # fmt: skip
-_stop_recomputation = resolve(_declare(Symbol(
-    "StopRecomputationError", "torch.utils.checkpoint", "_StopRecomputationError", CLASS,
-    "non-reentrant checkpointing ends a recomputed forward early on purpose: not an error of the module",
-    fallback="no exception is treated so (such a recomputation would end its span with an error)",
-), fallback=None))  # fmt: skip
+queue_backward_callback: Callable[[Callable[[], None]], None] = resolve("queue_backward_callback")
+DisableTorchFunction: type = resolve("DisableTorchFunction")
+DisableTorchFunctionSubclass: type = resolve("DisableTorchFunctionSubclass")
+disabled_torch_function_impl: Callable[..., Any] = resolve("disabled_torch_function_impl")
+_stop_recomputation = resolve("StopRecomputationError")
 # The exception types that end a recomputation on purpose (() without torch's).
 STOP_RECOMPUTATION: tuple[type[BaseException], ...] = (
     (_stop_recomputation,) if isinstance(_stop_recomputation, type) else ()
 )
-_declare(Symbol(
-    "own_parameters", "torch.nn", "Module", ATTRIBUTE, "a module's own parameters as objects, without its children's",
-    member="_parameters", sample=lambda: torch.nn.Linear(1, 1),
-))  # fmt: skip
 
 
 def own_parameters(module: torch.nn.Module) -> Iterable[Any]:
@@ -208,26 +398,12 @@ def own_parameters(module: torch.nn.Module) -> Iterable[Any]:
 
 # --- compiled modules: where a compiled call leaves eager Python ------------------------------
 
-_declare(Symbol(
-    "compiled_call_impl", "torch.nn", "Module", ATTRIBUTE,
-    "`nn.Module.compile()` keeps the compiled call here; its hooks run inside the graph, so the call is "
-    "noted around it", fallback="a compiled module's collectives count for the modules enclosing it",
-    member="_compiled_call_impl", sample=lambda: torch.nn.Linear(1, 1),
-))  # fmt: skip
 _COMPILED_CALL = "_compiled_call_impl"
 
 
 def compiled_call(module: torch.nn.Module) -> Any:
     """What `nn.Module.compile()` put on this module (`module._compiled_call_impl`), None if not compiled so."""
     return vars(module).get(_COMPILED_CALL)
-
-
-_declare(Symbol(
-    "child_modules", "torch.nn", "Module", ATTRIBUTE,
-    "a module's children, the dict `named_modules()` walks: a kept hook set tells an unchanged tree from a "
-    "changed one without walking it", fallback="the tree is walked at every window (as a changed one)",
-    member="_modules", sample=lambda: torch.nn.Linear(1, 1),
-))  # fmt: skip
 
 
 def tree_state(modules: Iterable[Callable[[], torch.nn.Module | None]]) -> list[Any] | None:
@@ -268,13 +444,6 @@ def set_compiled_call(module: torch.nn.Module, call: Any) -> None:
     object.__setattr__(module, _COMPILED_CALL, call)
 
 
-_declare(Symbol(
-    "OptimizedModule", "torch._dynamo.eval_frame", "OptimizedModule", CLASS,
-    "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names",
-    fallback="the wrapper is tracked as it is (names start with `_orig_mod.`)",
-))  # fmt: skip
-
-
 def compiled_module_original(module: torch.nn.Module) -> torch.nn.Module | None:
     """The model a `torch.compile(model)` wrapper wraps (`_orig_mod`), None for any other module
     (never imports dynamo: a wrapper exists only once it is imported)."""
@@ -287,24 +456,9 @@ def compiled_module_original(module: torch.nn.Module) -> torch.nn.Module | None:
 
 # --- the dispatcher: Python kernels on collective ops, op records ----------------------------
 
-DispatchKey: Any = resolve(_declare(Symbol(
-    "DispatchKey", "torch._C", "DispatchKey", CLASS, "the BackendSelect key the collective kernels sit on, Meta",
-)))  # fmt: skip
-DispatchKeySet: Any = resolve(_declare(Symbol(
-    "DispatchKeySet", "torch._C", "DispatchKeySet", CLASS,
-    "the key set a kernel gets (`with_keyset=True`) and redispatches below itself (`remove`)",
-    fallback="kernels are not available: collectives are seen by the dispatch mode",
-)))  # fmt: skip
-dispatch_has_kernel_for_dispatch_key: Callable[[str, str], bool] = resolve(_declare(Symbol(
-    "dispatch_has_kernel_for_dispatch_key", "torch._C", "_dispatch_has_kernel_for_dispatch_key", CALLABLE,
-    "never replace a BackendSelect kernel someone else registered",
-    fallback="kernels are not available: collectives are seen by the dispatch mode",
-)))  # fmt: skip
-_declare(Symbol(
-    "redispatch_boxed", "torch._ops", "OpOverload", ATTRIBUTE,
-    "a kernel goes on to the keys below it, releasing the GIL while the backend runs",
-    member="_handle", sample=_an_op,
-))  # fmt: skip
+DispatchKey: Any = resolve("DispatchKey")
+DispatchKeySet: Any = resolve("DispatchKeySet")
+dispatch_has_kernel_for_dispatch_key: Callable[[str, str], bool] = resolve("dispatch_has_kernel_for_dispatch_key")
 
 
 def redispatch_boxed(op: Any) -> Callable[..., Any]:
@@ -312,81 +466,27 @@ def redispatch_boxed(op: Any) -> Callable[..., Any]:
     return op._handle.redispatch_boxed  # type: ignore[no-any-return]
 
 
-_declare(Symbol(
-    "op_schema", "torch._ops", "OpOverload", ATTRIBUTE,
-    "an op's schema: its qualified name and argument names", member="_schema", sample=_an_op,
-))  # fmt: skip
 # `op_schema(op)` is `op._schema` (attrgetter: no Python frame).
 op_schema: Callable[[Any], Any] = operator.attrgetter("_schema")
-_declare(Symbol(
-    "overload_name", "torch._ops", "OpOverload", ATTRIBUTE,
-    "an op overload's name ('default', 'Tensor'), to register a kernel for it", member="_overloadname",
-    sample=_an_op,
-))  # fmt: skip
 overload_name: Callable[[Any], str] = operator.attrgetter("_overloadname")
-_declare(Symbol(
-    "overload_packet", "torch._ops", "OpOverload", ATTRIBUTE,
-    "an op overload's packet: the key torch's CommDebugMode counts under", member="_overloadpacket", sample=_an_op,
-))  # fmt: skip
 overload_packet: Callable[[Any], Any] = operator.attrgetter("_overloadpacket")
-OpOverload: Any = resolve(_declare(Symbol(
-    "OpOverload", "torch._ops", "OpOverload", CLASS, "the type of `torch.ops.<ns>.<op>.<overload>`",
-)))  # fmt: skip
-HigherOrderOperator: Any = resolve(_declare(Symbol(
-    "HigherOrderOperator", "torch._ops", "HigherOrderOperator", CLASS,
-    "the drop-in's dispatch mode runs higher-order operators through, as torch's does",
-)))  # fmt: skip
-dispatch_library: Callable[..., Any] = resolve(_declare(Symbol(
-    "dispatch_library", "torch._C", "_dispatch_library", CALLABLE,
-    "the dispatcher's own library object (what `torch.library.Library` wraps): registering the kernels on it "
-    "takes half the time, and `reset()` takes them out again, so each window can register and unregister them",
-    fallback="kernels are not available: collectives are seen by the dispatch mode",
-)))  # fmt: skip
-WAIT_TENSOR: Any = resolve(_declare(Symbol(
-    "WAIT_TENSOR", "torch", "ops._c10d_functional.wait_tensor.default", ATTRIBUTE,
-    "the op that waits for a functional collective: when it completes",
-)))  # fmt: skip
-TorchDispatchMode: Any = resolve(_declare(Symbol(
-    "TorchDispatchMode", "torch.utils._python_dispatch", "TorchDispatchMode", CLASS,
-    "the fallback collective hook and the drop-in's op records are dispatch modes",
-)))  # fmt: skip
-detect_fake_mode: Callable[..., Any] = resolve(_declare(Symbol(
-    "detect_fake_mode", "torch._guards", "detect_fake_mode", CALLABLE,
-    "the drop-in does not list ops on fake tensors (torch.compile tracing), as torch's does not",
-)))  # fmt: skip
-tree_flatten: Callable[[Any], tuple[list[Any], Any]] = resolve(_declare(Symbol(
-    "tree_flatten", "torch.utils._pytree", "tree_flatten", CALLABLE,
-    "the drop-in finds a module's input tensors in any nesting, as torch's ModTracker does",
-)))  # fmt: skip
+OpOverload: Any = resolve("OpOverload")
+HigherOrderOperator: Any = resolve("HigherOrderOperator")
+dispatch_library: Callable[..., Any] = resolve("dispatch_library")
+WAIT_TENSOR: Any = resolve("WAIT_TENSOR")
+TorchDispatchMode: Any = resolve("TorchDispatchMode")
+detect_fake_mode: Callable[..., Any] = resolve("detect_fake_mode")
+tree_flatten: Callable[[Any], tuple[list[Any], Any]] = resolve("tree_flatten")
 
 
-# --- dynamo (imported only when asked: ≈0.8 s) ----------------------------------------------
-
-_declare(Symbol(
-    "set_code_exec_strategy", "torch._dynamo.eval_frame", "set_code_exec_strategy", CALLABLE,
-    "mark a kernel's code to be skipped by dynamo, recursively, at no cost per call",
-    fallback="torch.compiler.disable(fn, recursive=True), ≈5 µs a call",
-))  # fmt: skip
-_declare(Symbol(
-    "FrameExecStrategy", "torch._dynamo.eval_frame", "FrameExecStrategy", CLASS,
-    "the strategy `set_code_exec_strategy` takes", fallback="as for set_code_exec_strategy",
-))  # fmt: skip
-_declare(Symbol(
-    "FrameAction", "torch._dynamo.eval_frame", "FrameAction", CLASS,
-    "SKIP, for this frame and the frames it calls", fallback="as for set_code_exec_strategy",
-))  # fmt: skip
-_declare(Symbol(
-    "dynamo_tls", "torch._dynamo.eval_frame", "dynamo_tls", ATTRIBUTE,
-    "dynamo's record of the frames it ran eagerly under a dispatch mode (`skip_reasons`): the graph-mode warning",
-    fallback="no warning that compiled code ran eagerly", member="skip_reasons",
-))  # fmt: skip
+# --- dynamo (imported only when asked: importing it takes long) -----------------------------
 
 
 def hide_from_dynamo(fn: Any) -> Any:
     """`fn`, never compiled by dynamo nor anything it calls (our kernels run inside compiled graphs).
 
     Marks its code skipped (no cost per call); without that on this torch, the public
-    `torch.compiler.disable` wrapper (≈5 µs a call); without dynamo, `fn` itself."""
+    `torch.compiler.disable` wrapper (a cost on every call); without dynamo, `fn` itself."""
     try:
         strategy = require("FrameExecStrategy")
         action = require("FrameAction")
@@ -412,13 +512,6 @@ def top_frame_compiled(fn: Any) -> bool:
         return bool(entries(code))
     except Exception:
         return False
-
-
-_declare(Symbol(
-    "cache_entries", "torch._dynamo.eval_frame", "_debug_get_cache_entry_list", CALLABLE,
-    "whether `torch.compile(model)` compiled a module's forward: its submodules' hooks then run in the graph",
-    fallback="no module counts as compiled so: a window recompiles such a graph (its hooks' ids are guarded)",
-))  # fmt: skip
 
 
 def loaded_dynamo_tls() -> Any:
@@ -453,49 +546,12 @@ def loaded_skip_reasons() -> SkipReasons | None:
 
 # --- torch.distributed: Work, process groups, functional collectives, DTensor, FSDP2 ----------
 
-unbox_work: Callable[[Any], Any] = resolve(_declare(Symbol(
-    "unbox_work", "torch._C._distributed_c10d", "Work.unbox", CALLABLE,
-    "an eager c10d op returns its Work boxed as a TorchScript object: unbox it to ask when it is done",
-)))  # fmt: skip
-
-
-class _NoInstances:
-    """Stands for a class this torch lacks: nothing is an instance of it."""
-
-
-FakeWork: type = resolve(_declare(Symbol(
-    "FakeWork", "torch._C._distributed_c10d", "FakeWork", CLASS,
-    "the fake process group's Work never reports completion: the watchdog treats it as done",
-    fallback="no Work is treated as fake",
-), fallback=_NoInstances))  # fmt: skip
-resolve_process_group: Callable[[str], Any] = resolve(_declare(Symbol(
-    "resolve_process_group", "torch.distributed.distributed_c10d", "_resolve_process_group", CALLABLE,
-    "functional collectives name their group by string: its size and ranks",
-)))  # fmt: skip
-AsyncCollectiveTensor: type = resolve(_declare(Symbol(
-    "AsyncCollectiveTensor", "torch.distributed._functional_collectives", "AsyncCollectiveTensor", CLASS,
-    "an op that reads one waits for its collective inside: when that collective completes",
-    fallback="no such tensors: functional collectives complete at their wait_tensor",
-), fallback=_NoInstances))  # fmt: skip
-_declare(Symbol(
-    "dtensor_spec", "torch.distributed.tensor", "DTensor", ATTRIBUTE,
-    "a DTensor's spec (shape, placements, mesh): hashed once, shared by every step's infos", member="_spec",
-))  # fmt: skip
+unbox_work: Callable[[Any], Any] = resolve("unbox_work")
+FakeWork: type = resolve("FakeWork")
+resolve_process_group: Callable[[str], Any] = resolve("resolve_process_group")
+AsyncCollectiveTensor: type = resolve("AsyncCollectiveTensor")
 # `dtensor_spec(t)` is `t._spec` (attrgetter: no Python frame per tensor).
 dtensor_spec: Callable[[Any], Any] = operator.attrgetter("_spec")
-
-# Every DTensor module that imports `redistribute_local_tensor` by name (the redistribute wrapper patches each).
-REDISTRIBUTE_MODULES = (
-    "torch.distributed.tensor._redistribute",
-    "torch.distributed.tensor._dispatch",
-    "torch.distributed.tensor._api",
-)
-REDISTRIBUTE_FUNCTION = "redistribute_local_tensor"
-for _module in REDISTRIBUTE_MODULES:
-    _declare(Symbol(
-        f"redistribute_local_tensor:{_module}", _module, REDISTRIBUTE_FUNCTION, CALLABLE,
-        "every redistribute of a DTensor goes through it (redistribute spans)",
-    ))  # fmt: skip
 
 
 _redistribute_checked = False
@@ -512,11 +568,6 @@ def redistribute_modules() -> list[ModuleType]:
     return [sys.modules[name] for name in REDISTRIBUTE_MODULES]
 
 
-_declare(Symbol(
-    "FSDPParamGroup", "torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup", CLASS,
-    "FSDP2 issues a parameter group's collectives in its `unshard` and `post_backward`: which module they move",
-    fallback="collectives carry no FSDP parameter module",
-))  # fmt: skip
 FSDP_GROUP_METHODS = ("unshard", "post_backward")  # where FSDP2 issues every collective of a parameter group
 
 
@@ -537,10 +588,6 @@ def fsdp_group_modules(group: Any) -> tuple[Any, ...]:
     return tuple(modules) if isinstance(modules, (tuple, list)) else ()
 
 
-_declare(Symbol(
-    "ModTracker", "torch.distributed._tools.mod_tracker", "ModTracker", CLASS,
-    "the drop-in's module tracker is torch's, with its fqn scheme and parents",
-))  # fmt: skip
 # ModTracker's private methods the drop-in overrides or calls (probed by the tests).
 MOD_TRACKER_MEMBERS = (
     "_get_append_fn",
@@ -566,25 +613,12 @@ def mod_tracker_markers_take_module(tracker: type) -> bool:
         return False
 
 
-_declare(Symbol(
-    "storage_key", "torch", "UntypedStorage", ATTRIBUTE,
-    "a functional collective's output is matched with its wait by storage, as torch's own work registry does",
-    member="_cdata",
-))  # fmt: skip
-
-
 def storage_key(tensor: torch.Tensor) -> int:
     """What identifies the tensor's storage (shared by its views): `untyped_storage()._cdata`."""
     return tensor.untyped_storage()._cdata  # type: ignore[no-any-return]
 
 
 # --- process exit -----------------------------------------------------------------------------
-
-_declare(Symbol(
-    "c10d_world", "torch.distributed.distributed_c10d", "_world", ATTRIBUTE,
-    "which process groups are still live (`pg_map`): a destroyed group pinned by a default argument is let go at exit",
-    fallback="nothing is released at exit", member="pg_map",
-))  # fmt: skip
 
 
 def live_process_groups() -> set[int]:
@@ -597,15 +631,6 @@ def live_process_groups() -> set[int]:
 
 
 # --- the CLI's benchmark --------------------------------------------------------------------
-
-_declare(Symbol(
-    "FakeProcessGroup", "torch._C._distributed_c10d", "FakeProcessGroup._create_internal", CALLABLE,
-    "`hp-otel bench` runs a 2-rank world in one process whose collectives return at once",
-))  # fmt: skip
-_declare(Symbol(
-    "DebugMode", "torch.utils._debug_mode", "DebugMode", CLASS,
-    "`hp-otel bench` compares with torch's DebugMode", fallback="that benchmark variant is skipped",
-))  # fmt: skip
 
 
 def register_fake_backend() -> None:

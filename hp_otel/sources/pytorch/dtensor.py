@@ -35,7 +35,6 @@ from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
 from hp_otel.sources.pytorch.fsdp import fsdp_patches
-from hp_otel.sources.pytorch.tensors import tensor_infos
 from hp_otel.sources.pytorch.waits import wait_slot, work_wait_patches
 from hp_otel.spans.codec import placements_text
 
@@ -52,6 +51,12 @@ def _has_dtensor(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> bool:
         if isinstance(value, (list, tuple)) and any(isinstance(v, DTensor) for v in value):
             return True
     return any(isinstance(v, DTensor) for v in kwargs.values()) if kwargs else False
+
+
+def _call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`func(*args, **kwargs)`, for `op_hook.report_op` (a function, not a closure: the mode's
+    `__torch_function__` runs for every torch call and keeps its arguments plain locals)."""
+    return func(*args, **kwargs)
 
 
 class _OpMode(TorchFunctionMode):
@@ -77,24 +82,8 @@ class _OpMode(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         if kwargs is None:
             kwargs = {}
-        try:
-            inputs = tensor_infos(*args, *kwargs.values())
-        except Exception as exc:
-            observer.on_fault("op_inputs", exc)
-            inputs = []
-        observer.on_op_enter(name, inputs)
-        try:
-            out = func(*args, **kwargs)
-        except BaseException as error:
-            observer.on_op_exit(name, (), error)
-            raise
-        try:
-            outputs = tensor_infos(out)
-        except Exception as exc:
-            observer.on_fault("op_outputs", exc)
-            outputs = []
-        observer.on_op_exit(name, outputs)
-        return out
+        # Inside the mode's own call torch has popped it: reading the tensors needs no guard.
+        return op_hook.report_op(observer, name, _call, (func, args, kwargs), args, kwargs, contextlib.nullcontext)
 
 
 class _CollectiveMode(_compat.TorchDispatchMode):  # type: ignore[misc]

@@ -19,13 +19,13 @@ in the real-gloo tests and reproduced by tests/support/repro_kernel_gil_deadlock
 
 Rules:
 - registered while a window records through them: the first window that needs them
-  registers them (≈0.2 ms; the first time in a process also makes the kernels, which
-  imports `torch._dynamo`, ≈0.8 s once), and the last one to close unregisters them
-  (≈0.01 ms), so after a plain window nothing of hp_otel's runs on a collective and the
-  dispatcher is as torch left it.  While hooks are kept (`hp_otel.install()`, the
-  always-on instrumentor) they stay registered between windows and pass every call
-  straight through (one slot read and a redispatch, ≈6–16 µs a collective op call: the
-  round trip into Python); `hp_otel.uninstall()` takes them out when no window uses them;
+  registers them (the first time in a process also makes the kernels, which imports
+  `torch._dynamo`, once), and the last one to close unregisters them, so after a plain
+  window nothing of hp_otel's runs on a collective and the dispatcher is as torch left it.
+  While hooks are kept (`hp_otel.install()`, the always-on instrumentor) they stay
+  registered between windows and pass every call straight through (one slot read and a
+  redispatch, but still the round trip into Python on every collective op call:
+  docs/how-it-works/costs.md); `hp_otel.uninstall()` takes them out when no window uses them;
 - a collective op can call another (a functional `all_reduce` runs `c10d.allreduce_`
   through the dispatcher): only the outermost one on a thread is recorded, as a
   dispatch mode would;
@@ -200,7 +200,7 @@ def _register(specs: dict[Any, CollectiveSpec]) -> bool:
             for qualified, library, name, kernel in plan:
                 if _compat.dispatch_has_kernel_for_dispatch_key(qualified, _BACKEND_SELECT):
                     raise RuntimeError(f"{qualified} already has a {_KEY} kernel; hp_otel will not replace it")
-                # the key as the enum, not its name: pybind reads a name ≈15× slower than the rest of `impl`
+                # the key as the enum, not its name: pybind's conversion of a name costs more than the rest of `impl`
                 library.impl(name, _BACKEND_SELECT, kernel, True)  # True: the kernel gets the dispatch key set
     except Exception as exc:  # leave torch as it was: drop what was registered
         _state["error"] = exc
@@ -215,8 +215,8 @@ def _register(specs: dict[Any, CollectiveSpec]) -> bool:
 
 # Plain windows opened one after another (a window per step): once one opens within this long
 # of the previous one's end, the kernels stay registered between windows, as under
-# `hp_otel.install()`. Registering again costs ≈1.5 M instructions (≈0.7 ms) a window, which
-# only matters when windows come this close: past 1 s apart it is under 0.07 % of the time.
+# `hp_otel.install()`. Registering again matters only when windows come this close; past this,
+# it is a negligible share of the time between them (the figures: docs/how-it-works/collective-hook.md).
 REOPEN_WITHIN_S = 1.0
 
 

@@ -4,8 +4,8 @@ DTensor sets `__torch_function__ = torch._C._disabled_torch_function_impl` (its 
 dispatch at the `__torch_dispatch__` level).  While at least one window records ops,
 `DTensor.__torch_function__` is our classmethod instead: torch calls it for exactly
 the overridable calls with a DTensor among their tensor arguments, where a
-`TorchFunctionMode` would be entered for every torch call of the step (≈8 kIr each even
-when it records nothing).  The hook runs each op through the saved original, so the op
+`TorchFunctionMode` would be entered for every torch call of the step, even when it
+records nothing (docs/how-it-works/costs.md, op mode).  The hook runs each op through the saved original, so the op
 runs exactly as without us, and reports it to the window of the calling context (the
 mode it replaces was thread-local; a context without a window passes straight through),
 outside backward only (the autograd engine runs nodes with an empty mode stack, so the
@@ -31,16 +31,17 @@ guards on the TorchFunctionMode stack the mode was on).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
-import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from hp_otel.record.observer import Observer
-from hp_otel.sources.patching import AttributePatch, ObserverSlot
+from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches
 from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.tensors import tensor_infos
 
@@ -126,20 +127,41 @@ def _torch_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: An
         traced = False
     if not traced:
         return _original(func, types, args, kwargs)
+    # No closure here: one would turn this function's arguments into cells on every call, untraced ones too.
+    return report_op(observer, name, _original, (func, types, args, kwargs), args, kwargs, _no_subclass_hooks)
+
+
+def report_op(
+    observer: Observer,
+    name: str,
+    run: Callable[..., Any],
+    run_args: tuple[Any, ...],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    quiet: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> Any:
+    """One traced op, the class hook's and the mode's (`dtensor._OpMode`) alike: its tensors read,
+    `on_op_enter`, `run(*run_args)` (the op as torch would run it), `on_op_exit` with its outputs or
+    its error.
+
+    A fault in reading the tensors is counted and the op still runs; the op's own error reaches
+    the caller unchanged. Reading happens inside `quiet()`, so that the reads of shapes and dtypes
+    do not come back to the hook (the class hook: torch's subclass hooks disabled).
+    """
     try:
-        with _no_subclass_hooks():  # our reads of shapes and dtypes do not come back here
+        with quiet():
             inputs = tensor_infos(*args, *kwargs.values())
     except Exception as exc:
         observer.on_fault("op_inputs", exc)
         inputs = []
     observer.on_op_enter(name, inputs)
     try:
-        out = _original(func, types, args, kwargs)
+        out = run(*run_args)
     except BaseException as error:
         observer.on_op_exit(name, (), error)
         raise
     try:
-        with _no_subclass_hooks():
+        with quiet():
             outputs = tensor_infos(out)
     except Exception as exc:
         observer.on_fault("op_outputs", exc)
@@ -151,41 +173,15 @@ def _torch_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: An
 _HOOK = classmethod(_torch_function)
 
 
-class _ClassHook:
-    """The swap of `DTensor.__torch_function__`, installed while any window holds it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._patch: AttributePatch | None = None
-
-    def acquire(self) -> bool:
-        """Hold the class hook (True), or False where it cannot serve (`why_mode()`): use the mode."""
-        with self._lock:
-            if self._users == 0:
-                if why_mode() is not None:
-                    return False
-                self._patch = AttributePatch(DTensor, _NAME, lambda _original: _HOOK)
-            self._users += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            if self._users == 0:
-                return
-            self._users -= 1
-            if self._users > 0:
-                return
-            patch, self._patch = self._patch, None
-        if patch is not None:
-            patch.restore()
-
-    @property
-    def users(self) -> int:
-        return self._users
+def _plan_class_hook() -> list[AttributePatch] | None:
+    """The swap of `DTensor.__torch_function__`, or None where it cannot serve (`why_mode()`): use the mode."""
+    if why_mode() is not None:
+        return None
+    return [AttributePatch(DTensor, _NAME, lambda _original: _HOOK)]
 
 
-class_hook = _ClassHook()
+# Never kept between windows: a kept hook would cost every DTensor call outside windows a frame.
+class_hook = SharedPatches(_plan_class_hook, lingers=False)
 
 
 class OpWindow:

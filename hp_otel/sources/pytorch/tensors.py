@@ -21,7 +21,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 # DTensorSpec -> TensorInfo: specs hash once and are shared by every step's parameters
-# and most activations, so a hit costs a dict lookup instead of ≈2 µs of formatting.
+# and most activations, so a hit costs a dict lookup instead of formatting the placements again.
 _spec_infos: dict[Any, TensorInfo] = {}
 _SPEC_CACHE_LIMIT = 4096
 _dtensor_spec = _compat.dtensor_spec

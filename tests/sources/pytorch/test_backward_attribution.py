@@ -164,7 +164,7 @@ class _Reused(nn.Module):
     """A TP block called twice, and a TP branch whose output never reaches the loss."""
 
     def __init__(self) -> None:
-        from hp_otel.cli.tp_mlp import MLP
+        from hp_otel.workloads.tp_mlp import MLP
 
         super().__init__()
         self.block = MLP()
@@ -264,7 +264,7 @@ def test_activation_checkpointing_recompute_matches_referee(fake_world, request,
 
 def test_demo_transformer_matches_referee(fake_world) -> None:
     """The transformer `hp-otel demo --model transformer` runs (TP + sequence parallel)."""
-    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+    from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
     model = build_tp_transformer(fake_world)
     referee = Referee(model)

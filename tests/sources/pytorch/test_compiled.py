@@ -42,7 +42,7 @@ _TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[
 
 
 def _mlp(ac: bool) -> tuple[nn.Module, Callable[[], torch.Tensor], tuple[str, ...]]:
-    from hp_otel.cli.tp_mlp import build_tp_mlp
+    from hp_otel.workloads.tp_mlp import build_tp_mlp
 
     model = build_tp_mlp(2)
     if ac:
@@ -52,7 +52,7 @@ def _mlp(ac: bool) -> tuple[nn.Module, Callable[[], torch.Tensor], tuple[str, ..
 
 
 def _transformer(ac: bool) -> tuple[nn.Module, Callable[[], torch.Tensor], tuple[str, ...]]:
-    from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
+    from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
     model = build_tp_transformer(2)
     if ac:  # torchtitan wraps each block

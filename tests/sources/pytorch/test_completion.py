@@ -10,9 +10,9 @@ import torch
 import torch.multiprocessing as mp
 
 from hp_otel import CommDebugMode
-from hp_otel.cli.demo import free_port
-from hp_otel.cli.tp_mlp import train_step
 from hp_otel.spans import schema
+from hp_otel.workloads.process_groups import free_port
+from hp_otel.workloads.tp_mlp import train_step
 
 
 def _collectives(mode: CommDebugMode) -> list:

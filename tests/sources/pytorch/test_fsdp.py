@@ -161,7 +161,7 @@ def _gloo_worker(rank: int, world_size: int, port: int) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hp_otel.cli.demo import init_gloo
+    from hp_otel.workloads.process_groups import init_gloo
 
     warnings.simplefilter("ignore")
     init_gloo(rank, world_size, port)
@@ -177,7 +177,7 @@ def test_fsdp_collectives_count_for_the_issuing_group_on_two_gloo_ranks() -> Non
     reduce-scatter count (and nest) under the module whose parameter group issued them."""
     import torch.multiprocessing as mp
 
-    from hp_otel.cli.demo import free_port
+    from hp_otel.workloads.process_groups import free_port
 
     mp.spawn(_gloo_worker, args=(2, free_port()), nprocs=2, join=True)
 
@@ -214,7 +214,7 @@ def _prefetch_worker(rank: int, world_size: int, port: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from hp_otel.cli.demo import init_gloo
+    from hp_otel.workloads.process_groups import init_gloo
 
     warnings.simplefilter("ignore")
     init_gloo(rank, world_size, port)
@@ -273,6 +273,6 @@ def test_explicit_prefetch_counts_for_the_prefetched_module_on_two_gloo_ranks() 
     FSDPParamGroup.unshard / post_backward itself."""
     import torch.multiprocessing as mp
 
-    from hp_otel.cli.demo import free_port
+    from hp_otel.workloads.process_groups import free_port
 
     mp.spawn(_prefetch_worker, args=(2, free_port()), nprocs=2, join=True)

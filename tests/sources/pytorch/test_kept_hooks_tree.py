@@ -23,8 +23,8 @@ from torch import nn
 
 import hp_otel
 from hp_otel import CommDebugMode
-from hp_otel.cli.tp_transformer import build_tp_transformer, demo_tokens
 from hp_otel.sources.pytorch import _compat, modules
+from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 
 _PACKAGE = os.path.join(os.path.dirname(hp_otel.__file__), "")  # not "hp_otel" in a path: a clone's folder is named so
 

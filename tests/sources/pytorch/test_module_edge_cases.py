@@ -68,7 +68,7 @@ def test_shared_dict_output_opens_each_backward_span_once(fake_world) -> None:
 
 
 def _ddp_worker(rank: int, port: int) -> None:
-    from hp_otel.cli.demo import init_gloo
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, 1, port)
     try:
@@ -90,7 +90,7 @@ def _ddp_worker(rank: int, port: int) -> None:
 def test_ddp_dict_output_opens_each_backward_span_once() -> None:
     import torch.multiprocessing as mp
 
-    from hp_otel.cli.demo import free_port
+    from hp_otel.workloads.process_groups import free_port
 
     mp.spawn(_ddp_worker, args=(free_port(),), nprocs=1, join=True)
 

@@ -19,8 +19,8 @@ from torch.overrides import TorchFunctionMode
 
 import hp_otel
 from hp_otel import CommDebugMode
-from hp_otel.cli.tp_mlp import train_step
 from hp_otel.sources.pytorch import op_hook
+from hp_otel.workloads.tp_mlp import train_step
 
 DISABLED = torch._C._disabled_torch_function_impl
 SKIPPED = {"__get__", "__set__", "__delete__", "register_hook", "register_post_accumulate_grad_hook"}

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from hp_otel.analysis.comparing import compare_files
 from hp_otel.analysis.reporting import format_report, report_to_json
-from hp_otel.cli.demo import free_port
+from hp_otel.workloads.process_groups import free_port
 
 pytestmark = pytest.mark.multiprocess
 

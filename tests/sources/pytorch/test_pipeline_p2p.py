@@ -9,7 +9,7 @@ import p2p_workers
 import pytest
 import torch.multiprocessing as mp
 
-from hp_otel.cli.demo import free_port
+from hp_otel.workloads.process_groups import free_port
 
 pytestmark = pytest.mark.multiprocess  # two gloo processes
 

@@ -15,9 +15,9 @@ from torch.distributed.tensor.debug import CommDebugMode as TorchCommDebugMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from hp_otel import CommDebugMode
-from hp_otel.cli.tp_mlp import train_step
 from hp_otel.spans import schema
 from hp_otel.spans.call_tree import build_call_tree
+from hp_otel.workloads.tp_mlp import train_step
 
 REDISTRIBUTE_MODULES = (
     "torch.distributed.tensor._redistribute",
@@ -105,7 +105,7 @@ def test_op_spans_carry_dtensor_metadata(tp_mlp) -> None:
 def test_module_called_twice_in_one_window(fake_world) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from hp_otel.cli.tp_mlp import MLP
+    from hp_otel.workloads.tp_mlp import MLP
 
     class Twice(nn.Module):
         def __init__(self) -> None:

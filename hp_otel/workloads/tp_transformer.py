@@ -9,6 +9,8 @@ runs on local tensors (each rank its heads), so it needs no DTensor rule.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,6 +75,20 @@ class Transformer(nn.Module):
 def build_tp_transformer(world_size: int, seed: int = 0) -> nn.Module:
     """The transformer over a 1-D CPU mesh of the default process group (which must exist), TP + SP."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(seed)
+    mesh = init_device_mesh("cpu", (world_size,))
+    return parallelize_tp_sp(Transformer(), mesh)
+
+
+def parallelize_tp_sp(model: nn.Module, mesh: Any) -> nn.Module:
+    """torchtitan's TP + sequence-parallel plan, applied over the 1-D `mesh`: the one plan of the
+    demo's transformer and the llama (`llama.py`), so the two cannot drift apart.
+
+    `model` has `tok_embeddings`, `norm`, `output` and `layers` of blocks with
+    `attention_norm`, `attention` (wq, wk, wv, wo; `heads`), `ffn_norm` and `feed_forward`
+    (w1, w2, and a SwiGLU's gate w3 if it has one, column-sharded as w1).
+    """
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -82,9 +98,6 @@ def build_tp_transformer(world_size: int, seed: int = 0) -> nn.Module:
         parallelize_module,
     )
 
-    torch.manual_seed(seed)
-    mesh = init_device_mesh("cpu", (world_size,))
-    model = Transformer()
     parallelize_module(
         model,
         mesh,
@@ -95,23 +108,22 @@ def build_tp_transformer(world_size: int, seed: int = 0) -> nn.Module:
         },
     )
     for layer in model.layers:
-        layer.attention.heads //= world_size  # each rank runs its share of the heads on local tensors
-        parallelize_module(
-            layer,
-            mesh,
-            {
-                "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()),
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
-                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-                "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            },
-        )
+        layer.attention.heads //= mesh.size()  # each rank runs its share of the heads on local tensors
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        if hasattr(layer.feed_forward, "w3"):
+            plan["feed_forward.w3"] = ColwiseParallel()
+        parallelize_module(layer, mesh, plan)
     return model
 
 

@@ -1,7 +1,8 @@
 """A small torchtitan-like llama on a 2-D (DP x TP) mesh: the step the scale harness records.
 
 RMSNorm, attention (wq, wk, wv, wo) and a SwiGLU feed-forward (w1, w2, w3) per layer,
-parallelised by torchtitan's TP + sequence-parallel plan on the mesh's `tp` dimension;
+parallelised by torchtitan's TP + sequence-parallel plan on the mesh's `tp` dimension
+(`tp_transformer.parallelize_tp_sp`, the demo transformer's plan, and its attention);
 after backward the gradients are all-reduced over `dp` in one bucket, as DDP does. On
 torch's fake process group every rank index runs the same collectives with its own groups.
 Dimensions are small (the files' size comes from the spans, not the tensors).
@@ -16,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hp_otel.workloads.tp_transformer import Attention, parallelize_tp_sp
+
 
 @dataclass(frozen=True)
 class LlamaShape:
@@ -25,22 +28,6 @@ class LlamaShape:
     vocab: int = 128
     batch: int = 2
     seq: int = 16
-
-
-class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wk = nn.Linear(dim, dim, bias=False)
-        self.wv = nn.Linear(dim, dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q, k, v = (w(x).view(batch, seq, self.heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class FeedForward(nn.Module):
@@ -88,49 +75,14 @@ def build_llama_step(dp: int, tp: int, shape: LlamaShape = LlamaShape(), seed: i
     forward, backward, one DP all_reduce of the gradients, zero_grad."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor import DTensor
 
     if shape.heads % tp:
         raise ValueError(f"heads ({shape.heads}) must be a multiple of tp ({tp})")
     torch.manual_seed(seed)
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    tp_mesh = mesh["tp"]
     model = Llama(shape)
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-        },
-    )
-    for layer in model.layers:
-        layer.attention.heads //= tp  # each rank runs its share of the heads on local tensors
-        parallelize_module(
-            layer,
-            tp_mesh,
-            {
-                "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()),
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
-                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-                "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate()),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-                "feed_forward.w3": ColwiseParallel(),
-            },
-        )
+    parallelize_tp_sp(model, mesh["tp"])
     dp_group = mesh.get_group("dp")
     generator = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(shape.vocab, (shape.batch, shape.seq), generator=generator)
