@@ -173,6 +173,15 @@ class CallTable:
         table._index = {k: i for i, k in enumerate(table.kinds)}
         return table
 
+    def without_windows(self, windows: Iterable[str]) -> CallTable:
+        """The calls outside `windows` (their window labels), in order."""
+        gone = set(windows)
+        table = CallTable(self.rank)
+        for i in range(len(self.seq)):
+            if self.kinds[self.kind[i]].window not in gone:
+                table.append(self.call(i))
+        return table
+
     def __getstate__(self) -> tuple[Any, ...]:
         return (self.rank, self.kinds, self.kind, self.seq, self.start_ns, self.end_ns, self.in_flight, self.nbytes,
                 self.algbw, self.busbw)  # fmt: skip

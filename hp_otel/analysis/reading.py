@@ -43,6 +43,7 @@ class RankFile:
     world_size: int | None = None  # the resource's hp.world_size (None: the file does not say)
     # window label -> its exposed communication (spans files only: a JSON dump has no wait times)
     exposure: dict[str, exposure.ExposureReport] = field(default_factory=dict)
+    ring: bool = False  # a step loop's collectives file: its windows are the rank's last steps
 
     def __post_init__(self) -> None:
         if not isinstance(self.calls, CallTable):
@@ -91,8 +92,10 @@ def rank_file_of_payload(path: str, payload: Any, default_rank: int | None = Non
     its exposure per module too with `by_module`."""
     if isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload:
         return _read_dump(path, payload, default_rank)
+    ring = False
     if collectives_file.is_collectives_payload(payload):
         resources, spans = _collectives_file(path, payload)
+        ring = collectives_file.is_ring(payload)
     else:
         resources, spans = resources_and_collectives(path, payload)
     try:
@@ -108,7 +111,7 @@ def rank_file_of_payload(path: str, payload: Any, default_rank: int | None = Non
         exposures = exposure.by_window(collectives, by_module)
     except (TypeError, ValueError) as exc:
         raise RankInputError(f"{path}: a collective span's times or wait attributes are malformed ({exc})") from exc
-    return RankFile(path, rank, table, unsequenced, _world_size_of(resources), exposures)
+    return RankFile(path, rank, table, unsequenced, _world_size_of(resources), exposures, ring)
 
 
 def _collectives_file(path: str, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], list[CollectiveSpan]]:
