@@ -20,15 +20,19 @@ from hp_otel.analysis import compare_files
 from hp_otel.cli import main as cli_main
 
 
+def _instrument(**kwargs):  # type: ignore[no-untyped-def]
+    """Both providers given: the instrumentor configures no export in the test process."""
+    HpOtelInstrumentor().instrument(
+        tracer_provider=TracerProvider(shutdown_on_exit=False),
+        meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
+        **kwargs,
+    )
+    return active_session()
+
+
 @pytest.fixture
 def instrument():  # type: ignore[no-untyped-def]
-    def start(**kwargs):  # type: ignore[no-untyped-def]
-        HpOtelInstrumentor().instrument(
-            tracer_provider=TracerProvider(shutdown_on_exit=False),
-            meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
-            **kwargs,
-        )
-        return active_session()
+    start = _instrument
 
     yield start
     HpOtelInstrumentor().uninstrument()
@@ -86,7 +90,7 @@ def test_without_a_folder_no_file_is_written(tmp_path, instrument, monkeypatch) 
 def test_bad_arguments_are_refused_by_name(tmp_path, monkeypatch, kwargs, error, message) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(error, match=message):
-        HpOtelInstrumentor().instrument(tracer_provider=TracerProvider(shutdown_on_exit=False), **kwargs)
+        _instrument(**kwargs)
     assert active_session() is None
 
 
@@ -112,11 +116,7 @@ def test_a_write_that_fails_is_counted_logged_once_and_training_goes_on(tmp_path
 
 
 def _ring(tmp_path, rank: int, steps, collectives_steps: int = 3):  # type: ignore[no-untyped-def]
-    HpOtelInstrumentor().instrument(
-        tracer_provider=TracerProvider(shutdown_on_exit=False),
-        collectives_dir=str(tmp_path),
-        collectives_steps=collectives_steps,
-    )
+    _instrument(collectives_dir=str(tmp_path), collectives_steps=collectives_steps)
     try:
         _steps(steps, rank)
     finally:
@@ -147,9 +147,7 @@ def test_the_same_last_steps_agree(tmp_path, capsys) -> None:
 def test_a_step_loop_file_of_another_collective_layout_still_lines_up_by_step(tmp_path) -> None:
     # the rank's steps have two all_reduces in step 1: a desync at seq 1 of step 1, nothing shifted by order
     paths = [_ring(tmp_path, 0, range(3))]
-    HpOtelInstrumentor().instrument(
-        tracer_provider=TracerProvider(shutdown_on_exit=False), collectives_dir=str(tmp_path), collectives_steps=3
-    )
+    _instrument(collectives_dir=str(tmp_path), collectives_steps=3)
     try:
         _steps([0], rank=1)
         _steps([1], rank=1, calls=2)
