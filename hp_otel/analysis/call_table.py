@@ -112,6 +112,21 @@ class CallTable:
         self.algbw.append(call.algbw)
         self.busbw.append(call.busbw)
 
+    def append_row(
+        self, kind: int, seq: int, start_ns: int, end_ns: int, in_flight: bool, nbytes: int, algbw: float, busbw: float
+    ) -> None:
+        """A call of a kind the table holds (`kinds[kind]`), without building its `RankCall`."""
+        if not 0 <= kind < len(self.kinds):
+            raise IndexError(f"kind {kind} of {len(self.kinds)}")
+        self.seq.append(seq)
+        self.start_ns.append(start_ns)
+        self.end_ns.append(end_ns)
+        self.nbytes.append(nbytes)
+        self.kind.append(kind)
+        self.in_flight.append(in_flight)
+        self.algbw.append(algbw)
+        self.busbw.append(busbw)
+
     def __len__(self) -> int:
         return len(self.seq)
 
