@@ -32,7 +32,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from hp_otel.always_on.model_tracker import ModelTracker
 from hp_otel.always_on.package import _instruments, _instruments_any
-from hp_otel.always_on.steps import StepSpans, begin_step, running, set_step_handler
+from hp_otel.always_on.steps import StepCollectives, StepSpans, begin_step, running, set_step_handler, step_collectives
 from hp_otel.common import launcher_env
 from hp_otel.common.env_read import getenv
 from hp_otel.record import installation, metric_labels
@@ -123,8 +123,10 @@ class StepSession:
         hooks: UserHooks = NO_HOOKS,
         stack_depth: int = 0,
         metric_module_depth: int | None = metric_labels.ALWAYS_ON_DEFAULT,
+        collectives: StepCollectives | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
+        self.collectives = collectives  # each sampled step's collectives file (None: off)
         self.stack_depth = stack_depth  # user frames per collective in sampled steps (0: off)
         self.metric_module_depth = metric_module_depth  # parsed: None keeps the whole fqn
         self.meter_provider = meter_provider
@@ -189,6 +191,8 @@ class StepSession:
 
         def close_window(error: BaseException | None) -> None:
             mode.__exit__(type(error) if error else None, error, None)
+            if self.collectives is not None:
+                self.collectives.step_ended(spans, mode)
 
         with running(spans, before_end=close_window):
             yield spans
@@ -214,6 +218,8 @@ class StepSession:
         if current is not None:
             spans, mode = current
             mode.__exit__(None, None, None)
+            if self.collectives is not None:
+                self.collectives.step_ended(spans, mode)
             spans.end()
 
     def start(self) -> None:
@@ -271,6 +277,9 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     the model's top-level children). `configure_export=`: with no providers passed and none set
     globally, True (default; `HP_OTEL_CONFIGURE_EXPORT`) exports with `hp_otel.configure()`, False
     uses OTel's global (proxy) providers as contrib instrumentors do, leaving export to you.
+    `collectives_dir=`: a folder where each rank keeps the collectives of its last sampled steps in
+    `collectives-rank<R>.json` (what `hp-otel ranks` compares), `collectives_steps=` of them (default 4);
+    default: `HP_OTEL_COLLECTIVES_DIR` / `HP_OTEL_COLLECTIVES_STEPS` (unset: no file).
     """
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -291,6 +300,7 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         global _session
         hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
         stack_depth = _stack_depth(kwargs)
+        collectives = step_collectives(kwargs.get("collectives_dir"), kwargs.get("collectives_steps"))
         depth = metric_labels.resolve_depth(kwargs.get("metric_module_depth"), metric_labels.ALWAYS_ON_DEFAULT)
         if launcher_env.is_launcher_process():
             # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
@@ -303,7 +313,9 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _configure_export(kwargs.get("configure_export")),
         )
         _warn_if_resource_lacks_rank(tracer_provider)
-        session = StepSession(tracer_provider, meter_provider, kwargs.get("module"), hooks, stack_depth, depth)
+        session = StepSession(
+            tracer_provider, meter_provider, kwargs.get("module"), hooks, stack_depth, depth, collectives
+        )
         installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
         session.start()
         _session = session

@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import hashlib
 import logging
+import os
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, TracerProvider
 
 from hp_otel.common import launcher_env
+from hp_otel.common.env_read import getenv
 from hp_otel.common.int_range import check_attribute_count
 from hp_otel.record import matching
 from hp_otel.record.span_builder import mark_error
@@ -288,3 +290,90 @@ def running(spans: StepSpans, before_end: Callable[[BaseException | None], None]
         if before_end is not None:
             before_end(error)
         spans.end(error)
+
+
+COLLECTIVES_DIR_VARIABLE = "HP_OTEL_COLLECTIVES_DIR"
+COLLECTIVES_STEPS_VARIABLE = "HP_OTEL_COLLECTIVES_STEPS"
+
+
+class StepCollectives:
+    """Each sampled step's collectives into this rank's collectives file in `folder`, which keeps the
+    last `keep` steps (`hp_otel.spans.collectives_file.CollectivesRing`): the evidence `hp-otel ranks`
+    compares, left by a step loop at every moment, bounded however long the run.
+
+    An unsampled step builds no spans, so it leaves nothing here (its counts still go to the
+    metrics); sampling keeps the same steps on every rank, so the ranks' files hold the same steps.
+    A write that fails never stops training: it is counted in `faults` and logged once."""
+
+    def __init__(self, folder: str, keep: int) -> None:
+        self.folder = folder
+        self.keep = keep
+        self.faults = 0
+        self.written = 0  # steps written
+        self._rings: dict[int, Any] = {}  # rank -> its ring (one, unless a test plays several ranks)
+
+    def step_ended(self, spans: StepSpans, mode: Any) -> None:
+        """After the step's window closed: add its collectives to the rank's file (sampled steps)."""
+        if not spans.sampled:
+            return
+        try:
+            from hp_otel.spans.collectives_file import CollectivesRing
+
+            ring = self._rings.get(spans.rank)
+            if ring is None:
+                ring = self._rings[spans.rank] = CollectivesRing(self.folder, self.keep, spans.rank)
+            finished = mode.get_finished_spans()
+            resource = dict(finished[0].resource.attributes) if finished and finished[0].resource is not None else {}
+            resource.setdefault(s.RESOURCE_RANK, spans.rank)
+            ring.add(finished, resource)
+            self.written += 1
+        except Exception as exc:  # never break training
+            self.faults += 1
+            if self.faults == 1:
+                logger.warning("hp_otel: writing the step's collectives file in %s failed", self.folder, exc_info=exc)
+
+    @property
+    def paths(self) -> list[str]:
+        return [ring.path for ring in self._rings.values()]
+
+
+def _keep_steps(value: Any, where: str) -> int:
+    if isinstance(value, str):
+        value = value.strip()
+        value = int(value) if value.isdigit() else value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000:
+        raise ValueError(f"{where} must be a number of steps 1..1000, got {value!r}")
+    return value
+
+
+def _folder(value: Any, where: str) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise TypeError(f"{where} must be a folder path (str or os.PathLike), got {value!r}")
+    folder = os.fspath(value)
+    os.makedirs(folder, exist_ok=True)  # FileExistsError / PermissionError name the path
+    return str(folder)
+
+
+def step_collectives(folder: Any = None, keep: Any = None) -> StepCollectives | None:
+    """The step loop's collectives files: `folder` / `keep` as given (a bad one raises), else
+    `HP_OTEL_COLLECTIVES_DIR` / `HP_OTEL_COLLECTIVES_STEPS` (a bad one is logged: no file). None: off."""
+    from hp_otel.spans.collectives_file import DEFAULT_KEEP
+
+    if folder is not None:
+        steps = DEFAULT_KEEP if keep is None else _keep_steps(keep, "collectives_steps")
+        return StepCollectives(_folder(folder, "collectives_dir"), steps)
+    raw = getenv(COLLECTIVES_DIR_VARIABLE)
+    if not raw:
+        if keep is not None:
+            _keep_steps(keep, "collectives_steps")
+        return None
+    try:
+        if keep is not None:
+            steps = _keep_steps(keep, "collectives_steps")
+        else:
+            raw_steps = getenv(COLLECTIVES_STEPS_VARIABLE)
+            steps = _keep_steps(raw_steps, COLLECTIVES_STEPS_VARIABLE) if raw_steps else DEFAULT_KEEP
+        return StepCollectives(_folder(raw, COLLECTIVES_DIR_VARIABLE), steps)
+    except (OSError, TypeError, ValueError) as exc:  # zero-code runs: a typo in a setting must not stop training
+        logger.warning("hp_otel: %s; writing no collectives files", exc)
+        return None

@@ -112,6 +112,21 @@ class CallTable:
         self.algbw.append(call.algbw)
         self.busbw.append(call.busbw)
 
+    def append_row(
+        self, kind: int, seq: int, start_ns: int, end_ns: int, in_flight: bool, nbytes: int, algbw: float, busbw: float
+    ) -> None:
+        """A call of a kind the table holds (`kinds[kind]`), without building its `RankCall`."""
+        if not 0 <= kind < len(self.kinds):
+            raise IndexError(f"kind {kind} of {len(self.kinds)}")
+        self.seq.append(seq)
+        self.start_ns.append(start_ns)
+        self.end_ns.append(end_ns)
+        self.nbytes.append(nbytes)
+        self.kind.append(kind)
+        self.in_flight.append(in_flight)
+        self.algbw.append(algbw)
+        self.busbw.append(busbw)
+
     def __len__(self) -> int:
         return len(self.seq)
 
@@ -171,6 +186,15 @@ class CallTable:
             setattr(table, name, getattr(self, name))
         table.kinds = list(kinds)
         table._index = {k: i for i, k in enumerate(table.kinds)}
+        return table
+
+    def without_windows(self, windows: Iterable[str]) -> CallTable:
+        """The calls outside `windows` (their window labels), in order."""
+        gone = set(windows)
+        table = CallTable(self.rank)
+        for i in range(len(self.seq)):
+            if self.kinds[self.kind[i]].window not in gone:
+                table.append(self.call(i))
         return table
 
     def __getstate__(self) -> tuple[Any, ...]:

@@ -132,7 +132,9 @@ GroupKey = tuple[str, str, tuple[int, ...]]
 def compare(files: Sequence[RankFile]) -> RanksReport:
     """Line the ranks' collectives up by (window, group, seq) and report where they part."""
     file_ranks = sorted(f.rank for f in files)
-    files, notes = _align_windows(files)
+    files, notes = _trim_rings(files)
+    files, aligned = _align_windows(files)
+    notes += aligned
     by_group: dict[GroupKey, dict[int, dict[int, int]]] = {}  # key -> rank -> seq -> call's place
     for fi, f in enumerate(files):
         table = f.calls
@@ -155,11 +157,45 @@ def compare(files: Sequence[RankFile]) -> RanksReport:
     return RanksReport(list(files), groups, _stragglers(groups, file_ranks), notes)
 
 
+def _step_number(window: str) -> int | None:
+    kind, _, number = window.partition(" ")
+    return int(number) if kind == "step" and number.lstrip("-").isdigit() else None
+
+
+def _trim_rings(files: Sequence[RankFile]) -> tuple[list[RankFile], list[str]]:
+    """Step loops' files hold each rank's last steps, written as each step ends, so one rank's file
+    may already have dropped a step another's still holds.  Steps older than the newest first step
+    of those files are left out of every one of them (not a hang: a ring that moved on); a newer
+    step some rank lacks stays, and is reported as that rank's missing collectives."""
+    held = {i: _windows_in_order(f) for i, f in enumerate(files) if f.ring and len(f.calls)}
+    if len(held) < 2:
+        return list(files), []
+    numbers = {w: _step_number(w) for windows in held.values() for w in windows}
+    if all(n is not None for n in numbers.values()):
+        first = max(min(numbers[w] for w in windows) for windows in held.values())  # type: ignore[type-var]
+        gone = {w for w, n in numbers.items() if n < first}  # type: ignore[operator]
+        kept = f"from step {first} on, which every file holds"
+    else:  # steps named by text: no order across ranks but each file's own; the steps every file holds
+        common = set.intersection(*(set(w) for w in held.values()))
+        gone = set(numbers) - common
+        kept = "the steps every file holds"
+    if not gone:
+        return list(files), []
+    out = list(files)
+    for i in held:
+        if gone & set(held[i]):
+            out[i] = dataclasses.replace(files[i], calls=files[i].calls.without_windows(gone))
+    shown = ", ".join(sorted(gone, key=lambda w: (numbers[w] is None, numbers[w] or 0, w))[:8])
+    more = f" and {len(gone) - 8} more" if len(gone) > 8 else ""
+    return out, [f"the step loops' files keep each rank's last steps: compared {kept} ({shown}{more} left out)"]
+
+
 def _align_windows(files: Sequence[RankFile]) -> tuple[list[RankFile], list[str]]:
     """Windows are matched by label (`step 3`, `window 0`); when the files' labels differ (ranks
-    opened a different number of windows before), by their order in each file instead."""
+    opened a different number of windows before), by their order in each file instead — except
+    for step loops' files, whose windows are steps every rank numbers alike."""
     order = [_windows_in_order(f) for f in files]
-    if len({tuple(sorted(w)) for w in order}) <= 1:
+    if len({tuple(sorted(w)) for w in order}) <= 1 or any(f.ring for f in files):
         return list(files), []
     aligned = []
     for f, windows in zip(files, order, strict=True):

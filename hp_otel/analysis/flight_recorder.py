@@ -37,7 +37,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, rank_file_of_payload
+from hp_otel.analysis.rank_input import fast_collectives
+from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, rank_file_of_payload, rank_file_of_spans
 from hp_otel.common.input_files import InputFileError, checked_int, parse_json, parse_pickle, read_bytes
 from hp_otel.common.package_dirs import package_dirs
 
@@ -111,11 +112,21 @@ def read_payload(path: str | os.PathLike[str], max_bytes: int | None = None) -> 
     A pickle is read by the restricted unpickler (plain data only, an object budget); anything
     else as JSON. A file that is neither raises RankInputError naming it."""
     text_path = os.fspath(path)
+    return _parse(text_path, _read(text_path, max_bytes))
+
+
+def _read(path: str, max_bytes: int | None = None) -> bytes:
     try:
-        data = read_bytes(text_path, "rank file", max_bytes)
+        return read_bytes(path, "rank file", max_bytes)
+    except InputFileError as exc:
+        raise RankInputError(str(exc)) from None
+
+
+def _parse(path: str, data: bytes) -> tuple[Any, bool]:
+    try:
         if data[:1] == _PICKLE_PROTOCOL_2_PLUS:
-            return parse_pickle(data, text_path, "Flight Recorder dump"), True
-        return parse_json(data, text_path, "spans file"), False
+            return parse_pickle(data, path, "Flight Recorder dump"), True
+        return parse_json(data, path, "spans file"), False
     except InputFileError as exc:
         raise RankInputError(str(exc)) from None
 
@@ -137,7 +148,12 @@ def read_any_rank_file(path: str | os.PathLike[str], by_module: bool = True) -> 
     The file is read and decoded once, whatever it turns out to be; `by_module`: a spans
     file's exposure per module too."""
     text_path = os.fspath(path)
-    payload, pickled = read_payload(text_path)
+    data = _read(text_path)
+    if data[:1] != _PICKLE_PROTOCOL_2_PLUS:
+        fast = fast_collectives(text_path, data)  # a spans file: only its collective spans decoded
+        if fast is not None:
+            return rank_file_of_spans(text_path, *fast, by_module=by_module)
+    payload, pickled = _parse(text_path, data)
     if _is_dump(payload):
         return read_flight_recorder_file(text_path, payload)
     if pickled:

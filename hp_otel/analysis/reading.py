@@ -43,6 +43,7 @@ class RankFile:
     world_size: int | None = None  # the resource's hp.world_size (None: the file does not say)
     # window label -> its exposed communication (spans files only: a JSON dump has no wait times)
     exposure: dict[str, exposure.ExposureReport] = field(default_factory=dict)
+    ring: bool = False  # a step loop's collectives file: its windows are the rank's last steps
 
     def __post_init__(self) -> None:
         if not isinstance(self.calls, CallTable):
@@ -91,10 +92,24 @@ def rank_file_of_payload(path: str, payload: Any, default_rank: int | None = Non
     its exposure per module too with `by_module`."""
     if isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload:
         return _read_dump(path, payload, default_rank)
+    ring = False
     if collectives_file.is_collectives_payload(payload):
         resources, spans = _collectives_file(path, payload)
+        ring = collectives_file.is_ring(payload)
     else:
         resources, spans = resources_and_collectives(path, payload)
+    return rank_file_of_spans(path, resources, spans, default_rank, by_module, ring)
+
+
+def rank_file_of_spans(
+    path: str,
+    resources: Sequence[Mapping[str, Any]],
+    spans: Iterable[Any],
+    default_rank: int | None = None,
+    by_module: bool = True,
+    ring: bool = False,
+) -> RankFile:
+    """A rank's collectives from its file's resources and collective spans (however they were decoded)."""
     try:
         rank = _rank_of(path, resources, default_rank)
     except (TypeError, ValueError) as exc:
@@ -108,7 +123,7 @@ def rank_file_of_payload(path: str, payload: Any, default_rank: int | None = Non
         exposures = exposure.by_window(collectives, by_module)
     except (TypeError, ValueError) as exc:
         raise RankInputError(f"{path}: a collective span's times or wait attributes are malformed ({exc})") from exc
-    return RankFile(path, rank, table, unsequenced, _world_size_of(resources), exposures)
+    return RankFile(path, rank, table, unsequenced, _world_size_of(resources), exposures, ring)
 
 
 def _collectives_file(path: str, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], list[CollectiveSpan]]:
@@ -126,21 +141,65 @@ def _collectives_file(path: str, payload: dict[str, Any]) -> tuple[list[dict[str
     return [resource], spans
 
 
+# What a call's kind (`CallKind`) is made of, besides the span's name: calls that share these values
+# share their kind, so each kind is decoded and checked once per file, not once per call.
+_KIND_KEYS = (
+    s.COLLECTIVE_WINDOW,
+    s.COLLECTIVE_GROUP,
+    s.COLLECTIVE_GROUP_RANKS,
+    s.COLLECTIVE_GROUP_SIZE,
+    s.COLLECTIVE_OP,
+    s.COLLECTIVE_NAME,
+    s.COLLECTIVE_INPUT_SHAPE,
+    s.COLLECTIVE_OUTPUT_SHAPE,
+    s.COLLECTIVE_DTYPE,
+    s.COLLECTIVE_REDUCE_OP,
+    s.COLLECTIVE_MODULE,
+    s.PHASE,
+    s.CALL_STACK,
+)
+
+
 def _add_calls(table: CallTable, spans: Iterable[Any], where: str) -> int:
     """Append the collectives among `spans` to `table`; how many had no seq."""
     unsequenced = 0
+    kinds: dict[tuple[Any, ...], int] = {}  # (span name, the _KIND_KEYS' values) -> the kind's index
     for span in spans:
         attrs = span_attributes(span)
         if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
             continue
+        get = attrs.get
         try:
-            call = _call_from_span(table.rank, span, attrs)
-            if call is not None:
+            key: tuple[Any, ...] | None = (span.name, *[get(k) for k in _KIND_KEYS])
+            kind = kinds.get(key)  # type: ignore[arg-type]
+        except TypeError:  # a value that cannot be a key (hp_otel writes none): decoded call by call
+            key = kind = None
+        try:
+            if kind is None:
+                call = _call_from_span(table.rank, span, attrs)
+                if call is None:
+                    unsequenced += 1
+                    continue
                 table.append(call)
+                if key is not None:
+                    kinds[key] = table.kind[-1]
+                continue
+            seq = checked_int(get(s.COLLECTIVE_SEQ, -1), s.COLLECTIVE_SEQ)
+            if seq < 0:
+                unsequenced += 1
+                continue
+            table.append_row(
+                kind,
+                seq,
+                span.start_time or 0,
+                span.end_time or 0,
+                bool(get(s.COLLECTIVE_IN_FLIGHT, False)),
+                checked_int(get(s.COLLECTIVE_BYTES, 0), s.COLLECTIVE_BYTES),
+                float(get(s.COLLECTIVE_ALGBW, 0.0)),
+                float(get(s.COLLECTIVE_BUSBW, 0.0)),
+            )
         except (TypeError, ValueError, OverflowError) as exc:  # attributes hp_otel did not write
             raise RankInputError(f"{where}: collective span {span.name!r} is malformed ({exc})") from exc
-        if call is None:
-            unsequenced += 1
     return unsequenced
 
 

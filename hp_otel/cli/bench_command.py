@@ -30,7 +30,8 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         "--steps",
         type=positive,
         metavar="N",
-        help="steps per variant per round, 1 or more (median); default per workload (see --rounds); --export-down: 20",
+        help="steps per variant per round, 1 or more (median); default per workload (see --rounds); --export-down: "
+        "20; --telemetry: 8",
     )
     bench.add_argument(
         "--export-down",
@@ -104,6 +105,12 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         help="--ranks: the files made: spans files (write_spans) or collectives files (write_collectives)",
     )
     bench.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="instead: what one rank sends with the always-on instrumentor's defaults on the llama step (2 and 8 "
+        "layers, 4 gloo ranks): its Prometheus series, OTLP bytes per sampled and unsampled step, per metrics export",
+    )
+    bench.add_argument(
         "--keep-files",
         metavar="DIR",
         help="--ranks: write the ranks' files to DIR and keep them (default: a temporary folder, removed)",
@@ -136,6 +143,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.ranks is not None:
         return _bench_ranks(args)
+    if args.telemetry:
+        import json
+
+        from hp_otel.cli.bench_telemetry import format_telemetry_bench, run_telemetry_bench, telemetry_bench_json
+
+        results = run_telemetry_bench(steps=args.steps or 8, progress=to_stderr("bench --telemetry"))
+        print(
+            json.dumps(telemetry_bench_json(results), indent=2)
+            if args.json
+            else "\n".join(format_telemetry_bench(results))
+        )
+        return 0
     if args.export_down:
         from hp_otel.cli.bench_export import main as bench_export
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -100,7 +100,7 @@ def report_of(rows: Iterable[WindowRow]) -> ExposureReport:
 
 
 class ExposureTotals:
-    """Cumulative seconds per (phase, module); read by two observable counters.
+    """Cumulative seconds per (phase, module label); read by two observable counters.
 
     A window that ends hands its snapshot over (`defer`); the arithmetic runs when a reader
     collects (or once `_MAX_PENDING_WINDOWS` windows or `_MAX_PENDING_ROWS` collectives wait: memory
@@ -109,14 +109,16 @@ class ExposureTotals:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: list[WindowRows] = []
+        self._pending: list[tuple[WindowRows, Callable[[str], str | None] | None]] = []
         self._pending_rows = 0
-        self.comm_ns: dict[tuple[str, str], int] = {}
-        self.exposed_ns: dict[tuple[str, str], int] = {}
+        self.comm_ns: dict[tuple[str, str | None], int] = {}
+        self.exposed_ns: dict[tuple[str, str | None], int] = {}
 
-    def defer(self, rows: WindowRows) -> None:
+    def defer(self, rows: WindowRows, module_label: Callable[[str], str | None] | None = None) -> None:
+        """Hand over a window's rows; `module_label` maps each module to its series' `hp.module.fqn`
+        (the window's `metric_module_depth`; None from it: no module attribute), as the other metrics."""
         with self._lock:
-            self._pending.append(rows)
+            self._pending.append((rows, module_label))
             self._pending_rows += len(rows)
             full = len(self._pending) >= _MAX_PENDING_WINDOWS or self._pending_rows >= _MAX_PENDING_ROWS
         if full:
@@ -127,18 +129,22 @@ class ExposureTotals:
         with self._lock:
             pending, self._pending = self._pending, []
             self._pending_rows = 0
-        for rows in pending:
+        for rows, module_label in pending:
             report = report_of(rows)
             with self._lock:
-                for key, e in report.by_module.items():
+                for (phase, module), e in report.by_module.items():
+                    key = (phase, module_label(module) if module_label is not None else module)
                     self.comm_ns[key] = self.comm_ns.get(key, 0) + e.comm_ns
                     self.exposed_ns[key] = self.exposed_ns.get(key, 0) + e.exposed_ns
 
-    def _observe(self, totals: dict[tuple[str, str], int]) -> list[Observation]:
+    def _observe(self, totals: dict[tuple[str, str | None], int]) -> list[Observation]:
         self.flush()
         with self._lock:
             items = list(totals.items())
-        return [Observation(ns / 1e9, {s.PHASE: phase, s.MODULE_FQN: module}) for (phase, module), ns in items]
+        return [
+            Observation(ns / 1e9, {s.PHASE: phase} if module is None else {s.PHASE: phase, s.MODULE_FQN: module})
+            for (phase, module), ns in items
+        ]
 
     def observe_comm(self, options: CallbackOptions) -> Iterable[Observation]:
         return self._observe(self.comm_ns)

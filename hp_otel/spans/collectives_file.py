@@ -11,10 +11,19 @@ nothing of the module and op spans around it.  This file holds exactly that, as 
 A step repeats a few kinds of call, so each kind is written once.  Reading it back gives
 the same (name, attributes, start, end) a spans file gives for its collective spans, so
 `hp-otel ranks` compares both the same way (`collective_spans`).
+
+A step loop's file (`CollectivesRing`: the always-on instrumentor's steps) holds the last
+few steps instead, one window each, so its size stays bounded however long the run:
+
+    {"format": "hp_otel.collectives", "version": 1, "resource": {...}, "keep": 4,
+     "windows": [{"kinds": [...], "calls": [...]}, ...]}        # oldest step first
+
+Each step is encoded once, when it ends; rewriting the file joins the kept steps' text.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -63,8 +72,8 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def collectives_payload(spans: Iterable[Any], resource: Mapping[str, Any]) -> dict[str, Any]:
-    """The file's JSON for finished spans (ReadableSpan-like: name, attributes, start_time, end_time)."""
+def _window(spans: Iterable[Any]) -> dict[str, Any]:
+    """{"kinds": ..., "calls": ...} of the collective spans among `spans`."""
     kinds: list[dict[str, Any]] = []
     index: dict[str, int] = {}
     calls: list[list[Any]] = []
@@ -80,19 +89,48 @@ def collectives_payload(spans: Iterable[Any], resource: Mapping[str, Any]) -> di
             kinds.append(kind)
         own = {key: _plain(attrs[key]) for key in PER_CALL if key in attrs}
         calls.append([number, span.name, span.start_time or 0, span.end_time or 0, own])
+    return {"kinds": kinds, "calls": calls}
+
+
+def _header(resource: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "version": VERSION,
         "resource": {key: resource[key] for key in RESOURCE_KEPT if resource.get(key) is not None},
-        "kinds": kinds,
-        "calls": calls,
     }
+
+
+def collectives_payload(spans: Iterable[Any], resource: Mapping[str, Any]) -> dict[str, Any]:
+    """The file's JSON for finished spans (ReadableSpan-like: name, attributes, start_time, end_time)."""
+    return {**_header(resource), **_window(spans)}
 
 
 def write_collectives(path: str | os.PathLike[str], spans: Iterable[Any], resource: Mapping[str, Any]) -> None:
     """Write the collectives file atomically (one C-encoded `json.dumps`: cheap enough for a hanging rank)."""
     text = json.dumps(collectives_payload(spans, resource), separators=(",", ":"))
     write_text_atomically(path, lambda handle: handle.write(text))
+
+
+RING_NAME = "collectives-rank{rank}.json"  # a step loop's file in its folder: one per rank
+DEFAULT_KEEP = 4  # steps a step loop's file keeps
+
+
+class CollectivesRing:
+    """The collectives of a rank's last `keep` steps in one file (`folder/collectives-rank<R>.json`),
+    rewritten atomically after each step: bounded however long the run, and what `hp-otel ranks`
+    compares across ranks at any moment (every rank's file holds the same last steps)."""
+
+    def __init__(self, folder: str | os.PathLike[str], keep: int, rank: int) -> None:
+        self.path = os.path.join(os.fspath(folder), RING_NAME.format(rank=rank))
+        self.keep = keep
+        self._windows: collections.deque[str] = collections.deque(maxlen=keep)
+
+    def add(self, spans: Iterable[Any], resource: Mapping[str, Any]) -> None:
+        """Keep this step's collectives (dropping the oldest past `keep`) and rewrite the file."""
+        self._windows.append(json.dumps(_window(spans), separators=(",", ":")))
+        head = json.dumps({**_header(resource), "keep": self.keep}, separators=(",", ":"))
+        text = f'{head[:-1]},"windows":[{",".join(self._windows)}]}}'
+        write_text_atomically(self.path, lambda handle: handle.write(text), "collectives file")
 
 
 def is_collectives_payload(payload: Any) -> bool:
@@ -109,11 +147,27 @@ def collective_spans(payload: Mapping[str, Any]) -> list[tuple[str, dict[str, An
     Raises ValueError (or TypeError, KeyError) for a payload this version did not write."""
     if payload.get("version") != VERSION:
         raise ValueError(f"version {payload.get('version')!r}; this hp_otel reads version {VERSION}")
-    kinds = [{key: _attribute(v) for key, v in dict(kind).items()} for kind in payload["kinds"]]
     out = []
-    for number, name, start, end, own in payload["calls"]:
-        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(kinds):
-            raise ValueError(f"a call names kind {number!r} of {len(kinds)}")
-        attributes = {**kinds[number], **{key: _attribute(v) for key, v in dict(own).items()}}
-        out.append((str(name), attributes, start, end))
+    for window in windows_of(payload):
+        kinds = [{key: _attribute(v) for key, v in dict(kind).items()} for kind in window["kinds"]]
+        for number, name, start, end, own in window["calls"]:
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(kinds):
+                raise ValueError(f"a call names kind {number!r} of {len(kinds)}")
+            attributes = {**kinds[number], **{key: _attribute(v) for key, v in dict(own).items()}}
+            out.append((str(name), attributes, start, end))
     return out
+
+
+def is_ring(payload: Mapping[str, Any]) -> bool:
+    """A step loop's file: the last steps of a rank, each window a step (`CollectivesRing`)."""
+    return "windows" in payload
+
+
+def windows_of(payload: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The windows a payload holds: a step loop's kept steps, or the one window of a window's file."""
+    if not is_ring(payload):
+        return [payload]
+    windows = payload["windows"]
+    if not isinstance(windows, list) or not all(isinstance(w, dict) for w in windows):
+        raise ValueError("its windows are not a list of objects")
+    return windows

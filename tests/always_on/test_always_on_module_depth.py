@@ -20,7 +20,7 @@ class TestAlwaysOnModuleDepth(TestBase):
         HpOtelInstrumentor().uninstrument()
         super().tearDown()
 
-    def _labels(self, **kwargs: object) -> list[str | None]:
+    def _labels(self, metric: str = schema.METRIC_CALLS, **kwargs: object) -> list[str | None]:
         from hp_otel import mode as mode_module
 
         HpOtelInstrumentor().instrument(
@@ -28,11 +28,24 @@ class TestAlwaysOnModuleDepth(TestBase):
         )
         with hp_otel.step(0, run_id="r", rank=0):
             observer = mode_module._current_mode.get().observer
-            observer.on_module_enter(ModuleInfo("layers.3.attn", "layers.3.attn", "Attention"), "forward")
-            observer.on_collective(ALL_REDUCE, 0, 1000)
-            observer.on_module_exit("layers.3.attn", "forward")
+            for i, fqn in enumerate(("layers.3.attn", "layers.5.attn")):
+                observer.on_module_enter(ModuleInfo(fqn, fqn, "Attention"), "forward")
+                observer.on_collective(ALL_REDUCE, i * 10_000, i * 10_000 + 1000)
+                observer.on_module_exit(fqn, "forward")
         metrics = {m.name: m for m in self.get_sorted_metrics()}
-        return [p.attributes.get(schema.MODULE_FQN) for p in metrics[schema.METRIC_CALLS].data.data_points]
+        return sorted((p.attributes.get(schema.MODULE_FQN) for p in metrics[metric].data.data_points), key=str)
+
+    def test_the_exposure_metrics_keep_the_same_level(self) -> None:
+        # hp.collective.time / .exposed kept every module at full depth: series grew with the model's depth
+        with pytest.MonkeyPatch.context() as patch:
+            patch.delenv(ENV_VAR, raising=False)
+            assert self._labels(schema.METRIC_COMM_TIME) == ["layers"]
+            (metric,) = [m for m in self.get_sorted_metrics() if m.name == schema.METRIC_COMM_TIME]
+            (point,) = metric.data.data_points
+            assert point.value == 2000 / 1e9  # both modules' collectives, summed into the one series
+
+    def test_the_exposure_metrics_drop_the_module_with_none(self) -> None:
+        assert self._labels(schema.METRIC_COMM_EXPOSED, metric_module_depth="none") == [None]
 
     def test_default_is_one_level(self) -> None:
         with pytest.MonkeyPatch.context() as patch:
@@ -42,12 +55,12 @@ class TestAlwaysOnModuleDepth(TestBase):
     def test_the_env_var(self) -> None:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(ENV_VAR, "2")
-            assert self._labels() == ["layers.3"]
+            assert self._labels() == ["layers.3", "layers.5"]
 
     def test_the_argument_wins_over_the_env_var(self) -> None:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv(ENV_VAR, "2")
-            assert self._labels(metric_module_depth="full") == ["layers.3.attn"]
+            assert self._labels(metric_module_depth="full") == ["layers.3.attn", "layers.5.attn"]
 
     def test_a_bad_value_is_refused_by_name(self) -> None:
         with pytest.raises(ValueError, match="metric_module_depth must be"):
