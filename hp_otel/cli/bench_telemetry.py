@@ -130,10 +130,10 @@ def rank_volume(rank: int, world_size: int, port: int, tp: int, layers: int, ste
     )
     import hp_otel
     from hp_otel.always_on.instrumentation import HpOtelInstrumentor
-    from hp_otel.cli.demo import init_gloo
-    from hp_otel.workloads.llama import LlamaShape, build_llama_step
     from hp_otel.export.telemetry import configured
     from hp_otel.export.telemetry import shutdown as shutdown_export
+    from hp_otel.workloads.llama import LlamaShape, build_llama_step
+    from hp_otel.workloads.process_groups import init_gloo
 
     torch.set_num_threads(1)
     init_gloo(rank, world_size, port)
