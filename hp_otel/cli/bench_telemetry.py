@@ -197,7 +197,7 @@ def run_telemetry_bench(
     """For each depth, every rank's volume (spawns dp x tp gloo ranks on this machine)."""
     import torch.multiprocessing as mp
 
-    from hp_otel.cli.demo import free_port
+    from hp_otel.workloads.process_groups import free_port
 
     out: list[list[RankVolume]] = []
     for depth in layers:

@@ -12,7 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from hp_otel.analysis import compare_files, report_to_json
-from hp_otel.cli.demo import free_port
+from hp_otel.workloads.process_groups import free_port
 
 pytestmark = pytest.mark.multiprocess
 

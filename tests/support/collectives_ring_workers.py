@@ -34,9 +34,9 @@ def ring_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
     import hp_otel
     from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
-    from hp_otel.cli.demo import init_gloo
     from hp_otel.spans import schema
     from hp_otel.spans.otlp_json import write_spans
+    from hp_otel.workloads.process_groups import init_gloo
 
     init_gloo(rank, world_size, port)
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
