@@ -12,7 +12,8 @@ The rules (docs/attribution.md):
 - inside a module call: the innermost call's phase, counted for every open call of that phase
   (a recompute counts for the calls recomputed, not for the backward calls whose node asked for
   it); FSDP prefetching another module's parameters: that module's, see `forward_owner`;
-- outside every module, in backward with a node resolver: the calls whose forward created the
+- outside every module (or inside only the optimizer's step: `step(closure)` runs the
+  backward), in backward with a node resolver: the calls whose forward created the
   running node (for an FSDP collective: those whose parameter group issued it, `issued_by`
   naming who ran it);
 - outside every module and not in backward, modules tracked: phase `outside`, counted for
@@ -109,7 +110,9 @@ class Attributor:
     def attribute(self, hint: str | None) -> Attribution:
         """The collective running now: `hint` is the source's phase (backward inside autograd), or None."""
         modules = self.modules
-        if not modules:
+        # Backward follows the running autograd node wherever it runs: also inside
+        # `optimizer.step(closure)`, whose open pseudo-module holds no backward work of its own.
+        if not modules or (hint == s.PHASE_BACKWARD and modules[-1][1] == s.PHASE_OPTIMIZER):
             chain, issued_by = self._backward_chain() if hint != s.PHASE_FORWARD else (None, None)
             if chain is None:
                 if self.node is None or hint == s.PHASE_BACKWARD:

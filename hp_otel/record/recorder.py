@@ -422,7 +422,8 @@ class WindowRecorder:
             return
         try:
             now = _now()
-            if not self._modules and self._attribution.node is not None:  # backward: its node's modules first
+            modules = self._modules  # backward (also inside an optimizer's step): its node's modules first
+            if (not modules or modules[-1][1] == s.PHASE_OPTIMIZER) and self._attribution.node is not None:
                 chain = self._attribution.running_chain()
                 if chain is not None:
                     self._follow_backward(chain, now)
