@@ -531,6 +531,25 @@ def fsdp_module_fqn(group: Any) -> str:
     return getattr(group, "_module_fqn", "") or ""
 
 
+_declare(Symbol(
+    "FSDP1RuntimeUtils", "torch.distributed.fsdp._runtime_utils", "", MODULE,
+    "FSDP1 issues a flat parameter's all-gather in `_unshard(state, handle)` and its gradient reduction in "
+    "`_reduce_grad(state, handle)` / `_reduce_grad_no_shard`: which FSDP unit they move",
+    fallback="FSDP1's collectives count for the running module (with use_orig_params=True: backward for none)",
+))  # fmt: skip
+FSDP1_HANDLE_FUNCTIONS = ("_unshard", "_reduce_grad", "_reduce_grad_no_shard")  # each takes (state, handle, ...)
+
+
+def loaded_fsdp1_runtime() -> ModuleType | None:
+    """FSDP1's runtime module if FSDP1 is imported (nobody uses it otherwise), else None."""
+    return _loaded(SYMBOLS["FSDP1RuntimeUtils"].module)
+
+
+def fsdp1_handle_module(handle: Any) -> Any:
+    """The module an FSDP1 flat-parameter handle shards (`handle._fully_sharded_module`; None if unknown)."""
+    return getattr(handle, "_fully_sharded_module", None)
+
+
 def fsdp_group_modules(group: Any) -> tuple[Any, ...]:
     """The modules `fully_shard` was applied to for this parameter group (`group.modules`; () if unknown)."""
     modules = getattr(group, "modules", ())
