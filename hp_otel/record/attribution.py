@@ -10,8 +10,8 @@ module source says through two resolvers: the module calls owning the running au
 The rules (docs/attribution.md):
 
 - inside a module call: the innermost call's phase, counted for every open call of that phase
-  (a recompute counts for the calls recomputed, not for the backward calls whose node asked for
-  it); FSDP prefetching another module's parameters: that module's, see `forward_owner`;
+  (a recompute: for the calls recomputed and the backward calls whose spans hold it, in phase
+  `recompute`); FSDP prefetching another module's parameters: that module's, see `forward_owner`;
 - outside every module (or inside only the optimizer's step: `step(closure)` runs the
   backward), in backward with a node resolver: the calls whose forward created the
   running node (for an FSDP collective: those whose parameter group issued it, `issued_by`
@@ -99,12 +99,13 @@ def forward_owner(modules: Sequence[tuple[str, str]], calls: Sequence[ModuleCall
 class Attributor:
     """Decides every collective's `Attribution` for one recorder (see the module's docstring)."""
 
-    __slots__ = ("_on_fault", "modules", "node", "param")
+    __slots__ = ("_on_fault", "backward_calls", "modules", "node", "param")
 
     def __init__(self, modules: list[tuple[str, str]], on_fault: FaultSink) -> None:
         self.modules = modules  # the recorder's open (fqn, phase), innermost last: the same list
         self.node: Resolver | None = None  # the module calls owning the running backward work
         self.param: Resolver | None = None  # the module calls whose parameter group issues the collective now
+        self.backward_calls: tuple[ModuleCall, ...] = ()  # those whose backward spans are open (the recorder's)
         self._on_fault = weak_sink(on_fault)
 
     def attribute(self, hint: str | None) -> Attribution:
@@ -132,10 +133,15 @@ class Attributor:
                 owner = None
             if owner is not None:  # FSDP prefetching another module's parameters: that module's
                 return owner
-        # The open modules of its own phase, exactly the module spans of that phase it nests
-        # under: a recompute counts for the calls recomputed, not for the backward calls whose
-        # node asked for it (their backward spans hold it, but it is no backward work of theirs).
-        return _new(Attribution, (phase, fqn, {f for f, p in modules if p == phase}, None, None, (), None))
+        # The open modules of its own phase, exactly the module spans of that phase it nests under.
+        owners = {f for f, p in modules if p == phase}
+        if phase == s.PHASE_RECOMPUTE:
+            # And the backward calls whose spans hold the recompute (their node asked for it): in
+            # phase recompute, no backward work of theirs, but inside their calls, so every call's
+            # counts add up to the collectives inside it (the root's to the window's).
+            owners.update(f for f, p in modules if p == s.PHASE_BACKWARD)
+            owners.update(call.module.fqn for call in self.backward_calls)
+        return _new(Attribution, (phase, fqn, owners, None, None, (), None))
 
     def running_chain(self) -> tuple[ModuleCall, ...] | None:
         """The module calls owning the running backward work (None: no resolver, or not in backward)."""

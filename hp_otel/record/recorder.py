@@ -76,8 +76,8 @@ class WindowRecorder:
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
         # Where each collective belongs, decided once (attribution.py); it reads `_modules`, the same list.
         self._attribution = Attributor(self._modules, self.on_fault)
-        # Backward by autograd node (torch): the module calls whose backward spans are open, outermost first.
-        self._backward_calls: tuple[ModuleCall, ...] = ()
+        # Backward by autograd node (torch): the module calls whose backward spans are open, outermost
+        # first, are the attributor's `backward_calls` (a recompute counts for them too).
         self._backward_moved_ns = 0  # when the open backward spans last changed
         self._liveness = instruments.liveness  # the staleness gauges' state (per provider, across windows)
         self.metrics = CollectiveMetrics(instruments, self.live, settings.module_label, self.on_fault)
@@ -139,7 +139,7 @@ class WindowRecorder:
         self._builder = self._new_builder() if self.spans_enabled else None
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
-        self._backward_calls = ()
+        self._attribution.backward_calls = ()
         self._window_rows = WindowRows()
         self._window_collectives = []
         self._window_awaited = []
@@ -168,7 +168,7 @@ class WindowRecorder:
         except Exception as exc:
             self.on_fault("window_end", exc)
         self._modules.clear()
-        self._backward_calls = ()
+        self._attribution.backward_calls = ()
         self.metrics.stop()
         self._measure_exposure()
 
@@ -311,7 +311,14 @@ class WindowRecorder:
         if not self.accepting:
             return
         try:
-            self._modules.append((module.fqn, phase))
+            modules = self._modules
+            if phase == s.PHASE_RECOMPUTE and (not modules or modules[-1][1] != phase):
+                # a recompute starts: the backward spans follow the node that asked for it first, so
+                # it nests (and counts) inside their calls (attribution.py)
+                chain = self._attribution.running_chain()
+                if chain is not None:
+                    self._follow_backward(chain, _now())
+            modules.append((module.fqn, phase))
             if self.spans_enabled:  # counts only: no event to make (`_emit` would drop it)
                 self._emit(ev.ModuleEnter(_now(), module, phase))
         except Exception as exc:
@@ -337,7 +344,7 @@ class WindowRecorder:
             return
         try:
             self._modules[:] = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]  # the attributor's list too
-            self._backward_calls = ()
+            self._attribution.backward_calls = ()
             if self.spans_enabled:
                 self._emit(ev.BackwardEnd(_now()))
         except Exception as exc:
@@ -348,7 +355,7 @@ class WindowRecorder:
             return
         try:
             chain = tuple(chain)
-            open_calls = self._backward_calls
+            open_calls = self._attribution.backward_calls
             if len(chain) < len(open_calls) and all(a is b for a, b in zip(chain, open_calls, strict=False)):
                 # An enclosing call's gradient arrives while calls inside it are open (grad hooks on a
                 # shared multi-tensor output run in any order): its backward is open already.
@@ -377,7 +384,7 @@ class WindowRecorder:
 
     def _follow_backward(self, chain: tuple[ModuleCall, ...], time_ns: int) -> None:
         """Close the open backward spans not in `chain`, open those of `chain` not open yet."""
-        open_calls = self._backward_calls
+        open_calls = self._attribution.backward_calls
         same = 0
         limit = min(len(open_calls), len(chain))
         while same < limit and open_calls[same] is chain[same]:
@@ -386,7 +393,7 @@ class WindowRecorder:
             return
         # never before the previous move: a span must not end before it started
         time_ns = self._backward_moved_ns = max(time_ns, self._backward_moved_ns)
-        self._backward_calls = chain
+        self._attribution.backward_calls = chain
         if not self.spans_enabled:  # counts only: the calls followed, no span events to make
             return
         for call in reversed(open_calls[same:]):
