@@ -1,12 +1,14 @@
 """The window recorder: observer events in, exact counts, metrics and spans out.
 
 The hot path (one call per module, op, redistribute or collective event) does the
-least it can: count collectives exactly, note which modules are open, and append a
-timestamped event.  Spans are built from those events by `SpanBuilder`:
+least it can, as a dispatcher: note which modules are open, ask `attribution` once where a
+collective belongs, count it exactly, hand it to `collective_metrics`, and append a
+timestamped event.  What it records is fixed when it is made (`settings`).  Spans are
+built from those events by `SpanBuilder`:
 
 - deferred (default with hp_otel's own provider): when the spans are first read, or,
   once `max_pending` events have piled up, the oldest in slices of `_BUILD_SLICE` — the
-  training step pays for an append, not for an SDK span (≈16-21 µs each here), and a
+  training step pays for an append, not for an SDK span (docs/how-it-works/costs.md), and a
   long window's step never waits for more than one slice;
 - live (default with your `tracer_provider`): as events happen, so spans reach your
   processors at once and are the current span while their work runs.
