@@ -545,6 +545,12 @@ def loaded_fsdp1_runtime() -> ModuleType | None:
     return _loaded(SYMBOLS["FSDP1RuntimeUtils"].module)
 
 
+def is_fsdp1_module(module: Any) -> bool:
+    """True for an FSDP1 unit (`FullyShardedDataParallel`; False when FSDP1 is not imported)."""
+    fsdp = getattr(_loaded("torch.distributed.fsdp.fully_sharded_data_parallel"), "FullyShardedDataParallel", None)
+    return isinstance(fsdp, type) and isinstance(module, fsdp)
+
+
 def fsdp1_handle_module(handle: Any) -> Any:
     """The module an FSDP1 flat-parameter handle shards (`handle._fully_sharded_module`; None if unknown)."""
     return getattr(handle, "_fully_sharded_module", None)

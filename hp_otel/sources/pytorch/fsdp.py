@@ -111,19 +111,20 @@ def _handle_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _plan() -> list[AttributePatch]:
-    patches: list[AttributePatch] = []
     group = _compat.loaded_fsdp_param_group()  # None when FSDP2 is not imported: nobody uses it here
-    if group is not None:
-        patches = patch_owned(group, _METHODS, lambda _name: _wrap)
-    runtime = _compat.loaded_fsdp1_runtime()  # likewise FSDP1
-    if runtime is not None:
-        try:
-            patches += patch_owned(runtime, _compat.FSDP1_HANDLE_FUNCTIONS, lambda _name: _handle_wrapper)
-        except BaseException:
-            for patch in reversed(patches):
-                patch.restore()
-            raise
-    return patches
+    if group is None:
+        return []
+    return patch_owned(group, _METHODS, lambda _name: _wrap)
+
+
+def _plan_fsdp1() -> list[AttributePatch]:
+    runtime = _compat.loaded_fsdp1_runtime()
+    if runtime is None:
+        return []
+    return patch_owned(runtime, _compat.FSDP1_HANDLE_FUNCTIONS, lambda _name: _handle_wrapper)
 
 
 fsdp_patches = SharedPatches(_plan)
+# Taken by the module tracker only for a tree holding an FSDP1 unit (only module counts need them):
+# FSDP1's runtime is imported with torch.distributed.fsdp, by most models that never use it.
+fsdp1_patches = SharedPatches(_plan_fsdp1)
