@@ -37,8 +37,8 @@ from hp_otel.record.memory import return_freed_memory
 from hp_otel.record.metric_labels import ModuleLabel, resolve_depth
 from hp_otel.record.observer import Observer, Source
 from hp_otel.record.recorder import WindowRecorder
+from hp_otel.record.settings import RecorderSettings
 from hp_otel.record.signal_guard import GUARD
-from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import CollectiveHook, ModuleHook, OpHook, UserHooks
 from hp_otel.record.watchdog import HangWatchdog
 from hp_otel.render import json_dump, module_info, table
@@ -50,10 +50,6 @@ from hp_otel.spans.exposure import ExposureReport
 logger = logging.getLogger("hp_otel")
 
 DEFAULT_MAX_SPANS = 100_000
-# Deferred spans are built once this many events wait, so unbuilt events stay bounded too:
-# at most this, and at most about two events per span `max_spans` keeps (an enter and an exit).
-_MAX_PENDING_EVENTS = 20_000
-_MIN_PENDING_EVENTS = 256
 _LARGE_WINDOW_SPANS = 10_000  # clear() of a window this large hands the freed memory back to the system
 # The innermost active mode of this context: a mode entered inside another suspends it.
 _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.ContextVar(
@@ -276,22 +272,19 @@ class CommDebugMode:
         self._watchdog = watchdog
         # Deferred spans meant for real processors (an exporter) are built when the window ends.
         self._build_on_exit = not live and not is_internal_tracer_provider(tracer_provider)
-        self._store = LocalSpanStore(max_spans)
-        self._recorder = WindowRecorder(
-            get_tracer(tracer_provider),
-            get_instruments(meter_provider),
-            self._store,
-            live,
-            min(_MAX_PENDING_EVENTS, max(_MIN_PENDING_EVENTS, 2 * max_spans)),
-        )
-        # Only the local store sees the spans: past max_spans they are counted, not built.
-        self._recorder.store_only = is_internal_tracer_provider(tracer_provider)
-        self._recorder.spans_enabled = record_spans
-        self._recorder.ops_enabled = ops
-        self._recorder.hooks = hooks
         depth = check_depth(stack) if stack is not None else depth_from_env()
-        self._recorder.call_stack = shared_call_stack(depth, STACK_SKIPPED_PACKAGES)
-        self._recorder.module_label = ModuleLabel(resolve_depth(metric_module_depth, default=None))
+        settings = RecorderSettings(
+            live=live,
+            max_spans=max_spans,
+            spans_enabled=record_spans,
+            ops_enabled=ops,
+            hooks=hooks,
+            store_only=is_internal_tracer_provider(tracer_provider),  # past max_spans: counted, not built
+            call_stack=shared_call_stack(depth, STACK_SKIPPED_PACKAGES),
+            module_label=ModuleLabel(resolve_depth(metric_module_depth, default=None)),
+        )
+        self._recorder = WindowRecorder(get_tracer(tracer_provider), get_instruments(meter_provider), settings)
+        self._store = self._recorder.store
         self._sources: tuple[Source, ...] = (*default_sources(module, self.engine), *extra)
         # (the source's class name, what attach/detach is called on): the source itself, or its adapter
         self._attachable = tuple((type(source).__name__, _attachable(source)) for source in self._sources)
@@ -708,7 +701,7 @@ class CommDebugMode:
 
         After a large window the memory they held goes back to the system where it can
         (`hp_otel.record.memory`; a small one is not worth a garbage collection)."""
-        large = len(self._store) + len(self._recorder._pending) >= _LARGE_WINDOW_SPANS
+        large = len(self._store) + self._recorder.unbuilt_events() >= _LARGE_WINDOW_SPANS
         self._recorder.reset()
         self._store.clear()
         if large:

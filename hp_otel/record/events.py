@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from hp_otel.record.attribution import Attribution
+from hp_otel.spans.bandwidth import Bandwidth
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, TensorInfo
 
 
@@ -20,7 +22,7 @@ class ModuleEnter:
     module: ModuleInfo
     phase: str  # schema.PHASE_FORWARD | PHASE_BACKWARD
     # (fqn, phase) of the open module span to nest under instead of the innermost open call
-    # (("", ""): the window's root): FSDP prefetching another module's parameters (param_owner.py)
+    # (("", ""): the window's root): FSDP prefetching another module's parameters (attribution.py)
     under: tuple[str, str] | None = None
 
 
@@ -80,19 +82,16 @@ class CollectiveIssue:
     start_ns: int
     info: CollectiveInfo
     seq: int  # index among this window's collectives on the group
-    phase: str
-    fqn: str  # innermost open module, "" if none
-    issued_by: str | None = None  # FSDP: the module running when issued, if it counts for another (see schema)
+    place: Attribution  # decided once, when issued: its collective's counts and span read it too
     dumped_to: str = ""  # set by the watchdog when it wrote a file while this was in flight
     waited_s: float = 0.0
     # After the call returned: says whether its work is done (a Work, an unwaited result), or None.
     pending: Callable[[], bool] | None = None
     returned: bool = False
     stack: tuple[str, ...] = ()  # the user's frames issuing it (call_stack.py), when asked for
-    opened: tuple[ModuleInfo, ...] = ()  # module spans opened around it, closed when it returns (param_owner.py)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Collective:
     """A collective call: a leaf span of the innermost open call."""
 
@@ -100,9 +99,8 @@ class Collective:
     end_ns: int
     info: CollectiveInfo
     error: BaseException | None
-    phase: str
+    place: Attribution  # its phase, module and issuer: the same object its counts were made from
     seq: int = -1
-    fqn: str = ""
     issue: CollectiveIssue | None = None  # its issue record, when the source reported one
     # schema.COMPLETION_*: LAUNCH while a completion is awaited (end_ns is the launch's end
     # until then); the source's completion helper moves end_ns and sets WAIT or WORK.
@@ -111,8 +109,10 @@ class Collective:
     waited_ns: int = 0  # how long a thread waited for it (wait_tensor, Work.wait)
     # CUDA: says the device time (ns) once the events around it are complete, else None (never syncs)
     device: Callable[[], int | None] | None = None
-    issued_by: str | None = None  # FSDP: the module running when issued, if it counts for another
     stack: tuple[str, ...] = ()  # the user's frames issuing it (its issue's, when there is one)
+    # Its bandwidth over `bw_ns` (collective_metrics.bandwidth_of): computed once, read by metrics and span
+    bw: Bandwidth | None = None
+    bw_ns: int = -1
 
 
 @dataclass(slots=True)

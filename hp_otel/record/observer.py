@@ -68,7 +68,8 @@ class Observer(Protocol):
 
     def on_collective_issue(self, info: CollectiveInfo, start_ns: int, phase: str | None = None) -> Any:
         """A collective is about to run: returns a ticket for `on_collective` (None when not recording;
-        in a counts-only window a light one that only the staleness gauges read).
+        in a counts-only window a light one that only the staleness gauges read).  `phase` is the
+        source's hint (backward while autograd runs); the observer decides the collective's place.
 
         Optional for sources: a collective that never returns is visible only through this
         (the hang watchdog writes it as in flight), and its sequence number is taken here.

@@ -1,12 +1,14 @@
 """The window recorder: observer events in, exact counts, metrics and spans out.
 
 The hot path (one call per module, op, redistribute or collective event) does the
-least it can: count collectives exactly, note which modules are open, and append a
-timestamped event.  Spans are built from those events by `SpanBuilder`:
+least it can, as a dispatcher: note which modules are open, ask `attribution` once where a
+collective belongs, count it exactly, hand it to `collective_metrics`, and append a
+timestamped event.  What it records is fixed when it is made (`settings`).  Spans are
+built from those events by `SpanBuilder`:
 
 - deferred (default with hp_otel's own provider): when the spans are first read, or,
   once `max_pending` events have piled up, the oldest in slices of `_BUILD_SLICE` — the
-  training step pays for an append, not for an SDK span (≈16-21 µs each here), and a
+  training step pays for an append, not for an SDK span (docs/how-it-works/costs.md), and a
   long window's step never waits for more than one slice;
 - live (default with your `tracer_provider`): as events happen, so spans reach your
   processors at once and are the current span while their work runs.
@@ -29,17 +31,14 @@ from opentelemetry.trace import Tracer
 
 from hp_otel.record import events as ev
 from hp_otel.record import matching
-from hp_otel.record.call_stack import CallStack
+from hp_otel.record.attribution import Attribution, Attributor, Resolver
+from hp_otel.record.collective_metrics import CollectiveMetrics, call_bandwidth
 from hp_otel.record.exposure_metrics import WindowRows, report_of
 from hp_otel.record.instruments import Instruments
-from hp_otel.record.metric_labels import ModuleLabel
-from hp_otel.record.param_owner import ForwardOwner, forward_owner
+from hp_otel.record.settings import RecorderSettings
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
-from hp_otel.record.user_hooks import NO_HOOKS
 from hp_otel.spans import schema as s
-from hp_otel.spans.bandwidth import bandwidth
-from hp_otel.spans.codec import MetricKey
 from hp_otel.spans.exposure import ExposureReport
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
@@ -48,32 +47,27 @@ _now = time.time_ns
 _MAX_IN_FLIGHT = 4096
 _MAX_WINDOW_COLLECTIVES = 65536  # what the exposure figures of one window are computed from
 _EXPOSURE_BATCH = 4096  # finished collectives held as events before their exposure rows are written
-# Unbuilt events built at a time once `max_pending` wait (≈2-5 ms of the step here, at most).
+# Unbuilt events built at a time once `max_pending` wait (a bounded part of one step).
 _BUILD_SLICE = 256
-# Async collectives awaiting completion inside one window: those completed meanwhile are settled
-# (their durations handed on) once this many wait, and at most _MAX_AWAITING still-awaited ones
-# are kept (work nobody waits for: the oldest then count with their launch time, as at window end).
-_AWAITING_SWEEP = 256
-_MAX_AWAITING = 4096
-_MAX_PENDING_VALUES = 8192  # durations and bandwidths held for the window's end: beyond, handed on at once
+_MAX_AWAITING = 4096  # awaited collectives whose exposure rows wait (beyond, the oldest are written as they are)
 
 
 class WindowRecorder:
     """Records one window (a `CommDebugMode` block): implements `hp_otel.record.observer.Observer`."""
 
-    def __init__(
-        self,
-        tracer: Tracer,
-        instruments: Instruments,
-        store: LocalSpanStore,
-        live: bool,
-        max_pending: int,
-    ) -> None:
+    def __init__(self, tracer: Tracer, instruments: Instruments, settings: RecorderSettings) -> None:
         self._tracer = tracer
         self._instruments = instruments
-        self._store = store
-        self.live = live
-        self._max_pending = max(max_pending, 1)
+        self.settings = settings
+        self.store = self._store = LocalSpanStore(settings.max_spans)
+        # The settings the hot path and the sources read, as plain attributes (one lookup each).
+        self.live = settings.live
+        self.spans_enabled = settings.spans_enabled  # False: counts and metrics only (an unsampled step)
+        self.ops_enabled = settings.ops_enabled  # False: sources leave out op tracing
+        self.hooks = settings.hooks  # the user's span hooks, run by the span builder as each span ends
+        self.store_only = settings.store_only  # the local store is the spans' only consumer (see SpanBuilder)
+        self.call_stack = settings.call_stack  # opt-in: the user's frames issuing each collective and redistribute
+        self._max_pending = max(settings.max_pending, 1)
         self._pending: list[ev.Event] = []
         self._builder: SpanBuilder | None = None
         # Re-entrant: a span hook runs inside a build and may read the mode (`get_finished_spans`,
@@ -82,22 +76,13 @@ class WindowRecorder:
         self._build_lock = threading.RLock()
         self._building = 0
         self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
-        # Backward by autograd node (torch): the module calls owning the running backward
-        # work, outermost first, and the source's function that names them.
-        self._backward_calls: tuple[ModuleCall, ...] = ()
+        # Where each collective belongs, decided once (attribution.py); it reads `_modules`, the same list.
+        self._attribution = Attributor(self._modules, self.on_fault)
+        # Backward by autograd node (torch): the module calls whose backward spans are open, outermost
+        # first, are the attributor's `backward_calls` (a recompute counts for them too).
         self._backward_moved_ns = 0  # when the open backward spans last changed
-        self._node_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
-        # FSDP: the module calls whose parameter group issues the collective running now (None: no group)
-        self._param_attribution: Callable[[], tuple[ModuleCall, ...] | None] | None = None
-        self._pending_durations: dict[MetricKey, list[int]] = {}
-        self._pending_busbw: dict[MetricKey, list[float]] = {}  # bus bandwidths (bytes/s), handed over at window end
         self._liveness = instruments.liveness  # the staleness gauges' state (per provider, across windows)
-        self.module_label = ModuleLabel(None)  # the metrics' hp.module.fqn (metric_labels: its depth)
-        # Async collectives awaiting completion: their duration is recorded when they complete (settled
-        # every `_awaiting_limit` launches, so a long window keeps only the ones still awaited) or at window end.
-        self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
-        self._awaiting_limit = _AWAITING_SWEEP
-        self._pending_values = 0  # durations and bandwidths waiting in _pending_durations / _pending_busbw
+        self.metrics = CollectiveMetrics(instruments, self.live, settings.module_label, self.on_fault)
         self._parent_ctx: Any = None  # the window's parent context (a span builder made later nests there)
         # The window's collectives, for its exposed-communication figures (spans/exposure.py): finished
         # ones wait as events until `_EXPOSURE_BATCH` do, then become compact rows; those awaiting a
@@ -110,14 +95,9 @@ class WindowRecorder:
         self._exposure_rows = WindowRows()  # the last stopped window's, for `exposure`
         self._exposure: ExposureReport | None = None
         self._thread = threading.get_ident()  # the window's thread: live spans end on it only
-        self._window_context: Any = None
         self._active = False
         self._suspended = 0  # > 0 while a nested mode records instead of this one
         self.accepting = False  # active and not suspended: the one flag the hot path reads
-        self.spans_enabled = True  # False: counts and metrics only (an unsampled step)
-        self.ops_enabled = True  # False: sources leave out op tracing (counts, modules and collectives only)
-        self.hooks = NO_HOOKS  # the user's span hooks, run by the span builder as each span ends
-        self.store_only = False  # the local store is the spans' only consumer (see SpanBuilder)
         self.comm_counts: dict[str, int] = {}
         self.comm_ops: dict[str, str] = {}  # framework name -> normalised op
         self.module_counts: dict[str, dict[str, dict[str, int]]] = {}
@@ -128,8 +108,6 @@ class WindowRecorder:
         self._in_flight: dict[ev.CollectiveIssue, None] = {}
         self.window: matching.Window | None = None
         self.wants_completion = False  # sources attach a done-probe to returned collectives (watchdog on)
-        # Opt-in: the user's frames issuing each collective and redistribute (None: no frame is walked).
-        self.call_stack: CallStack | None = None
 
     # --- lifecycle -----------------------------------------------------------
     @property
@@ -154,7 +132,7 @@ class WindowRecorder:
         """Begin a window: its spans nest under whatever span is current now."""
         self.materialise()  # spans of an earlier window are built with that window's builder
         parent_ctx = otel_context.get_current()
-        self._window_context = parent_ctx  # the step's span: durations' exemplars link to it
+        self.metrics.start(parent_ctx)  # the step's span: durations' exemplars link to it
         self._parent_ctx = parent_ctx
         self.window = matching.window_for(parent_ctx)
         self._seqs.clear()
@@ -163,9 +141,7 @@ class WindowRecorder:
         self._builder = self._new_builder() if self.spans_enabled else None
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
         self._modules.clear()
-        self._backward_calls = ()
-        self._awaiting = []
-        self._awaiting_limit = _AWAITING_SWEEP
+        self._attribution.backward_calls = ()
         self._window_rows = WindowRows()
         self._window_collectives = []
         self._window_awaited = []
@@ -194,56 +170,24 @@ class WindowRecorder:
         except Exception as exc:
             self.on_fault("window_end", exc)
         self._modules.clear()
-        self._backward_calls = ()
-        awaiting, self._awaiting = self._awaiting, []
-        for event, key in awaiting:  # completion times where seen, else the launch
-            self._settle(event, key)
-        self._flush_metrics()
+        self._attribution.backward_calls = ()
+        self.metrics.stop()
         self._measure_exposure()
-
-    def _settle(self, event: ev.Collective, key: MetricKey) -> None:
-        """Hand an awaited collective's duration to the metrics: to its completion where seen, else its launch."""
-        self._pending_durations.setdefault(key, []).append(event.end_ns - event.start_ns)
-        self._pending_values += 1
-        try:
-            if event.completion == s.COMPLETION_LAUNCH:  # its completion will not be seen now
-                self._liveness.forget(event)
-            else:
-                self._add_busbw(key, event.info, event.end_ns - event.start_ns)
-        except Exception as exc:
-            self.on_fault("metrics", exc)
-
-    def _settle_completed(self) -> None:
-        """Settle the awaited collectives that completed meanwhile; keep those still awaited (at most
-        `_MAX_AWAITING`: beyond, the oldest are settled with their launch time, as at window end)."""
-        still: list[tuple[ev.Collective, MetricKey]] = []
-        for event, key in self._awaiting:
-            if event.completion == s.COMPLETION_LAUNCH:
-                still.append((event, key))
-            else:
-                self._settle(event, key)
-        if len(still) > _MAX_AWAITING:
-            for event, key in still[:-_MAX_AWAITING]:
-                self._settle(event, key)
-            still = still[-_MAX_AWAITING:]
-        self._awaiting = still
-        self._awaiting_limit = max(_AWAITING_SWEEP, 2 * len(still))  # amortised: each entry swept O(1) times
-        if self._pending_values >= _MAX_PENDING_VALUES:
-            self._flush_metrics()
 
     @staticmethod
     def _write_exposure_rows(rows: WindowRows, collectives: list[ev.Collective]) -> None:
         """Add these collectives' rows (their events can go: nothing moves them now)."""
         add = rows.add
         for e in collectives:
+            place = e.place
             add(e.start_ns, e.end_ns, e.info.is_async, e.completion, e.returned_ns - e.start_ns, e.waited_ns,
-                e.phase, e.fqn)  # fmt: skip
+                place.phase, place.fqn)  # fmt: skip
 
     def _fold_awaited(self) -> None:
         """Write the rows of the awaited collectives nothing can move any more (completed by their
         `wait_tensor`, which reports its wait first); keep the others as events, at most
         `_MAX_AWAITING` (beyond, the oldest are written as they are, as the metrics' sweep does).
-        So a long window holds a bounded number of events whatever `max_spans` drops (issue 33)."""
+        So a long window holds a bounded number of events whatever `max_spans` drops."""
         still: list[ev.Collective] = []
         final: list[ev.Collective] = []
         for event in self._window_awaited:
@@ -302,6 +246,10 @@ class WindowRecorder:
         self.comm_ops.clear()
         self.module_counts.clear()
 
+    def unbuilt_events(self) -> int:
+        """Events recorded whose spans are not built yet (deferred spans)."""
+        return len(self._pending)
+
     def materialise(self) -> None:
         """Build the spans of every event recorded so far (from a span hook during a build: nothing more)."""
         if self._building == threading.get_ident():
@@ -312,8 +260,8 @@ class WindowRecorder:
 
     def build_oldest(self, count: int | None = None) -> None:
         """Build the spans of the oldest `count` unbuilt events: what the step pays once `max_pending`
-        wait, a slice at a time, so no single step pauses for the whole backlog (issue 20: 1-2 s
-        at 20,000 events); each later slice comes after as many new events."""
+        wait, a slice at a time, so no single step pauses for the whole backlog; each later slice
+        comes after as many new events."""
         if self._building == threading.get_ident():  # a hook's own collective or module during a build
             return
         count = _BUILD_SLICE if count is None else count
@@ -365,7 +313,14 @@ class WindowRecorder:
         if not self.accepting:
             return
         try:
-            self._modules.append((module.fqn, phase))
+            modules = self._modules
+            if phase == s.PHASE_RECOMPUTE and (not modules or modules[-1][1] != phase):
+                # a recompute starts: the backward spans follow the node that asked for it first, so
+                # it nests (and counts) inside their calls (attribution.py)
+                chain = self._attribution.running_chain()
+                if chain is not None:
+                    self._follow_backward(chain, _now())
+            modules.append((module.fqn, phase))
             if self.spans_enabled:  # counts only: no event to make (`_emit` would drop it)
                 self._emit(ev.ModuleEnter(_now(), module, phase))
         except Exception as exc:
@@ -390,8 +345,8 @@ class WindowRecorder:
         if not self.accepting:
             return
         try:
-            self._modules = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]
-            self._backward_calls = ()
+            self._modules[:] = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]  # the attributor's list too
+            self._attribution.backward_calls = ()
             if self.spans_enabled:
                 self._emit(ev.BackwardEnd(_now()))
         except Exception as exc:
@@ -402,7 +357,7 @@ class WindowRecorder:
             return
         try:
             chain = tuple(chain)
-            open_calls = self._backward_calls
+            open_calls = self._attribution.backward_calls
             if len(chain) < len(open_calls) and all(a is b for a, b in zip(chain, open_calls, strict=False)):
                 # An enclosing call's gradient arrives while calls inside it are open (grad hooks on a
                 # shared multi-tensor output run in any order): its backward is open already.
@@ -411,61 +366,19 @@ class WindowRecorder:
         except Exception as exc:
             self.on_fault("backward_modules", exc)
 
-    def set_node_attribution(self, resolve: Callable[[], tuple[ModuleCall, ...] | None] | None) -> None:
-        self._node_attribution = resolve
+    def set_node_attribution(self, resolve: Resolver | None) -> None:
+        self._attribution.node = resolve
 
-    def set_param_attribution(self, resolve: Callable[[], tuple[ModuleCall, ...] | None] | None) -> None:
+    def set_param_attribution(self, resolve: Resolver | None) -> None:
         """A module source says which module calls own the parameters a collective moves (FSDP's
-        parameter group issuing it): in backward it counts, and nests, under those."""
-        self._param_attribution = resolve
+        parameter group issuing it): it counts, and nests, under those (attribution.py)."""
+        self._attribution.param = resolve
 
-    def _backward_chain(self) -> tuple[tuple[ModuleCall, ...] | None, str | None]:
-        """The module calls a backward collective belongs to, and who issued it when that differs
-        (FSDP prefetching a layer's parameters from another's hook, or from the final callback);
-        None when the running module is the one it counts for."""
-        chain = self._running_chain()
-        resolve = self._param_attribution
-        if chain is None or resolve is None:
-            return chain, None
-        try:
-            owners = resolve()
-        except Exception as exc:
-            self.on_fault("param_attribution", exc)
-            return chain, None
-        if owners is None:
-            return chain, None
-        issuer = chain[-1].module.fqn if chain else ""
-        if owners and owners[-1].module.fqn == issuer:  # its own group's work: nobody else issued it
-            return owners, None
-        return owners, issuer
-
-    def _forward_param_owner(self, modules: list[tuple[str, str]]) -> ForwardOwner | None:
-        """Outside backward: the module a parameter group issues the collective for, when that
-        module is not the one open (FSDP's forward prefetch); None otherwise."""
-        resolve = self._param_attribution
-        if resolve is None:
-            return None
-        try:
-            return forward_owner(modules, resolve())
-        except Exception as exc:
-            self.on_fault("param_attribution", exc)
-            return None
-
-    def _open_owner(self, owner: ForwardOwner, time_ns: int) -> None:
+    def _open_owner(self, place: Attribution, time_ns: int) -> None:
         """Module spans of the group's module (and enclosing calls not open) around its collective."""
-        phase = self._modules[-1][1]
-        for i, module in enumerate(owner.opened):
-            self._emit(ev.ModuleEnter(time_ns, module, phase, (owner.under or ("", "")) if i == 0 else None))
-
-    def _open_forward_owner(self, time_ns: int) -> tuple[ModuleInfo, ...]:
-        """The collective's module spans when no issue record opened them (a source without one)."""
-        if not (self.spans_enabled and self._modules):
-            return ()
-        owner = self._forward_param_owner(self._modules)
-        if owner is None:
-            return ()
-        self._open_owner(owner, time_ns)
-        return owner.opened
+        phase = place.phase
+        for i, module in enumerate(place.opened):
+            self._emit(ev.ModuleEnter(time_ns, module, phase, (place.under or ("", "")) if i == 0 else None))
 
     def _close_owner(self, opened: tuple[ModuleInfo, ...], phase: str, time_ns: int) -> None:
         for module in reversed(opened):
@@ -473,7 +386,7 @@ class WindowRecorder:
 
     def _follow_backward(self, chain: tuple[ModuleCall, ...], time_ns: int) -> None:
         """Close the open backward spans not in `chain`, open those of `chain` not open yet."""
-        open_calls = self._backward_calls
+        open_calls = self._attribution.backward_calls
         same = 0
         limit = min(len(open_calls), len(chain))
         while same < limit and open_calls[same] is chain[same]:
@@ -482,7 +395,7 @@ class WindowRecorder:
             return
         # never before the previous move: a span must not end before it started
         time_ns = self._backward_moved_ns = max(time_ns, self._backward_moved_ns)
-        self._backward_calls = chain
+        self._attribution.backward_calls = chain
         if not self.spans_enabled:  # counts only: the calls followed, no span events to make
             return
         for call in reversed(open_calls[same:]):
@@ -518,8 +431,9 @@ class WindowRecorder:
             return
         try:
             now = _now()
-            if not self._modules and self._node_attribution is not None:  # backward: its node's modules first
-                chain = self._running_chain()
+            modules = self._modules  # backward (also inside an optimizer's step): its node's modules first
+            if (not modules or modules[-1][1] == s.PHASE_OPTIMIZER) and self._attribution.node is not None:
+                chain = self._attribution.running_chain()
                 if chain is not None:
                     self._follow_backward(chain, now)
             call_stack = self.call_stack
@@ -547,27 +461,12 @@ class WindowRecorder:
                 self.on_fault("collective_issue", exc)
                 return None
         try:
-            modules = self._modules
-            issued_by = None
-            opened: tuple[ModuleInfo, ...] = ()
-            if modules:
-                fqn, module_phase = modules[-1]
-                if module_phase == s.PHASE_RECOMPUTE:  # the source sees backward; it is a recomputed forward
-                    phase = module_phase
-                owner = self._forward_param_owner(modules)
-                if owner is not None:  # FSDP prefetching another module's parameters
-                    fqn, issued_by, opened = owner.fqn, owner.issued_by, owner.opened
-                    self._open_owner(owner, start_ns)
-            else:
-                fqn, module_phase = "", s.PHASE_FORWARD
-                chain, issued_by = self._backward_chain() if phase != s.PHASE_FORWARD else (None, None)
-                if chain is not None:  # backward: its node's modules, before the span finds its parent
-                    self._follow_backward(chain, start_ns)
-                    fqn, module_phase = (chain[-1].module.fqn if chain else ""), s.PHASE_BACKWARD
-                elif self._node_attribution is not None and phase != s.PHASE_BACKWARD:  # outside every module
-                    phase = module_phase = s.PHASE_OUTSIDE
-            issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), phase or module_phase, fqn, issued_by)
-            issue.opened = opened
+            place = self._attribution.attribute(phase)
+            if place.chain is not None:  # backward: its node's modules, before the span finds its parent
+                self._follow_backward(place.chain, start_ns)
+            elif place.opened:  # FSDP prefetching another module's parameters
+                self._open_owner(place, start_ns)
+            issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), place)
             call_stack = self.call_stack
             if call_stack is not None:
                 issue.stack = call_stack.capture()
@@ -608,44 +507,59 @@ class WindowRecorder:
                 self._liveness.forget(ticket)
             return None
         try:
-            phase, fqn, issued_by = self._count(info, phase, start_ns)
+            if issue is not None:
+                place = issue.place
+            else:  # no issue record (a counts-only window, a source without one): decided now
+                place = self._attribution.attribute(phase)
+                if place.chain is not None:  # backward: the open backward spans follow its calls first
+                    self._follow_backward(place.chain, start_ns)
+            # Exact counts, overall and for each module it belongs to (the same place its span reads).
+            name = info.name
+            counts = self.comm_counts
+            counts[name] = counts.get(name, 0) + 1
+            self.comm_ops[name] = info.op
+            owners = place.owners
+            if owners:
+                module_counts = self.module_counts
+                phase = place.phase
+                for fqn in owners:
+                    per_phase = module_counts.setdefault(fqn, {}).setdefault(phase, {})
+                    per_phase[name] = per_phase.get(name, 0) + 1
             awaits = awaits_completion and error is None
-            key = self._measure(info, phase, fqn, None if awaits else end_ns - start_ns, error)
+            duration_ns = end_ns - start_ns
+            bw = None if awaits or error is not None else call_bandwidth(info, duration_ns)
+            key = self.metrics.measure(info, place, None if awaits else duration_ns, error, bw)
             spans = self.spans_enabled
             if not (awaits or spans):  # counts only, finished: nothing more to keep
                 self._liveness.completed(ticket, end_ns)
                 return None
-            seq = issue.seq if issue is not None else self._next_seq(info) if spans else -1
-            # FSDP's forward prefetch: the spans of the module whose parameters move (spans only)
-            opened = issue.opened if issue is not None else self._open_forward_owner(start_ns)
-            issued_in = issue.fqn if issue is not None else fqn
+            # FSDP's forward prefetch: the spans of the module whose parameters move (its issue opened them)
+            opened = place.opened if spans else ()
             if issue is not None:
-                issued_by = issue.issued_by
-                stack = issue.stack
+                seq, stack = issue.seq, issue.stack
             else:
+                seq = self._next_seq(info) if spans else -1
                 call_stack = self.call_stack
                 stack = call_stack.capture() if call_stack is not None and spans else ()
+                if opened:
+                    self._open_owner(place, start_ns)
             event = ev.Collective(
-                start_ns,
-                end_ns,
-                info,
-                error,
-                phase,
-                seq,
-                issued_in,
-                issue,
-                s.COMPLETION_LAUNCH if awaits else s.COMPLETION_CALL,
-                end_ns,
-                0,
-                device,
-                issued_by,
-                stack,
+                start_ns=start_ns,
+                end_ns=end_ns,
+                info=info,
+                error=error,
+                place=place,
+                seq=seq,
+                issue=issue,
+                completion=s.COMPLETION_LAUNCH if awaits else s.COMPLETION_CALL,
+                returned_ns=end_ns,
+                device=device,
+                stack=stack,
+                bw=bw,
+                bw_ns=duration_ns if bw is not None else -1,
             )
             if awaits:
-                awaiting = self._awaiting
-                awaiting.append((event, key))
-                if len(awaiting) >= self._awaiting_limit:
-                    self._settle_completed()
+                self.metrics.awaiting(event, key)
                 self._liveness.launched(ticket, event, start_ns, info.op, info.group)
             else:
                 self._liveness.completed(ticket, end_ns)
@@ -653,7 +567,7 @@ class WindowRecorder:
                 return event if awaits else None
             self._emit(event)
             if opened:
-                self._close_owner(opened, phase, end_ns)
+                self._close_owner(opened, place.phase, end_ns)
             if self._exposure_room > 0 and not info.fake_group:  # a fake group's calls overlap nothing
                 self._exposure_room -= 1
                 if awaits:
@@ -741,123 +655,6 @@ class WindowRecorder:
                 except Exception as exc:  # live spans change under us on the training thread: skip this one
                     self.on_fault("in_flight_span", exc)
         return spans
-
-    def _count(self, info: CollectiveInfo, phase_hint: str | None, start_ns: int) -> tuple[str, str, str | None]:
-        """Exact counts, overall and for each module it belongs to; returns the innermost module's (phase, fqn).
-
-        Forward (and a recomputed forward, the optimizer step): every open module of the innermost
-        one's phase.  Outside every module and backward while modules are tracked: phase
-        "outside", counted for `OUTSIDE_FQN`.  Backward
-        with a node attribution: the module calls whose forward created the running
-        autograd node (for an FSDP collective: those whose parameter group issued it, the
-        third value naming who ran it) — the open backward spans follow them first, so the span
-        tree agrees with the counts.
-        """
-        name = info.name
-        counts = self.comm_counts
-        counts[name] = counts.get(name, 0) + 1
-        self.comm_ops[name] = info.op
-        modules = self._modules
-        if not modules:
-            chain, issued_by = self._backward_chain() if phase_hint != s.PHASE_FORWARD else (None, None)
-            if chain is None:
-                if self._node_attribution is None or phase_hint == s.PHASE_BACKWARD:
-                    return phase_hint or s.PHASE_FORWARD, "", None
-                # modules are tracked and none is open, outside backward: the loss, grad clipping, glue
-                per_phase = self.module_counts.setdefault(s.OUTSIDE_FQN, {}).setdefault(s.PHASE_OUTSIDE, {})
-                per_phase[name] = per_phase.get(name, 0) + 1
-                return s.PHASE_OUTSIDE, "", None
-            self._follow_backward(chain, start_ns)
-            if not chain:
-                return s.PHASE_BACKWARD, "", issued_by
-            for fqn in {call.module.fqn for call in chain}:
-                per_phase = self.module_counts.setdefault(fqn, {}).setdefault(s.PHASE_BACKWARD, {})
-                per_phase[name] = per_phase.get(name, 0) + 1
-            return s.PHASE_BACKWARD, chain[-1].module.fqn, issued_by
-        fqn, phase = modules[-1]
-        owner = self._forward_param_owner(modules)
-        if owner is not None:  # FSDP prefetching another module's parameters: that module's (param_owner.py)
-            for module_fqn in owner.counted:
-                per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
-                per_phase[name] = per_phase.get(name, 0) + 1
-            return phase, owner.fqn, owner.issued_by
-        # The open modules of its own phase, exactly the module spans of that phase it nests
-        # under: a recompute counts for the calls recomputed, not for the backward calls whose
-        # node asked for it (their backward spans hold it, but it is no backward work of theirs).
-        owners = {f for f, p in modules if p == phase}
-        for module_fqn in owners:
-            per_phase = self.module_counts.setdefault(module_fqn, {}).setdefault(phase, {})
-            per_phase[name] = per_phase.get(name, 0) + 1
-        return phase, fqn, None
-
-    def _running_chain(self) -> tuple[ModuleCall, ...] | None:
-        resolve = self._node_attribution
-        if resolve is None:
-            return None
-        try:
-            return resolve()
-        except Exception as exc:  # counted without a module rather than lost
-            self.on_fault("node_attribution", exc)
-            return None
-
-    def _measure(
-        self,
-        info: CollectiveInfo,
-        phase: str,
-        fqn: str,
-        duration_ns: int | None,
-        error: BaseException | None = None,
-    ) -> MetricKey:
-        """Calls and bytes now; the duration now (live) or at window end — None: not known yet."""
-        label = self.module_label
-        key = MetricKey.of(info, phase, fqn if label.depth is None else label(fqn), error)  # failed: its own series
-        self._instruments.totals.add(key, 1, info.bytes)  # read by the observable counters
-        if duration_ns is None:
-            return key
-        if error is None:
-            self._add_busbw(key, info, duration_ns)
-        if self.live:
-            self._record_durations(key, (duration_ns,))
-        else:
-            self._pending_durations.setdefault(key, []).append(duration_ns)
-            self._pending_values += 1
-            if self._pending_values >= _MAX_PENDING_VALUES:  # a long window: hand them on now
-                self._flush_metrics()
-        return key
-
-    def _add_busbw(self, key: MetricKey, info: CollectiveInfo, duration_ns: int) -> None:
-        """Note one completed call's bus bandwidth for the busbw histogram (none for a barrier, no bytes,
-        or a fake process group's call: it returned at once)."""
-        if info.fake_group:
-            return
-        bw = bandwidth(info.op, info.bytes, info.group_size, duration_ns)
-        if bw is not None:
-            self._pending_busbw.setdefault(key, []).append(bw.busbw)
-
-    def _flush_metrics(self) -> None:
-        """Hand the window's durations to the histogram's next collection (see `DeferredDurations`)."""
-        pending, self._pending_durations = self._pending_durations, {}
-        self._pending_values = 0
-        deferred = self._instruments.durations
-        attributes = self._instruments.totals.attributes
-        for key, durations in pending.items():
-            try:
-                deferred.add(attributes(key), durations, self._window_context)
-            except Exception as exc:
-                self.on_fault("metrics", exc)
-        busbw, self._pending_busbw = self._pending_busbw, {}
-        for key, values in busbw.items():
-            try:
-                self._instruments.busbw.add(attributes(key), values, self._window_context)
-            except Exception as exc:
-                self.on_fault("metrics", exc)
-
-    def _record_durations(self, key: MetricKey, durations: Sequence[int], context: Any = None) -> None:
-        """Record durations; recorded in a sampled span's context, the SDK attaches exemplars of its trace."""
-        attrs = self._instruments.totals.attributes(key)
-        record = self._instruments.duration.record
-        for duration_ns in durations:
-            record(duration_ns / 1e9, attrs, context=context)
 
     # --- faults -------------------------------------------------------------------
     def on_fault(self, where: str, exc: BaseException) -> None:

@@ -25,12 +25,13 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 from hp_otel.common import _otel_compat
 from hp_otel.record import events as ev
 from hp_otel.record.call_stack import module_of
+from hp_otel.record.collective_metrics import bandwidth_of
 from hp_otel.record.matching import Window
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
 from hp_otel.spans import codec
 from hp_otel.spans import schema as s
-from hp_otel.spans.bandwidth import bandwidth_attributes
+from hp_otel.spans.bandwidth import attributes_of
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
 
 _LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
@@ -314,14 +315,15 @@ class SpanBuilder:
             attrs = self._collective_attrs[info] = codec.encode_collective(info)
         issued_under = self._issued.pop(e.issue, None) if e.issue is not None else None
         parent_ctx = issued_under or (self._stack[-1].ctx if self._stack else self._parent_ctx)
-        attrs, links = self._matching(attrs, e.seq, e.fqn, e.phase)
-        if e.issued_by is not None:
-            attrs[s.COLLECTIVE_ISSUED_BY] = e.issued_by
+        place = e.place  # what its counts were made from (attribution.py)
+        attrs, links = self._matching(attrs, e.seq, place.fqn, place.phase)
+        if place.issued_by is not None:
+            attrs[s.COLLECTIVE_ISSUED_BY] = place.issued_by
         if e.stack:
             codec.encode_call_stack(attrs, e.stack, module_of)
         finished = e.error is None and e.completion != s.COMPLETION_LAUNCH and not info.fake_group
         if finished:  # its end is known: the bandwidth goes in with the start's attributes (one SDK call less)
-            attrs.update(bandwidth_attributes(info.op, info.bytes, info.group_size, e.end_ns - e.start_ns))
+            attrs.update(attributes_of(bandwidth_of(e, e.end_ns - e.start_ns)))  # the metrics' own, computed once
         span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
         if e.issue is not None and e.issue.dumped_to:
             span.add_event(
@@ -347,8 +349,7 @@ class SpanBuilder:
             span.set_attribute(s.COLLECTIVE_CALL_NS, max(e.returned_ns - e.start_ns, 0))
             span.set_attribute(s.COLLECTIVE_WAITED_NS, e.waited_ns)
         if with_bandwidth and e.error is None and completion != s.COMPLETION_LAUNCH and not e.info.fake_group:
-            info = e.info
-            span.set_attributes(bandwidth_attributes(info.op, info.bytes, info.group_size, end_ns - e.start_ns))
+            span.set_attributes(attributes_of(bandwidth_of(e, end_ns - e.start_ns)))
         if self._collective_hook is not None:
             self._run_hook(self._collective_hook, span, e.info, COLLECTIVE_HOOK_FAULT)
         self._end_span(span, end_ns)
@@ -382,7 +383,8 @@ class SpanBuilder:
         to your processors (the real span follows if the call ever returns)."""
         parent_ctx = self._issued.get(issue) or (self._stack[-1].ctx if self._stack else self._parent_ctx)
         parent = trace.get_current_span(parent_ctx).get_span_context()
-        attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, issue.fqn, issue.phase)
+        place = issue.place
+        attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, place.fqn, place.phase)
         attrs[s.COLLECTIVE_IN_FLIGHT] = True
         if issue.stack:
             codec.encode_call_stack(attrs, issue.stack, module_of)

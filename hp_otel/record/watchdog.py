@@ -204,7 +204,7 @@ class HangWatchdog:
         self.written.append(path)
         for issue in stuck:
             info = issue.info
-            where = f" in Module({issue.fqn})" if issue.fqn else ""
+            where = f" in Module({issue.place.fqn})" if issue.place.fqn else ""
             logger.warning(
                 "hp_otel watchdog: %s #%d on group %s (ranks %s)%s issued %.1f s ago has not completed; "
                 "wrote this rank's spans so far to %s (compare the ranks with: hp-otel ranks FILE...)",

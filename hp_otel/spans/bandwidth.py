@@ -88,12 +88,16 @@ def bandwidth(op: str, nbytes: int, group_size: int, duration_ns: int) -> Bandwi
     return Bandwidth(size, algbw, algbw * bus_factor(op, group_size))
 
 
-def bandwidth_attributes(op: str, nbytes: int, group_size: int, duration_ns: int) -> dict[str, Any]:
-    """The span attributes of one call's bandwidth (empty when it has none)."""
-    bw = bandwidth(op, nbytes, group_size, duration_ns)
+def attributes_of(bw: Bandwidth | None) -> dict[str, Any]:
+    """The span attributes of a bandwidth already computed (empty for None)."""
     if bw is None:
         return {}
     return {s.COLLECTIVE_BW_BYTES: bw.size, s.COLLECTIVE_ALGBW: bw.algbw, s.COLLECTIVE_BUSBW: bw.busbw}
+
+
+def bandwidth_attributes(op: str, nbytes: int, group_size: int, duration_ns: int) -> dict[str, Any]:
+    """The span attributes of one call's bandwidth (empty when it has none)."""
+    return attributes_of(bandwidth(op, nbytes, group_size, duration_ns))
 
 
 def format_rate(bytes_per_s: float) -> str:

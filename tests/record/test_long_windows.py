@@ -22,8 +22,8 @@ from referee import Referee
 import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel import mode as mode_module
+from hp_otel.record import collective_metrics as recorder_module
 from hp_otel.record import installation
-from hp_otel.record import recorder as recorder_module
 from hp_otel.spans import schema
 
 STEPS = 600  # 9,600 collectives: past _MAX_PENDING_VALUES, so the early hand-over runs too
@@ -45,7 +45,7 @@ def _durations(reader: InMemoryMetricReader) -> tuple[int, float]:
 
 
 def _pending_values(mode: CommDebugMode) -> int:
-    return sum(len(values) for values in mode._recorder._pending_durations.values())
+    return sum(len(values) for values in mode._recorder.metrics._pending_durations.values())
 
 
 def test_counts_only_window_settles_completed_collectives_and_keeps_a_late_one() -> None:
@@ -65,7 +65,7 @@ def test_counts_only_window_settles_completed_collectives_and_keeps_a_late_one()
                 end = start + 100 + i + step % 7
                 observer.on_collective_complete(token, end, schema.COMPLETION_WAIT)
                 expected_ns += end - start
-            most_awaiting = max(most_awaiting, len(mode._recorder._awaiting))
+            most_awaiting = max(most_awaiting, len(mode._recorder.metrics._awaiting))
             most_pending = max(most_pending, _pending_values(mode))
         observer.on_collective_complete(late, 50_000, schema.COMPLETION_WAIT)
         expected_ns += 50_000
@@ -85,7 +85,7 @@ def test_counts_only_window_bounds_work_nobody_waits_for() -> None:
         most = 0
         for i in range(launches):
             mode.observer.on_collective(ALL_REDUCE, i * 10, i * 10 + 3, awaits_completion=True)
-            most = max(most, len(mode._recorder._awaiting))
+            most = max(most, len(mode._recorder.metrics._awaiting))
     assert most <= 2 * recorder_module._MAX_AWAITING
     count, total_s = _durations(reader)
     assert count == launches  # never completed: each counts with its launch time, as at window end
@@ -123,7 +123,7 @@ def test_counts_only_window_over_many_real_steps_stays_bounded(transformer, kept
         most = 0
         for _ in range(steps):
             _step(model, tokens)
-            most = max(most, len(mode._recorder._awaiting))
+            most = max(most, len(mode._recorder.metrics._awaiting))
     assert mode.get_total_counts() == steps * per_step
     assert per_step * steps > 2 * recorder_module._AWAITING_SWEEP  # long enough that the old list would exceed it
     assert most <= 2 * recorder_module._AWAITING_SWEEP

@@ -14,9 +14,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from hp_otel import CommDebugMode
-from hp_otel import mode as mode_module
 from hp_otel.cli.bench_scale import mlp_forward_events, record_window
 from hp_otel.record import recorder as recorder_module
+from hp_otel.record import settings as settings_module
 from hp_otel.record import span_builder
 from hp_otel.render.json_dump import build_json_dump
 from hp_otel.render.table import render_table
@@ -110,7 +110,7 @@ def test_no_readable_span_is_made_past_the_cap(monkeypatch) -> None:
 def test_the_step_never_waits_for_more_than_one_slice_of_the_backlog(monkeypatch) -> None:
     """Once max_pending events wait, each step builds at most one slice of them (before: the whole
     backlog at once, 20,000 events and 1-2 s in one step); every span is still built, in order."""
-    monkeypatch.setattr(mode_module, "_MAX_PENDING_EVENTS", 1_000)
+    monkeypatch.setattr(settings_module, "_MAX_PENDING_EVENTS", 1_000)
     monkeypatch.setattr(recorder_module, "_BUILD_SLICE", 64, raising=False)
     fed = 0
     original = span_builder.SpanBuilder.feed

@@ -14,6 +14,7 @@ import pytest
 from events import ALL_REDUCE, collective
 
 from hp_otel import CommDebugMode, HangWatchdog
+from hp_otel.record.attribution import of
 from hp_otel.record.events import CollectiveIssue
 from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleInfo
@@ -124,8 +125,8 @@ class _StandInWindow:
 def test_the_watchdog_needs_only_the_in_flight_collectives_and_a_writer(tmp_path) -> None:
     """No CommDebugMode: what the mode hands the watchdog when a window opens is all it uses."""
     issued_at = time.time_ns()
-    stuck = CollectiveIssue(issued_at, ALL_REDUCE, 3, "forward", "layers.0")
-    fresh = CollectiveIssue(issued_at + 10**9, ALL_REDUCE, 4, "forward", "")
+    stuck = CollectiveIssue(issued_at, ALL_REDUCE, 3, of("forward", "layers.0"))
+    fresh = CollectiveIssue(issued_at + 10**9, ALL_REDUCE, 4, of("forward", ""))
     window = _StandInWindow([stuck, fresh])
     watchdog = HangWatchdog(0.5, str(tmp_path / "r{rank}.json"), poll_s=60)
     watchdog.start(window, window.write_spans)
@@ -294,7 +295,7 @@ def test_after_a_slow_file_the_watchdog_waits_nine_times_as_long_before_the_next
     from hp_otel.record import watchdog as watchdog_module
 
     issued_at = time.time_ns()
-    first = CollectiveIssue(issued_at, ALL_REDUCE, 0, "forward", "")
+    first = CollectiveIssue(issued_at, ALL_REDUCE, 0, of("forward", ""))
     window = _StandInWindow([first])
 
     def slow_writer(path: str) -> None:
@@ -306,7 +307,7 @@ def test_after_a_slow_file_the_watchdog_waits_nine_times_as_long_before_the_next
     try:
         assert watchdog.check(issued_at + 10**9) == [first]
         assert watchdog.last_write_s >= 0.05
-        second = CollectiveIssue(issued_at, ALL_REDUCE, 1, "forward", "")
+        second = CollectiveIssue(issued_at, ALL_REDUCE, 1, of("forward", ""))
         window.issues.append(second)
         assert watchdog.check(issued_at + 10**9) == []  # quiet: written with the next file
         time.sleep(watchdog_module.QUIET_FACTOR * watchdog.last_write_s + 0.05)

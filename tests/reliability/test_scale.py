@@ -12,9 +12,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from hp_otel import CommDebugMode
-from hp_otel import mode as mode_module
 from hp_otel.cli import main
 from hp_otel.cli.bench_scale import format_scale_results, mlp_forward_events, record_window, run_scale_bench
+from hp_otel.record import settings as settings_module
 from hp_otel.render import json_dump
 from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1
 
 
 def test_cap_holds_and_counts_stay_exact_past_the_build_threshold(monkeypatch) -> None:
-    monkeypatch.setattr(mode_module, "_MAX_PENDING_EVENTS", 50)  # build many times inside the window
+    monkeypatch.setattr(settings_module, "_MAX_PENDING_EVENTS", 50)  # build many times inside the window
     reader = InMemoryMetricReader()
     with CommDebugMode(max_spans=100, meter_provider=MeterProvider(metric_readers=[reader])) as mode:
         for _ in range(500):
@@ -120,7 +120,7 @@ def test_past_the_cap_spans_are_counted_not_built_and_pending_events_stay_bounde
     assert len(mode.get_finished_spans()) == cap
     assert mode.get_dropped_record_count() == steps * 7 - cap
     assert started <= cap + 7  # at most the step that filled the store, not 21,000 spans
-    assert peak < max(mode_module._MIN_PENDING_EVENTS, 2 * cap)  # not the 20,000 of any window
+    assert peak < max(settings_module._MIN_PENDING_EVENTS, 2 * cap)  # not the 20,000 of any window
     assert_collective_counts(mode, {"_c10d_functional.all_reduce": steps})
     kept = [s for s in mode.get_finished_spans() if s.name == "MLP"]
     assert kept and all(s.end_time >= s.start_time for s in kept)  # spans kept before the cap end as recorded

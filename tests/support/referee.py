@@ -177,8 +177,8 @@ class Referee(TorchDispatchMode):
                 self.module_counts[fqn]["forward"][name] += 1
             return
         if self._stack:  # a forward recomputed inside backward (activation checkpointing)
-            # for the modules recomputed, not for those of the node that asked for it
-            for fqn in set(self._stack[max(self._recompute_depth - 1, 0) :]):
+            # for the modules recomputed and those of the node that asked for it (inside their calls)
+            for fqn in set(self._stack):
                 self.module_counts[fqn]["recompute"][name] += 1
             return
         node = torch._C._current_autograd_node()

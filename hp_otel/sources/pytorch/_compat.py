@@ -344,6 +344,12 @@ _TABLE: tuple[Symbol, ...] = (
         fallback="collectives carry no FSDP parameter module",
     ),
     Symbol(
+        "FSDP1RuntimeUtils", "torch.distributed.fsdp._runtime_utils", "", MODULE,
+        "FSDP1 issues a flat parameter's all-gather in `_unshard(state, handle)` and its gradient reduction in "
+        "`_reduce_grad(state, handle)` / `_reduce_grad_no_shard`: which FSDP unit they move",
+        fallback="FSDP1's collectives count for the running module (with use_orig_params=True: backward for none)",
+    ),
+    Symbol(
         "ModTracker", "torch.distributed._tools.mod_tracker", "ModTracker", CLASS,
         "the drop-in's module tracker is torch's, with its fqn scheme and parents",
     ),
@@ -580,6 +586,25 @@ def loaded_fsdp_param_group() -> type | None:
 def fsdp_module_fqn(group: Any) -> str:
     """The fqn of the module a parameter group belongs to (`group._module_fqn`; "" if it has none)."""
     return getattr(group, "_module_fqn", "") or ""
+
+
+FSDP1_HANDLE_FUNCTIONS = ("_unshard", "_reduce_grad", "_reduce_grad_no_shard")  # each takes (state, handle, ...)
+
+
+def loaded_fsdp1_runtime() -> ModuleType | None:
+    """FSDP1's runtime module if FSDP1 is imported (nobody uses it otherwise), else None."""
+    return _loaded(SYMBOLS["FSDP1RuntimeUtils"].module)
+
+
+def is_fsdp1_module(module: Any) -> bool:
+    """True for an FSDP1 unit (`FullyShardedDataParallel`; False when FSDP1 is not imported)."""
+    fsdp = getattr(_loaded("torch.distributed.fsdp.fully_sharded_data_parallel"), "FullyShardedDataParallel", None)
+    return isinstance(fsdp, type) and isinstance(module, fsdp)
+
+
+def fsdp1_handle_module(handle: Any) -> Any:
+    """The module an FSDP1 flat-parameter handle shards (`handle._fully_sharded_module`; None if unknown)."""
+    return getattr(handle, "_fully_sharded_module", None)
 
 
 def fsdp_group_modules(group: Any) -> tuple[Any, ...]:

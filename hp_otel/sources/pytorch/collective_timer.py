@@ -127,6 +127,8 @@ class CollectiveTimer:
     def _issue(self, spec: CollectiveSpec, args: Any, kwargs: Any, start: int) -> tuple[Any, str, Any]:
         observer = self._observer
         try:
+            # A hint, not the phase: whether autograd runs now. The recorder decides the phase once
+            # (record/attribution.py: a recompute, the optimizer, outside every module).
             phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
             if not observer.spans_enabled and not observer.wants_completion:  # a counts-only window
                 info = spec.describe_counts(args, kwargs)

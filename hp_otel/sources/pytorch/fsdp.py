@@ -7,6 +7,13 @@ group.  Both are wrapped while a window is active: they name the group's module 
 duration of the call, and the collective source attaches that name to every collective
 issued meanwhile (`hp.collective.param_module`).  The name is FSDP's own module fqn,
 relative to the module `fully_shard` was last applied to (the root, "(root)").
+
+FSDP1 (`FullyShardedDataParallel`) issues a flat parameter's all-gather in
+`_runtime_utils._unshard(state, handle)` (its own pre-forward and pre-backward, and when
+prefetching another unit's) and its gradient reduction in `_reduce_grad(state, handle)`; both
+are wrapped likewise and name the module the handle shards: with `use_orig_params=True` the
+flat parameter is no registered parameter of any module, so its gradient hook's collectives
+would otherwise count for none.
 """
 
 from __future__ import annotations
@@ -80,6 +87,29 @@ def _make_wrapper(
     return wrapper
 
 
+def _handle_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    """FSDP1's `original(state, handle, ...)` naming, while it runs, the module `handle` shards."""
+    wrapper = _wrappers.get(original)
+    if wrapper is not None:
+        return wrapper
+
+    @functools.wraps(original)
+    def handle_wrapper(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            module = _compat.fsdp1_handle_module(handle)
+            token = _param_modules.set((module,) if module is not None else ())
+        except Exception:  # never stand between FSDP and its work
+            return original(state, handle, *args, **kwargs)
+        try:
+            return original(state, handle, *args, **kwargs)
+        finally:
+            _param_modules.reset(token)
+
+    handle_wrapper.__hp_otel_original__ = original  # type: ignore[attr-defined]
+    wrapper = _wrappers[original] = handle_wrapper
+    return wrapper
+
+
 def _plan() -> list[AttributePatch]:
     group = _compat.loaded_fsdp_param_group()  # None when FSDP2 is not imported: nobody uses it here
     if group is None:
@@ -87,4 +117,14 @@ def _plan() -> list[AttributePatch]:
     return patch_owned(group, _METHODS, lambda _name: _wrap)
 
 
+def _plan_fsdp1() -> list[AttributePatch]:
+    runtime = _compat.loaded_fsdp1_runtime()
+    if runtime is None:
+        return []
+    return patch_owned(runtime, _compat.FSDP1_HANDLE_FUNCTIONS, lambda _name: _handle_wrapper)
+
+
 fsdp_patches = SharedPatches(_plan)
+# Taken by the module tracker only for a tree holding an FSDP1 unit (only module counts need them):
+# FSDP1's runtime is imported with torch.distributed.fsdp, by most models that never use it.
+fsdp1_patches = SharedPatches(_plan_fsdp1)

@@ -38,7 +38,7 @@ from torch.utils.hooks import RemovableHandle
 from hp_otel.record import installation
 from hp_otel.record.observer import Observer
 from hp_otel.sources.pytorch import _compat
-from hp_otel.sources.pytorch.fsdp import param_group_modules
+from hp_otel.sources.pytorch.fsdp import fsdp1_patches, param_group_modules
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema as s
 from hp_otel.spans.codec import placements_text
@@ -453,6 +453,7 @@ class _ModuleHooks:
         self._wrapper: weakref.ref[nn.Module] | None = None  # the `torch.compile(root)` wrapper hooked too (weakly)
         self._wrapper_handles: list[RemovableHandle] = []
         self._seen: _SeenTree | None = None  # the tree the hooks were made for (None: walk it at the next window)
+        self.fsdp1 = False  # the tree holds an FSDP1 unit (its collectives need `fsdp1_patches`)
 
     def attach(self, root: nn.Module, wrapper: nn.Module | None = None) -> None:
         """Hook every module of the tree, unless the hooks in place still match it (and `wrapper`,
@@ -519,6 +520,7 @@ class _ModuleHooks:
         else:
             self._detach()
             self._structure = structure
+            self.fsdp1 = any(_compat.is_fsdp1_module(module) for _fqn, module in modules)
             for fqn, module in modules:
                 tracked = _TrackedModule(self, fqn, module)
                 self._tracked.append(tracked)
@@ -625,6 +627,7 @@ class TorchModuleTracker:
         self.observer: Observer | None = None
         self.backward_spans = True  # grad hooks open backward spans; counting needs none
         self._hooks: _ModuleHooks | None = None
+        self._fsdp1 = False  # fsdp1_patches held by this window
         # Grad hooks live on tensors: those on tensors that outlive a step (leaves such as
         # the batch or the parameters) are removed when the backward pass ends and on
         # detach, so they never pile up; the others go away with the autograd graph.
@@ -659,6 +662,9 @@ class TorchModuleTracker:
         finally:
             self._param_owner = hooks.param_owner
             self._module_info = hooks.module_info
+        if hooks.fsdp1:  # FSDP1's collectives name the unit they move (fsdp.py)
+            fsdp1_patches.acquire()
+            self._fsdp1 = True
         observer.set_node_attribution(self.running_chain)
         set_param_attribution = getattr(observer, "set_param_attribution", None)  # optional for observers
         if callable(set_param_attribution):
@@ -671,6 +677,9 @@ class TorchModuleTracker:
             set_param_attribution = getattr(observer, "set_param_attribution", None)
             if callable(set_param_attribution):
                 set_param_attribution(None)
+        if self._fsdp1:
+            self._fsdp1 = False
+            fsdp1_patches.release()
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.tracker = None

@@ -20,6 +20,7 @@ import torch
 from referee import Referee
 
 from hp_otel import CommDebugMode
+from hp_otel.record import collective_metrics
 from hp_otel.record import recorder as recorder_module
 from hp_otel.sources.pytorch import modules
 
@@ -70,7 +71,7 @@ def _assert_bounded(sizes: list[dict[str, int]]) -> None:
 @pytest.mark.parametrize("record_spans", [False, True])
 def test_a_window_over_many_steps_keeps_its_state_bounded(tp_mlp, record_spans: bool, monkeypatch) -> None:
     model, _x = tp_mlp
-    monkeypatch.setattr(recorder_module, "_AWAITING_SWEEP", 32)
+    monkeypatch.setattr(collective_metrics, "_AWAITING_SWEEP", 32)
     sizes = []
     referee = Referee(model)
     with referee, CommDebugMode(module=model, record_spans=record_spans) as mode:

@@ -1,9 +1,10 @@
-"""Issue 19 item 2: a recompute counts for the modules recomputed, as the span tree nests it.
+"""A recompute counts, in phase recompute, for the modules recomputed and for the calls whose
+backward spans hold it (the node that asked for it), as the span tree nests it: every call's
+counts add up to the collectives inside it, the root's to the window's.
 
 Non-reentrant checkpointing stops the recomputed forward once backward has what it needs:
 in a checkpointed block of two TP MLPs, only mlp1.down's all_reduce is recomputed (mlp2's
-recompute stops before its down projection reduces).  Before the fix the recompute was
-also counted for the backward calls whose node asked for it (block.mlp2, block.mlp2.down).
+recompute stops before its down projection reduces).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from referee import Referee
-from span_counts import module_counts_from_spans
+from span_counts import assert_counts_add_up, module_counts_from_spans
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -72,11 +73,18 @@ def test_recompute_counts_agree_with_span_tree_and_referee(fake_world, reentrant
     assert mode.get_comm_counts() == dict(referee.counts)
     assert ours == module_counts_from_spans(mode.get_finished_spans())
     assert ours == referee.module_counts_dict()
-    recomputed = {fqn for fqn, phases in ours.items() if "recompute" in phases}
-    if reentrant:  # the whole block runs again
-        assert recomputed == {"block", "block.mlp1", "block.mlp1.down", "block.mlp2", "block.mlp2.down"}
-    else:  # stopped early: mlp2.down's all_reduce never runs again
-        assert recomputed == {"block", "block.mlp1", "block.mlp1.down"}
-    for fqn in recomputed:  # one all_reduce recomputed per down projection; the block holds both when whole
-        expected = 2 if reentrant and fqn == "block" else 1
-        assert ours[fqn]["recompute"] == {"_c10d_functional.all_reduce": expected}, fqn
+    assert_counts_add_up(mode)  # every call's counts are the collectives inside it; the root's, the window's
+    recomputed = {fqn: phases["recompute"] for fqn, phases in ours.items() if "recompute" in phases}
+    ar = "_c10d_functional.all_reduce"
+    # reentrant: the whole block runs again (one all_reduce per down projection), asked for by the
+    # checkpoint's node under the root; non-reentrant: stopped early (mlp2.down's all_reduce never
+    # runs again), asked for by mlp2.down's node, whose calls hold mlp1.down's recomputed all_reduce
+    whole = 2 if reentrant else 1
+    assert recomputed == {
+        "(root)": {ar: whole},
+        "block": {ar: whole},
+        "block.mlp1": {ar: 1},
+        "block.mlp1.down": {ar: 1},
+        "block.mlp2": {ar: 1},
+        "block.mlp2.down": {ar: 1},
+    }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hp_otel.record.param_owner import forward_owner
+from hp_otel.record.attribution import forward_owner
 from hp_otel.spans.infos import ModuleCall, ModuleInfo
 
 pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
@@ -18,7 +18,7 @@ def _info(fqn: str) -> ModuleInfo:
 def test_prefetch_of_the_next_layer_counts_for_it_and_the_open_root() -> None:
     owner = forward_owner([("(root)", "forward"), ("layers.0", "forward")], (ModuleCall(_info("layers.1")),))
     assert owner is not None
-    assert owner.counted == {"(root)", "layers.1"}
+    assert owner.owners == {"(root)", "layers.1"}
     assert (owner.fqn, owner.issued_by, owner.under) == ("layers.1", "layers.0", ("(root)", "forward"))
     assert [m.fqn for m in owner.opened] == ["layers.1"]
 
@@ -38,11 +38,11 @@ def test_an_enclosing_call_not_open_yet_comes_from_the_latest_call_chain() -> No
     modules = [("(root)", "forward"), ("blocks.0", "forward"), ("blocks.0.layers.3", "forward")]
     owner = forward_owner(modules, layer.chain)
     assert owner is not None
-    assert owner.counted == {"(root)", "blocks.1", "blocks.1.layers.0"}
+    assert owner.owners == {"(root)", "blocks.1", "blocks.1.layers.0"}
     assert [m.fqn for m in owner.opened] == ["blocks.1", "blocks.1.layers.0"]
     assert owner.under == ("(root)", "forward")
 
 
 def test_a_module_outside_every_open_call_nests_under_the_window() -> None:
     owner = forward_owner([("a", "forward")], (ModuleCall(_info("b")),))
-    assert owner is not None and owner.under is None and owner.counted == {"b"}
+    assert owner is not None and owner.under is None and owner.owners == {"b"}
