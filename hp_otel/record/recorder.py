@@ -212,7 +212,7 @@ class WindowRecorder:
             if not rows:
                 return
             self._exposure_rows, self._exposure = rows, None
-            self._instruments.exposure.defer(rows, self.module_label)
+            self._instruments.exposure.defer(rows, self.metrics.module_label)
         except Exception as exc:
             self.on_fault("exposure", exc)
 
