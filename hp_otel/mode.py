@@ -491,14 +491,14 @@ class CommDebugMode:
         )
 
     def _why_empty_from_spans(self) -> str:
-        from hp_otel.spans import schema as s
+        from hp_otel.spans import schema
 
         if not self._recorder.spans_enabled:
             return "nothing inside it issued a collective (counts-only window: no spans to say more)"
-        kinds = {(span.attributes or {}).get(s.CALL_KIND) for span in self.get_finished_spans()}
-        if self.module is not None and s.KIND_MODULE not in kinds:
+        kinds = {(span.attributes or {}).get(schema.CALL_KIND) for span in self.get_finished_spans()}
+        if self.module is not None and schema.KIND_MODULE not in kinds:
             return f"the module= given ({type(self.module).__name__}) was not called inside the window"
-        if s.KIND_OP not in kinds:
+        if schema.KIND_OP not in kinds:
             return "no DTensor op ran inside it (plain tensors need no collective)"
         return "its DTensor ops needed no collective (their inputs were already laid out as the ops need)"
 

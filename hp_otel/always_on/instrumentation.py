@@ -38,7 +38,7 @@ from hp_otel.common.env_read import getenv
 from hp_otel.record import installation, metric_labels
 from hp_otel.record.call_stack import check_depth, depth_from_env
 from hp_otel.record.user_hooks import NO_HOOKS, UserHooks
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 logger = logging.getLogger("hp_otel")
 
@@ -243,12 +243,12 @@ class StepSession:
 def _warn_if_resource_lacks_rank(tracer_provider: Any) -> None:
     """Providers hp_otel did not make (the distro's) lack the ranks unless the resource detector is named."""
     resource = getattr(tracer_provider, "resource", None)
-    if resource is None or launcher_env.global_rank() is None or s.RESOURCE_RANK in resource.attributes:
+    if resource is None or launcher_env.global_rank() is None or schema.RESOURCE_RANK in resource.attributes:
         return
     logger.warning(
         "hp_otel: the tracer provider's resource has no %s, so spans and metrics cannot be told apart by rank; "
         "set OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=hp_otel for the SDK to add it",
-        s.RESOURCE_RANK,
+        schema.RESOURCE_RANK,
     )
 
 

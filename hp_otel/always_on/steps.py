@@ -37,7 +37,7 @@ from hp_otel.common.env_read import getenv
 from hp_otel.common.int_range import check_attribute_count
 from hp_otel.record import matching
 from hp_otel.record.span_builder import mark_error
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.version import __version__
 
 logger = logging.getLogger("hp_otel")
@@ -103,7 +103,7 @@ def _sampled(tracer: Any, trace_id: int, attributes: dict[str, Any]) -> bool:
     sampler = getattr(tracer, "sampler", None)
     if sampler is None:
         return True
-    result = sampler.should_sample(None, trace_id, s.STEP_ROOT_SPAN_NAME, SpanKind.INTERNAL, attributes)
+    result = sampler.should_sample(None, trace_id, schema.STEP_ROOT_SPAN_NAME, SpanKind.INTERNAL, attributes)
     return bool(result.decision.is_sampled())
 
 
@@ -154,16 +154,16 @@ class StepSpans:
         self.trace_id, self.root_span_id = step_ids(self.run_id, self.step)
         matching.register_step(self.trace_id, self.step)  # windows inside count their collectives per step
         tracer, root_tracer = _tracers(self.tracer_provider)
-        attributes: dict[str, Any] = {s.STEP: self.step, s.RESOURCE_RUN_ID: self.run_id}
+        attributes: dict[str, Any] = {schema.STEP: self.step, schema.RESOURCE_RUN_ID: self.run_id}
         world_size = launcher_env.world_size()
         if world_size is not None:
-            attributes[s.RESOURCE_WORLD_SIZE] = world_size
+            attributes[schema.RESOURCE_WORLD_SIZE] = world_size
         self.sampled = _sampled(root_tracer or tracer, self.trace_id, attributes)
         if self.rank == 0 and root_tracer is not None:
             token = _ROOT_IDS.forced.set((self.trace_id, self.root_span_id))
             try:
                 self.root = root_tracer.start_span(
-                    s.STEP_ROOT_SPAN_NAME, context=otel_context.Context(), attributes=attributes
+                    schema.STEP_ROOT_SPAN_NAME, context=otel_context.Context(), attributes=attributes
                 )
             finally:
                 _ROOT_IDS.forced.reset(token)
@@ -177,7 +177,9 @@ class StepSpans:
             remote = SpanContext(self.trace_id, self.root_span_id, is_remote=True, trace_flags=flags)
             parent = trace.set_span_in_context(NonRecordingSpan(remote), otel_context.Context())
         self.rank_span = tracer.start_span(
-            s.RANK_STEP_SPAN_NAME, context=parent, attributes={s.STEP: self.step, s.RESOURCE_RANK: self.rank}
+            schema.RANK_STEP_SPAN_NAME,
+            context=parent,
+            attributes={schema.STEP: self.step, schema.RESOURCE_RANK: self.rank},
         )
         self.context = trace.set_span_in_context(self.rank_span, parent)
 
@@ -324,7 +326,7 @@ class StepCollectives:
                 ring = self._rings[spans.rank] = CollectivesRing(self.folder, self.keep, spans.rank)
             finished = mode.get_finished_spans()
             resource = dict(finished[0].resource.attributes) if finished and finished[0].resource is not None else {}
-            resource.setdefault(s.RESOURCE_RANK, spans.rank)
+            resource.setdefault(schema.RESOURCE_RANK, spans.rank)
             ring.add(finished, resource)
             self.written += 1
         except Exception as exc:  # never break training

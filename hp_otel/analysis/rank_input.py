@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hp_otel.common import input_files
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 try:  # decodes only the collective spans of a spans file, skipping the others unparsed (optional)
     import msgspec
@@ -126,8 +126,8 @@ class CollectiveSpan:
 
 def _is_collective(attributes: Iterable[Mapping[str, Any]]) -> bool:
     for kv in attributes:
-        if kv.get("key") == s.CALL_KIND:
-            return (kv.get("value") or {}).get("stringValue") == s.KIND_COLLECTIVE
+        if kv.get("key") == schema.CALL_KIND:
+            return (kv.get("value") or {}).get("stringValue") == schema.KIND_COLLECTIVE
     return False
 
 
@@ -187,7 +187,7 @@ if msgspec is not None:
 
     _traces = msgspec.json.Decoder(_Traces)
     _any = msgspec.json.Decoder()
-    _COLLECTIVE = b'"' + s.KIND_COLLECTIVE.encode() + b'"'
+    _COLLECTIVE = b'"' + schema.KIND_COLLECTIVE.encode() + b'"'
 
 
 def fast_collectives(path: str, data: bytes) -> tuple[list[dict[str, Any]], list[CollectiveSpan]] | None:

@@ -25,8 +25,7 @@ from hp_otel.analysis.rank_input import (
     resources_and_collectives,
 )
 from hp_otel.common.input_files import checked_int
-from hp_otel.spans import codec, collectives_file, exposure
-from hp_otel.spans import schema as s
+from hp_otel.spans import codec, collectives_file, exposure, schema
 from hp_otel.spans.call_tree import span_attributes
 
 __all__ = ["RankCall", "RankFile", "RankInputError", "calls_from_spans", "read_rank_file"]
@@ -51,7 +50,11 @@ class RankFile:
 
 
 def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: int | None = None) -> int:
-    ranks = {checked_int(r[s.RESOURCE_RANK], s.RESOURCE_RANK) for r in resources if r.get(s.RESOURCE_RANK) is not None}
+    ranks = {
+        checked_int(r[schema.RESOURCE_RANK], schema.RESOURCE_RANK)
+        for r in resources
+        if r.get(schema.RESOURCE_RANK) is not None
+    }
     if len(ranks) > 1:
         raise RankInputError(f"{path}: spans of several ranks {sorted(ranks)} in one file; give one file per rank")
     if ranks:
@@ -61,14 +64,16 @@ def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: in
         return int(found.group(1))
     if default_rank is not None:
         return default_rank
-    raise RankInputError(f"{path}: names no rank (no {s.RESOURCE_RANK} resource attribute, no 'rank<N>' in its name)")
+    raise RankInputError(
+        f"{path}: names no rank (no {schema.RESOURCE_RANK} resource attribute, no 'rank<N>' in its name)"
+    )
 
 
 def _world_size_of(resources: Sequence[Mapping[str, Any]]) -> int | None:
     sizes = []
     for r in resources:
         try:
-            sizes.append(checked_int(r[s.RESOURCE_WORLD_SIZE], s.RESOURCE_WORLD_SIZE))
+            sizes.append(checked_int(r[schema.RESOURCE_WORLD_SIZE], schema.RESOURCE_WORLD_SIZE))
         except (KeyError, TypeError, ValueError):
             continue
     return max(sizes, default=None)
@@ -115,7 +120,7 @@ def rank_file_of_spans(
     except (TypeError, ValueError) as exc:
         if isinstance(exc, RankInputError):
             raise
-        raise RankInputError(f"{path}: its {s.RESOURCE_RANK} is not a rank ({exc})") from exc
+        raise RankInputError(f"{path}: its {schema.RESOURCE_RANK} is not a rank ({exc})") from exc
     collectives = list(spans)
     table = CallTable(rank)
     unsequenced = _add_calls(table, collectives, path)
@@ -144,19 +149,19 @@ def _collectives_file(path: str, payload: dict[str, Any]) -> tuple[list[dict[str
 # What a call's kind (`CallKind`) is made of, besides the span's name: calls that share these values
 # share their kind, so each kind is decoded and checked once per file, not once per call.
 _KIND_KEYS = (
-    s.COLLECTIVE_WINDOW,
-    s.COLLECTIVE_GROUP,
-    s.COLLECTIVE_GROUP_RANKS,
-    s.COLLECTIVE_GROUP_SIZE,
-    s.COLLECTIVE_OP,
-    s.COLLECTIVE_NAME,
-    s.COLLECTIVE_INPUT_SHAPE,
-    s.COLLECTIVE_OUTPUT_SHAPE,
-    s.COLLECTIVE_DTYPE,
-    s.COLLECTIVE_REDUCE_OP,
-    s.COLLECTIVE_MODULE,
-    s.PHASE,
-    s.CALL_STACK,
+    schema.COLLECTIVE_WINDOW,
+    schema.COLLECTIVE_GROUP,
+    schema.COLLECTIVE_GROUP_RANKS,
+    schema.COLLECTIVE_GROUP_SIZE,
+    schema.COLLECTIVE_OP,
+    schema.COLLECTIVE_NAME,
+    schema.COLLECTIVE_INPUT_SHAPE,
+    schema.COLLECTIVE_OUTPUT_SHAPE,
+    schema.COLLECTIVE_DTYPE,
+    schema.COLLECTIVE_REDUCE_OP,
+    schema.COLLECTIVE_MODULE,
+    schema.PHASE,
+    schema.CALL_STACK,
 )
 
 
@@ -166,7 +171,7 @@ def _add_calls(table: CallTable, spans: Iterable[Any], where: str) -> int:
     kinds: dict[tuple[Any, ...], int] = {}  # (span name, the _KIND_KEYS' values) -> the kind's index
     for span in spans:
         attrs = span_attributes(span)
-        if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
+        if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE:
             continue
         get = attrs.get
         try:
@@ -184,7 +189,7 @@ def _add_calls(table: CallTable, spans: Iterable[Any], where: str) -> int:
                 if key is not None:
                     kinds[key] = table.kind[-1]
                 continue
-            seq = checked_int(get(s.COLLECTIVE_SEQ, -1), s.COLLECTIVE_SEQ)
+            seq = checked_int(get(schema.COLLECTIVE_SEQ, -1), schema.COLLECTIVE_SEQ)
             if seq < 0:
                 unsequenced += 1
                 continue
@@ -193,10 +198,10 @@ def _add_calls(table: CallTable, spans: Iterable[Any], where: str) -> int:
                 seq,
                 span.start_time or 0,
                 span.end_time or 0,
-                bool(get(s.COLLECTIVE_IN_FLIGHT, False)),
-                checked_int(get(s.COLLECTIVE_BYTES, 0), s.COLLECTIVE_BYTES),
-                float(get(s.COLLECTIVE_ALGBW, 0.0)),
-                float(get(s.COLLECTIVE_BUSBW, 0.0)),
+                bool(get(schema.COLLECTIVE_IN_FLIGHT, False)),
+                checked_int(get(schema.COLLECTIVE_BYTES, 0), schema.COLLECTIVE_BYTES),
+                float(get(schema.COLLECTIVE_ALGBW, 0.0)),
+                float(get(schema.COLLECTIVE_BUSBW, 0.0)),
             )
         except (TypeError, ValueError, OverflowError) as exc:  # attributes hp_otel did not write
             raise RankInputError(f"{where}: collective span {span.name!r} is malformed ({exc})") from exc
@@ -209,7 +214,7 @@ def calls_from_spans(spans: Iterable[Any], rank: int, where: str = "spans") -> t
     unsequenced = 0
     for span in spans:
         attrs = span_attributes(span)
-        if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
+        if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE:
             continue
         try:
             call = _call_from_span(rank, span, attrs)
@@ -231,23 +236,23 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         rank=rank,
         window=match.window,
         group=info.group,
-        group_ranks=tuple(checked_int(r, s.COLLECTIVE_GROUP_RANKS) for r in info.group_ranks),
+        group_ranks=tuple(checked_int(r, schema.COLLECTIVE_GROUP_RANKS) for r in info.group_ranks),
         seq=match.seq,
         op=info.op or info.name,
         name=info.name,
-        input_shape=tuple(checked_int(d, s.COLLECTIVE_INPUT_SHAPE) for d in info.input_shape),
-        output_shape=tuple(checked_int(d, s.COLLECTIVE_OUTPUT_SHAPE) for d in info.output_shape),
+        input_shape=tuple(checked_int(d, schema.COLLECTIVE_INPUT_SHAPE) for d in info.input_shape),
+        output_shape=tuple(checked_int(d, schema.COLLECTIVE_OUTPUT_SHAPE) for d in info.output_shape),
         dtype=info.dtype,
         reduce_op=info.reduce_op,
         module=match.module,
-        phase=str(attrs.get(s.PHASE, "")),
+        phase=str(attrs.get(schema.PHASE, "")),
         start_ns=span.start_time or 0,
         end_ns=span.end_time or 0,
         in_flight=match.in_flight,
         bytes=info.bytes,
         stack=codec.decode_call_stack(attrs),
-        algbw=float(attrs.get(s.COLLECTIVE_ALGBW, 0.0)),
-        busbw=float(attrs.get(s.COLLECTIVE_BUSBW, 0.0)),
+        algbw=float(attrs.get(schema.COLLECTIVE_ALGBW, 0.0)),
+        busbw=float(attrs.get(schema.COLLECTIVE_BUSBW, 0.0)),
     )
 
 

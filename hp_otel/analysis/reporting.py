@@ -9,8 +9,7 @@ from hp_otel.analysis.bandwidth import bandwidth_report, bandwidth_to_json, form
 from hp_otel.analysis.comparing import GroupReport, RanksReport, Skew
 from hp_otel.analysis.listing import LISTED, more_line, ranks_listed, ranks_text
 from hp_otel.common.safe_text import printable
-from hp_otel.spans import exposure
-from hp_otel.spans import schema as s
+from hp_otel.spans import exposure, schema
 
 
 def _ms(ns: float) -> str:
@@ -62,7 +61,9 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         lines.append(f"note: no file for ranks {ranks_text(missing)} of {expected}: they are not compared")
     for f in report.files:
         if f.unsequenced:
-            lines.append(f"note: {f.path} has {f.unsequenced} collectives without {s.COLLECTIVE_SEQ} (not compared)")
+            lines.append(
+                f"note: {f.path} has {f.unsequenced} collectives without {schema.COLLECTIVE_SEQ} (not compared)"
+            )
     agreeing = [g for g in report.groups if g.agree and not g.absent_ranks]
     folded = {id(g) for g in agreeing} if len(agreeing) > LISTED else set()
     for g in report.groups:

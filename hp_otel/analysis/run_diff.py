@@ -20,12 +20,12 @@ from typing import Any
 
 from hp_otel.analysis.reading import RankCall, RankInputError, calls_from_spans, read_rank_file
 from hp_otel.common.input_files import InputFileError, checked_int, read_json
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 SNAPSHOT_FORMAT = "hp_otel.comm_snapshot"
 SNAPSHOT_VERSION = 1
 NO_MODULE = "(no module)"
-_PHASE_ORDER = {s.PHASE_FORWARD: 0, s.PHASE_BACKWARD: 1, s.PHASE_RECOMPUTE: 2}
+_PHASE_ORDER = {schema.PHASE_FORWARD: 0, schema.PHASE_BACKWARD: 1, schema.PHASE_RECOMPUTE: 2}
 _TOLERANCE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")
 
 

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 TEMPLATE_DP = 2  # the recorded world: (TEMPLATE_DP x tp) ranks, recorded as rank 0
 JITTER_NS = 1_000_000  # each rank issues each collective up to 1 ms after the template
@@ -113,7 +113,7 @@ def split_template(payload: dict[str, Any], tp: int) -> _Template:
         for scope in entry.get("scopeSpans", ()):
             spans = scope.get("spans", [])
             for i, span in enumerate(spans):
-                if _attrs(span).get(s.CALL_KIND, {}).get("stringValue") == s.KIND_COLLECTIVE:
+                if _attrs(span).get(schema.CALL_KIND, {}).get("stringValue") == schema.KIND_COLLECTIVE:
                     spans[i] = _SLOT.format(len(collectives))
                     collectives.append(span)
     text = json.dumps(payload).replace(f'"{_SLOT.format("r")}"', '"@@hp-slot-999999999@@"')
@@ -125,7 +125,7 @@ def split_template(payload: dict[str, Any], tp: int) -> _Template:
 
 
 def _group_ranks(span: dict[str, Any]) -> tuple[int, ...]:
-    value = _attrs(span).get(s.COLLECTIVE_GROUP_RANKS, {})
+    value = _attrs(span).get(schema.COLLECTIVE_GROUP_RANKS, {})
     return tuple(int(v["intValue"]) for v in value.get("arrayValue", {}).get("values", ()))
 
 
@@ -138,10 +138,12 @@ def rank_file_text(template: _Template, rank: int, ranks: int, faults: PlantedFa
     out = {i: json.dumps(span) if span else "" for i, span in _rank_collectives(template, rank, ranks, faults).items()}
     resource = dict(template.resource)
     resource["attributes"] = [
-        kv for kv in resource.get("attributes", ()) if kv["key"] not in (s.RESOURCE_RANK, s.RESOURCE_WORLD_SIZE)
+        kv
+        for kv in resource.get("attributes", ())
+        if kv["key"] not in (schema.RESOURCE_RANK, schema.RESOURCE_WORLD_SIZE)
     ] + [
-        {"key": s.RESOURCE_RANK, "value": {"intValue": str(rank)}},
-        {"key": s.RESOURCE_WORLD_SIZE, "value": {"intValue": str(ranks)}},
+        {"key": schema.RESOURCE_RANK, "value": {"intValue": str(rank)}},
+        {"key": schema.RESOURCE_WORLD_SIZE, "value": {"intValue": str(ranks)}},
     ]
     return "".join(_pieces(template, out, json.dumps(resource)))
 
@@ -157,7 +159,7 @@ def rank_collectives_text(template: _Template, rank: int, ranks: int, faults: Pl
         for span in _rank_collectives(template, rank, ranks, faults).values()
         if span
     ]  # fmt: skip
-    resource = {s.RESOURCE_RANK: rank, s.RESOURCE_WORLD_SIZE: ranks}
+    resource = {schema.RESOURCE_RANK: rank, schema.RESOURCE_WORLD_SIZE: ranks}
     return json.dumps(collectives_payload(spans, resource), separators=(",", ":"))
 
 
@@ -188,7 +190,7 @@ def _rank_collectives(
     out: dict[int, dict[str, Any] | None] = {}
     for i, span in enumerate(template.collectives):
         kind = "tp" if _group_ranks(span) == template.tp_group else "dp"
-        seq = _int_attr(span, s.COLLECTIVE_SEQ)
+        seq = _int_attr(span, schema.COLLECTIVE_SEQ)
         if hang_group and kind == "tp" and seq == cut:
             cut_ns = int(span["startTimeUnixNano"])
         in_flight = False
@@ -229,20 +231,20 @@ def _rekeyed(
     attributes = []
     for kv in span["attributes"]:
         key, value = kv["key"], kv["value"]
-        if key == s.COLLECTIVE_GROUP:
+        if key == schema.COLLECTIVE_GROUP:
             value = {"stringValue": name}
-        elif key == s.COLLECTIVE_GROUP_RANKS:
+        elif key == schema.COLLECTIVE_GROUP_RANKS:
             value = _ints(members)
-        elif key == s.COLLECTIVE_GROUP_SIZE:
+        elif key == schema.COLLECTIVE_GROUP_SIZE:
             value = {"intValue": str(len(members))}
-        elif key == s.COLLECTIVE_INPUT_SHAPE and desync:
+        elif key == schema.COLLECTIVE_INPUT_SHAPE and desync:
             dims = [int(v["intValue"]) for v in value["arrayValue"]["values"]]
             value = _ints([dims[0] + 1, *dims[1:]])
-        elif key == s.COLLECTIVE_IN_FLIGHT:
+        elif key == schema.COLLECTIVE_IN_FLIGHT:
             continue
         attributes.append({"key": key, "value": value})
     if in_flight:
-        attributes.append({"key": s.COLLECTIVE_IN_FLIGHT, "value": {"boolValue": True}})
+        attributes.append({"key": schema.COLLECTIVE_IN_FLIGHT, "value": {"boolValue": True}})
     start = int(span["startTimeUnixNano"]) + late_ns
     end = start if in_flight else int(span["endTimeUnixNano"]) + late_ns
     return {**span, "attributes": attributes, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end)}

@@ -21,7 +21,7 @@ from opentelemetry.trace import Tracer, TracerProvider
 
 from hp_otel.common.per_provider import PerProvider
 from hp_otel.export.resource_detector import SERVICE_INSTANCE_ID, RankResourceDetector, service_instance_id
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.version import __version__
 
 _lock = threading.Lock()
@@ -45,7 +45,7 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
     # service.instance.id: stable per run and rank, over the SDK's random UUID (Resource.create() puts
     # it last), unless the user names one (OTEL_RESOURCE_ATTRIBUTES, configure()'s resource attributes).
     attrs = resource.attributes
-    instance = service_instance_id(attrs.get(s.RESOURCE_RUN_ID), attrs.get(s.RESOURCE_RANK))
+    instance = service_instance_id(attrs.get(schema.RESOURCE_RUN_ID), attrs.get(schema.RESOURCE_RANK))
     named = SERVICE_INSTANCE_ID in OTELResourceDetector().detect().attributes or SERVICE_INSTANCE_ID in (extra or {})
     if instance is not None and not named:
         resource = resource.merge(Resource({SERVICE_INSTANCE_ID: instance}))
@@ -100,5 +100,7 @@ def get_tracer(tracer_provider: TracerProvider | None) -> Tracer:
     """hp_otel's tracer on a provider, made once per provider."""
     return _tracers.get(
         tracer_provider,
-        lambda: trace.get_tracer(s.INSTRUMENTATION_NAME, __version__, tracer_provider, schema_url=s.SCHEMA_URL),
+        lambda: trace.get_tracer(
+            schema.INSTRUMENTATION_NAME, __version__, tracer_provider, schema_url=schema.SCHEMA_URL
+        ),
     )

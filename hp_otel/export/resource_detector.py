@@ -21,21 +21,21 @@ from typing import Any
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 
 from hp_otel.common import launcher_env
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 
 def rank_attributes(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The resource attributes that say which process of which run this is (unknown ones left out)."""
     attrs: dict[str, Any] = {"host.name": socket.gethostname(), "process.pid": os.getpid()}
     for key, value in (
-        (s.RESOURCE_RANK, launcher_env.global_rank(environ)),
-        (s.RESOURCE_LOCAL_RANK, launcher_env.local_rank(environ)),
-        (s.RESOURCE_WORLD_SIZE, launcher_env.world_size(environ)),
-        (s.RESOURCE_RUN_ID, launcher_env.run_id(environ)),
+        (schema.RESOURCE_RANK, launcher_env.global_rank(environ)),
+        (schema.RESOURCE_LOCAL_RANK, launcher_env.local_rank(environ)),
+        (schema.RESOURCE_WORLD_SIZE, launcher_env.world_size(environ)),
+        (schema.RESOURCE_RUN_ID, launcher_env.run_id(environ)),
     ):
         if value is not None:
             attrs[key] = value
-    instance = service_instance_id(attrs.get(s.RESOURCE_RUN_ID), attrs.get(s.RESOURCE_RANK))
+    instance = service_instance_id(attrs.get(schema.RESOURCE_RUN_ID), attrs.get(schema.RESOURCE_RANK))
     if instance is not None:
         attrs[SERVICE_INSTANCE_ID] = instance
     return attrs

@@ -43,7 +43,7 @@ from hp_otel.export.log_limits import NOISY_LOGGERS, limit_sdk_logs, unlimit_sdk
 from hp_otel.export.prometheus_sd import write_target
 from hp_otel.export.providers import build_resource
 from hp_otel.export.secrets import mask_sdk_logs, redact_url
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 logger = logging.getLogger("hp_otel")
 
@@ -428,7 +428,7 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
     if config.service_name:
         extra["service.name"] = config.service_name
     if config.run_id:
-        extra.setdefault(s.RESOURCE_RUN_ID, config.run_id)
+        extra.setdefault(schema.RESOURCE_RUN_ID, config.run_id)
     resource = build_resource(extra)
 
     # The Prometheus port first: if it is busy nothing else has been started (no batch or

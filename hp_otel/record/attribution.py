@@ -37,7 +37,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
 
 from hp_otel.record.faults import FaultSink, weak_sink
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleCall, ModuleInfo
 
 Resolver = Callable[[], "tuple[ModuleCall, ...] | None"]
@@ -63,13 +63,13 @@ def of(phase: str, fqn: str = "", owners: Collection[str] = ()) -> Attribution:
     return Attribution(phase, fqn, owners, None, None, (), None)
 
 
-_OUTSIDE = of(s.PHASE_OUTSIDE, "", (s.OUTSIDE_FQN,))
-_NO_MODULE = {phase: of(phase) for phase in (s.PHASE_FORWARD, s.PHASE_BACKWARD)}
+_OUTSIDE = of(schema.PHASE_OUTSIDE, "", (schema.OUTSIDE_FQN,))
+_NO_MODULE = {phase: of(phase) for phase in (schema.PHASE_FORWARD, schema.PHASE_BACKWARD)}
 
 
 def encloses(outer: str, inner: str) -> bool:
     """True if module `outer` contains module `inner` by their names (the root contains every module)."""
-    return outer == s.ROOT_MODULE_FQN or inner.startswith(outer + ".")
+    return outer == schema.ROOT_MODULE_FQN or inner.startswith(outer + ".")
 
 
 def forward_owner(modules: Sequence[tuple[str, str]], calls: Sequence[ModuleCall] | None) -> Attribution | None:
@@ -113,16 +113,16 @@ class Attributor:
         modules = self.modules
         # Backward follows the running autograd node wherever it runs: also inside
         # `optimizer.step(closure)`, whose open pseudo-module holds no backward work of its own.
-        if not modules or (hint == s.PHASE_BACKWARD and modules[-1][1] == s.PHASE_OPTIMIZER):
-            chain, issued_by = self._backward_chain() if hint != s.PHASE_FORWARD else (None, None)
+        if not modules or (hint == schema.PHASE_BACKWARD and modules[-1][1] == schema.PHASE_OPTIMIZER):
+            chain, issued_by = self._backward_chain() if hint != schema.PHASE_FORWARD else (None, None)
             if chain is None:
-                if self.node is None or hint == s.PHASE_BACKWARD:
-                    return _NO_MODULE.get(hint or s.PHASE_FORWARD) or of(hint or s.PHASE_FORWARD)
+                if self.node is None or hint == schema.PHASE_BACKWARD:
+                    return _NO_MODULE.get(hint or schema.PHASE_FORWARD) or of(hint or schema.PHASE_FORWARD)
                 return _OUTSIDE
             if not chain:
-                return _new(Attribution, (s.PHASE_BACKWARD, "", (), issued_by, chain, (), None))
+                return _new(Attribution, (schema.PHASE_BACKWARD, "", (), issued_by, chain, (), None))
             owners = {call.module.fqn for call in chain}
-            return _new(Attribution, (s.PHASE_BACKWARD, chain[-1].module.fqn, owners, issued_by, chain, (), None))
+            return _new(Attribution, (schema.PHASE_BACKWARD, chain[-1].module.fqn, owners, issued_by, chain, (), None))
         fqn, phase = modules[-1]
         resolve = self.param
         if resolve is not None:
@@ -135,11 +135,11 @@ class Attributor:
                 return owner
         # The open modules of its own phase, exactly the module spans of that phase it nests under.
         owners = {f for f, p in modules if p == phase}
-        if phase == s.PHASE_RECOMPUTE:
+        if phase == schema.PHASE_RECOMPUTE:
             # And the backward calls whose spans hold the recompute (their node asked for it): in
             # phase recompute, no backward work of theirs, but inside their calls, so every call's
             # counts add up to the collectives inside it (the root's to the window's).
-            owners.update(f for f, p in modules if p == s.PHASE_BACKWARD)
+            owners.update(f for f, p in modules if p == schema.PHASE_BACKWARD)
             owners.update(call.module.fqn for call in self.backward_calls)
         return _new(Attribution, (phase, fqn, owners, None, None, (), None))
 

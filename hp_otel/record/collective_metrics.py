@@ -19,7 +19,7 @@ from hp_otel.record.attribution import Attribution
 from hp_otel.record.faults import FaultSink, weak_sink
 from hp_otel.record.instruments import Instruments
 from hp_otel.record.metric_labels import ModuleLabel
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.bandwidth import Bandwidth, bandwidth
 from hp_otel.spans.codec import MetricKey
 from hp_otel.spans.infos import CollectiveInfo
@@ -125,7 +125,7 @@ class CollectiveMetrics:
         self._pending_durations.setdefault(key, []).append(duration_ns)
         self._pending_values += 1
         try:
-            if event.completion == s.COMPLETION_LAUNCH:  # its completion will not be seen now
+            if event.completion == schema.COMPLETION_LAUNCH:  # its completion will not be seen now
                 self._liveness.forget(event)
             else:
                 bw = bandwidth_of(event, duration_ns)
@@ -139,7 +139,7 @@ class CollectiveMetrics:
         `_MAX_AWAITING`: beyond, the oldest are settled with their launch time, as at window end)."""
         still: list[tuple[ev.Collective, MetricKey]] = []
         for event, key in self._awaiting:
-            if event.completion == s.COMPLETION_LAUNCH:
+            if event.completion == schema.COMPLETION_LAUNCH:
                 still.append((event, key))
             else:
                 self._settle(event, key)

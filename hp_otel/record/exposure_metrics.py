@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.exposure import CommSpan, ExposureReport, summarise
 
 # One collective as the window's end snapshots it: (start_ns, end_ns, is_async, completion, call_ns,
@@ -142,7 +142,9 @@ class ExposureTotals:
         with self._lock:
             items = list(totals.items())
         return [
-            Observation(ns / 1e9, {s.PHASE: phase} if module is None else {s.PHASE: phase, s.MODULE_FQN: module})
+            Observation(
+                ns / 1e9, {schema.PHASE: phase} if module is None else {schema.PHASE: phase, schema.MODULE_FQN: module}
+            )
             for (phase, module), ns in items
         ]
 
@@ -154,14 +156,14 @@ class ExposureTotals:
 
     def register(self, meter: Meter) -> None:
         meter.create_observable_counter(
-            s.METRIC_COMM_TIME,
+            schema.METRIC_COMM_TIME,
             callbacks=[self.observe_comm],
-            unit=s.METRIC_COMM_TIME_UNIT,
+            unit=schema.METRIC_COMM_TIME_UNIT,
             description="Time collectives were in flight (union of [issue, completion] per window).",
         )
         meter.create_observable_counter(
-            s.METRIC_COMM_EXPOSED,
+            schema.METRIC_COMM_EXPOSED,
             callbacks=[self.observe_exposed],
-            unit=s.METRIC_COMM_TIME_UNIT,
+            unit=schema.METRIC_COMM_TIME_UNIT,
             description="Part of hp.collective.time the window's thread spent in or waiting for a collective.",
         )

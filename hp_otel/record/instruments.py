@@ -20,8 +20,7 @@ from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Me
 from hp_otel.common.per_provider import PerProvider
 from hp_otel.record.exposure_metrics import ExposureTotals
 from hp_otel.record.liveness import Liveness
-from hp_otel.spans import codec
-from hp_otel.spans import schema as s
+from hp_otel.spans import codec, schema
 from hp_otel.spans.codec import MetricKey
 from hp_otel.version import __version__
 
@@ -157,19 +156,19 @@ class Instruments:
     def create(cls, meter: Meter) -> Instruments:
         totals = CollectiveTotals()
         histogram = meter.create_histogram(
-            s.METRIC_DURATION,
-            unit=s.METRIC_DURATION_UNIT,
+            schema.METRIC_DURATION,
+            unit=schema.METRIC_DURATION_UNIT,
             description="Time from a collective's issue to its completion (the call's return for a synchronous "
             "one; the wait_tensor or Work completion for an async one).",
-            explicit_bucket_boundaries_advisory=list(s.DURATION_BUCKETS_S),
+            explicit_bucket_boundaries_advisory=list(schema.DURATION_BUCKETS_S),
         )
         durations = DeferredDurations(histogram)
         busbw = DeferredDurations(
             meter.create_histogram(
-                s.METRIC_BUSBW,
-                unit=s.METRIC_BUSBW_UNIT,
+                schema.METRIC_BUSBW,
+                unit=schema.METRIC_BUSBW_UNIT,
                 description="Bus bandwidth of completed collectives (NCCL-tests' busbw, host time).",
-                explicit_bucket_boundaries_advisory=list(s.BUSBW_BUCKETS),
+                explicit_bucket_boundaries_advisory=list(schema.BUSBW_BUCKETS),
             ),
             scale=1.0,
         )
@@ -185,15 +184,15 @@ class Instruments:
             return totals.observe_calls(options)
 
         meter.create_observable_counter(
-            s.METRIC_CALLS,
+            schema.METRIC_CALLS,
             callbacks=[observe_calls],
-            unit=s.METRIC_CALLS_UNIT,
+            unit=schema.METRIC_CALLS_UNIT,
             description="Collective calls issued.",
         )
         meter.create_observable_counter(
-            s.METRIC_BYTES,
+            schema.METRIC_BYTES,
             callbacks=[totals.observe_bytes],
-            unit=s.METRIC_BYTES_UNIT,
+            unit=schema.METRIC_BYTES_UNIT,
             description="Bytes handed to collectives (input size).",
         )
         exposure = ExposureTotals()
@@ -206,8 +205,8 @@ class Instruments:
             busbw=busbw,
             liveness=liveness,
             callback_errors=meter.create_counter(
-                s.METRIC_CALLBACK_ERRORS,
-                unit=s.METRIC_CALLBACK_ERRORS_UNIT,
+                schema.METRIC_CALLBACK_ERRORS,
+                unit=schema.METRIC_CALLBACK_ERRORS_UNIT,
                 description="Faults inside hp_otel's own callbacks, isolated from the traced code.",
             ),
         )
@@ -218,6 +217,6 @@ def get_instruments(meter_provider: MeterProvider | None) -> Instruments:
     return _instruments.get(
         meter_provider,
         lambda: Instruments.create(
-            metrics.get_meter(s.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=s.SCHEMA_URL)
+            metrics.get_meter(schema.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=schema.SCHEMA_URL)
         ),
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 _MAX_IN_FLIGHT = 4096  # work nobody waits for: forget the oldest beyond this
 _now = time.time_ns
@@ -109,7 +109,9 @@ class Liveness:
         if not entries:
             return []
         start_ns, op, group = min(entries)
-        return [Observation(max(_now() - start_ns, 0) / 1e9, {s.COLLECTIVE_OP: op, s.COLLECTIVE_GROUP: group})]
+        return [
+            Observation(max(_now() - start_ns, 0) / 1e9, {schema.COLLECTIVE_OP: op, schema.COLLECTIVE_GROUP: group})
+        ]
 
     def register(self, meter: Meter, on_fault: Callable[[str, BaseException], None]) -> None:
         """The three observable gauges on `meter`; a callback fault is counted with `on_fault`."""
@@ -127,20 +129,20 @@ class Liveness:
             return callback
 
         meter.create_observable_gauge(
-            s.METRIC_IN_FLIGHT,
+            schema.METRIC_IN_FLIGHT,
             callbacks=[guarded(self.observe_in_flight, "liveness_in_flight")],
-            unit=s.METRIC_IN_FLIGHT_UNIT,
+            unit=schema.METRIC_IN_FLIGHT_UNIT,
             description="Collectives issued and not completed now.",
         )
         meter.create_observable_gauge(
-            s.METRIC_SINCE_COMPLETION,
+            schema.METRIC_SINCE_COMPLETION,
             callbacks=[guarded(self.observe_since_completion, "liveness_since_completion")],
-            unit=s.METRIC_SINCE_COMPLETION_UNIT,
+            unit=schema.METRIC_SINCE_COMPLETION_UNIT,
             description="Seconds since a collective last completed (before the first: since the first issue).",
         )
         meter.create_observable_gauge(
-            s.METRIC_OLDEST_IN_FLIGHT,
+            schema.METRIC_OLDEST_IN_FLIGHT,
             callbacks=[guarded(self.observe_oldest, "liveness_oldest")],
-            unit=s.METRIC_OLDEST_IN_FLIGHT_UNIT,
+            unit=schema.METRIC_OLDEST_IN_FLIGHT_UNIT,
             description="Age of the oldest collective in flight, with its op and group.",
         )

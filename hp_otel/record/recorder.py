@@ -38,7 +38,7 @@ from hp_otel.record.instruments import Instruments
 from hp_otel.record.settings import RecorderSettings
 from hp_otel.record.span_builder import SpanBuilder
 from hp_otel.record.span_store import LocalSpanStore
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.exposure import ExposureReport
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
@@ -191,7 +191,7 @@ class WindowRecorder:
         still: list[ev.Collective] = []
         final: list[ev.Collective] = []
         for event in self._window_awaited:
-            (final if event.completion == s.COMPLETION_WAIT else still).append(event)
+            (final if event.completion == schema.COMPLETION_WAIT else still).append(event)
         if len(still) > _MAX_AWAITING:
             final.extend(still[:-_MAX_AWAITING])
             still = still[-_MAX_AWAITING:]
@@ -314,7 +314,7 @@ class WindowRecorder:
             return
         try:
             modules = self._modules
-            if phase == s.PHASE_RECOMPUTE and (not modules or modules[-1][1] != phase):
+            if phase == schema.PHASE_RECOMPUTE and (not modules or modules[-1][1] != phase):
                 # a recompute starts: the backward spans follow the node that asked for it first, so
                 # it nests (and counts) inside their calls (attribution.py)
                 chain = self._attribution.running_chain()
@@ -345,7 +345,7 @@ class WindowRecorder:
         if not self.accepting:
             return
         try:
-            self._modules[:] = [m for m in self._modules if m[1] != s.PHASE_BACKWARD]  # the attributor's list too
+            self._modules[:] = [m for m in self._modules if m[1] != schema.PHASE_BACKWARD]  # the attributor's list too
             self._attribution.backward_calls = ()
             if self.spans_enabled:
                 self._emit(ev.BackwardEnd(_now()))
@@ -400,12 +400,12 @@ class WindowRecorder:
             return
         for call in reversed(open_calls[same:]):
             try:
-                self._emit(ev.ModuleExit(time_ns, call.module.fqn, s.PHASE_BACKWARD, None))
+                self._emit(ev.ModuleExit(time_ns, call.module.fqn, schema.PHASE_BACKWARD, None))
             except Exception as exc:
                 self.on_fault("module_exit", exc)
         for call in chain[same:]:
             try:
-                self._emit(ev.ModuleEnter(time_ns, call.module, s.PHASE_BACKWARD))
+                self._emit(ev.ModuleEnter(time_ns, call.module, schema.PHASE_BACKWARD))
             except Exception as exc:
                 self.on_fault("module_enter", exc)
 
@@ -432,7 +432,7 @@ class WindowRecorder:
         try:
             now = _now()
             modules = self._modules  # backward (also inside an optimizer's step): its node's modules first
-            if (not modules or modules[-1][1] == s.PHASE_OPTIMIZER) and self._attribution.node is not None:
+            if (not modules or modules[-1][1] == schema.PHASE_OPTIMIZER) and self._attribution.node is not None:
                 chain = self._attribution.running_chain()
                 if chain is not None:
                     self._follow_backward(chain, now)
@@ -551,7 +551,7 @@ class WindowRecorder:
                 place=place,
                 seq=seq,
                 issue=issue,
-                completion=s.COMPLETION_LAUNCH if awaits else s.COMPLETION_CALL,
+                completion=schema.COMPLETION_LAUNCH if awaits else schema.COMPLETION_CALL,
                 returned_ns=end_ns,
                 device=device,
                 stack=stack,
@@ -588,7 +588,7 @@ class WindowRecorder:
 
     def on_collective_complete(self, token: Any, end_ns: int, completion: str) -> None:
         """The collective of `token` finished at `end_ns` (its wait_tensor, its Work); any thread."""
-        if not isinstance(token, ev.Collective) or token.completion != s.COMPLETION_LAUNCH:
+        if not isinstance(token, ev.Collective) or token.completion != schema.COMPLETION_LAUNCH:
             return
         try:
             token.end_ns = max(end_ns, token.end_ns)
@@ -607,7 +607,7 @@ class WindowRecorder:
             return
         try:
             token.waited_ns += max(end_ns - max(start_ns, token.start_ns), 0)
-            if token.completion != s.COMPLETION_LAUNCH and token.end_ns > end_ns:
+            if token.completion != schema.COMPLETION_LAUNCH and token.end_ns > end_ns:
                 # done by the time its wait returned: the backend thread's timestamp came late (the GIL)
                 token.end_ns = max(end_ns, token.returned_ns)
         except Exception as exc:
@@ -670,6 +670,6 @@ class WindowRecorder:
                     where,
                     exc_info=exc,
                 )
-            self._instruments.callback_errors.add(1, {s.CALLBACK_NAME: where})
+            self._instruments.callback_errors.add(1, {schema.CALLBACK_NAME: where})
         except Exception:  # pragma: no cover - logging itself failed; nothing more can be done safely
             pass

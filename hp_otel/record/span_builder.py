@@ -29,8 +29,7 @@ from hp_otel.record.collective_metrics import bandwidth_of
 from hp_otel.record.matching import Window
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
-from hp_otel.spans import codec
-from hp_otel.spans import schema as s
+from hp_otel.spans import codec, schema
 from hp_otel.spans.bandwidth import attributes_of
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
 
@@ -67,7 +66,7 @@ def mark_error(span: Span, error: BaseException | str) -> None:
     """Error status, the exception event, and `error.type` (OTel's convention; `_OTHER` without an exception)."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     span.set_status(Status(StatusCode.ERROR, text))
-    span.set_attribute(s.ERROR_TYPE, codec.error_type(error) if isinstance(error, BaseException) else "_OTHER")
+    span.set_attribute(schema.ERROR_TYPE, codec.error_type(error) if isinstance(error, BaseException) else "_OTHER")
     if isinstance(error, BaseException):
         span.record_exception(error)
 
@@ -121,13 +120,13 @@ class SpanBuilder:
         """With the store full: True for an event whose span would only be dropped (counted as dropped)."""
         kind = type(event)
         if kind is ev.ModuleExit:
-            return self._unskip((s.KIND_MODULE, (event.fqn, event.phase)))  # type: ignore[union-attr]
+            return self._unskip((schema.KIND_MODULE, (event.fqn, event.phase)))  # type: ignore[union-attr]
         if kind is ev.OpExit:
-            return self._unskip((s.KIND_OP, event.name))  # type: ignore[union-attr]
+            return self._unskip((schema.KIND_OP, event.name))  # type: ignore[union-attr]
         if kind is ev.RedistributeExit:
-            return self._unskip((s.KIND_REDISTRIBUTE, None))
+            return self._unskip((schema.KIND_REDISTRIBUTE, None))
         if kind is ev.BackwardEnd:  # closes every backward module span: the skipped ones too
-            backward = [k for k in self._skipped if k[0] == s.KIND_MODULE and k[1][1] == s.PHASE_BACKWARD]
+            backward = [k for k in self._skipped if k[0] == schema.KIND_MODULE and k[1][1] == schema.PHASE_BACKWARD]
             for k in backward:
                 del self._skipped[k]
             return False
@@ -144,11 +143,11 @@ class SpanBuilder:
             self._store.count_dropped(1)
             return True
         if kind is ev.ModuleEnter:
-            key: tuple[str, Any] = (s.KIND_MODULE, (event.module.fqn, event.phase))  # type: ignore[union-attr]
+            key: tuple[str, Any] = (schema.KIND_MODULE, (event.module.fqn, event.phase))  # type: ignore[union-attr]
         elif kind is ev.OpEnter:
-            key = (s.KIND_OP, event.name)  # type: ignore[union-attr]
+            key = (schema.KIND_OP, event.name)  # type: ignore[union-attr]
         else:
-            key = (s.KIND_REDISTRIBUTE, None)
+            key = (schema.KIND_REDISTRIBUTE, None)
         self._skipped[key] = self._skipped.get(key, 0) + 1
         self._store.count_dropped(1)
         return True
@@ -211,10 +210,10 @@ class SpanBuilder:
     def _end(self, frame: _Frame, time_ns: int, error: Any = None, outputs: Any = ()) -> None:
         if error is not None:
             mark_error(frame.span, error)
-        if frame.kind == s.KIND_MODULE:
+        if frame.kind == schema.KIND_MODULE:
             if self._module_hook is not None:
                 self._run_hook(self._module_hook, frame.span, frame.info, MODULE_HOOK_FAULT)
-        elif frame.kind == s.KIND_OP and self._op_hook is not None:
+        elif frame.kind == schema.KIND_OP and self._op_hook is not None:
             info = OpInfo(frame.key, tuple(frame.info or ()), tuple(outputs))
             self._run_hook(self._op_hook, frame.span, info, OP_HOOK_FAULT)
         self._end_span(frame.span, time_ns)
@@ -248,9 +247,9 @@ class SpanBuilder:
 
     def _phase(self) -> str:
         for frame in reversed(self._stack):
-            if frame.kind == s.KIND_MODULE:
+            if frame.kind == schema.KIND_MODULE:
                 return frame.phase
-        return s.PHASE_FORWARD
+        return schema.PHASE_FORWARD
 
     # --- handlers -------------------------------------------------------------
     def _module_enter(self, e: ev.ModuleEnter) -> None:
@@ -261,32 +260,34 @@ class SpanBuilder:
             attrs = self._module_attrs[key] = codec.encode_module(module, e.phase)
         parent_ctx = self._module_ctx(e.under) if e.under is not None else None
         self._push(
-            s.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns, module, parent_ctx
+            schema.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns, module, parent_ctx
         )
 
     def _module_ctx(self, key: tuple[str, str]) -> Any:
         """The context of the innermost open module span of `key` (the window's root if none is open)."""
         for frame in reversed(self._stack):
-            if frame.kind == s.KIND_MODULE and frame.key == key:
+            if frame.kind == schema.KIND_MODULE and frame.key == key:
                 return frame.ctx
         return self._parent_ctx
 
     def _module_exit(self, e: ev.ModuleExit) -> None:
-        frame = self._pop(s.KIND_MODULE, (e.fqn, e.phase))
+        frame = self._pop(schema.KIND_MODULE, (e.fqn, e.phase))
         if frame is not None:
             self._end(frame, e.time_ns, e.error)
 
     def _backward_end(self, e: ev.BackwardEnd) -> None:
-        for frame in [f for f in reversed(self._stack) if f.kind == s.KIND_MODULE and f.phase == s.PHASE_BACKWARD]:
+        for frame in [
+            f for f in reversed(self._stack) if f.kind == schema.KIND_MODULE and f.phase == schema.PHASE_BACKWARD
+        ]:
             self._pop(frame.kind, frame.key)
             self._end(frame, e.time_ns)
 
     def _op_enter(self, e: ev.OpEnter) -> None:
         phase = self._phase()
-        self._push(s.KIND_OP, e.name, e.name, codec.encode_op(e.name, e.inputs, phase), phase, e.time_ns, e.inputs)
+        self._push(schema.KIND_OP, e.name, e.name, codec.encode_op(e.name, e.inputs, phase), phase, e.time_ns, e.inputs)
 
     def _op_exit(self, e: ev.OpExit) -> None:
-        frame = self._pop(s.KIND_OP, e.name)
+        frame = self._pop(schema.KIND_OP, e.name)
         if frame is None:
             return
         if e.outputs:
@@ -298,10 +299,10 @@ class SpanBuilder:
         attrs = codec.encode_redistribute(e.src_placements, e.dst_placements, e.shape, phase)
         if e.stack:
             codec.encode_call_stack(attrs, e.stack, module_of)
-        self._push(s.KIND_REDISTRIBUTE, None, s.REDISTRIBUTE_SPAN_NAME, attrs, phase, e.time_ns)
+        self._push(schema.KIND_REDISTRIBUTE, None, schema.REDISTRIBUTE_SPAN_NAME, attrs, phase, e.time_ns)
 
     def _redistribute_exit(self, e: ev.RedistributeExit) -> None:
-        frame = self._pop(s.KIND_REDISTRIBUTE, None)
+        frame = self._pop(schema.KIND_REDISTRIBUTE, None)
         if frame is not None:
             self._end(frame, e.time_ns, e.error)
 
@@ -318,22 +319,22 @@ class SpanBuilder:
         place = e.place  # what its counts were made from (attribution.py)
         attrs, links = self._matching(attrs, e.seq, place.fqn, place.phase)
         if place.issued_by is not None:
-            attrs[s.COLLECTIVE_ISSUED_BY] = place.issued_by
+            attrs[schema.COLLECTIVE_ISSUED_BY] = place.issued_by
         if e.stack:
             codec.encode_call_stack(attrs, e.stack, module_of)
-        finished = e.error is None and e.completion != s.COMPLETION_LAUNCH and not info.fake_group
+        finished = e.error is None and e.completion != schema.COMPLETION_LAUNCH and not info.fake_group
         if finished:  # its end is known: the bandwidth goes in with the start's attributes (one SDK call less)
             attrs.update(attributes_of(bandwidth_of(e, e.end_ns - e.start_ns)))  # the metrics' own, computed once
         span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
         if e.issue is not None and e.issue.dumped_to:
             span.add_event(
-                s.WATCHDOG_EVENT,
-                {s.WATCHDOG_PATH: e.issue.dumped_to, s.WATCHDOG_WAITED_S: e.issue.waited_s},
+                schema.WATCHDOG_EVENT,
+                {schema.WATCHDOG_PATH: e.issue.dumped_to, schema.WATCHDOG_WAITED_S: e.issue.waited_s},
                 timestamp=e.start_ns + int(e.issue.waited_s * 1e9),
             )
         if e.error is not None:
             mark_error(span, e.error)
-        if e.completion == s.COMPLETION_LAUNCH:  # completion not seen yet: end it when it is, or at window end
+        if e.completion == schema.COMPLETION_LAUNCH:  # completion not seen yet: end it when it is, or at window end
             self._awaiting[id(e)] = (span, e)
             return
         self._end_collective(span, e, with_bandwidth=False)
@@ -343,12 +344,12 @@ class SpanBuilder:
         if e.device is not None:  # CUDA: the device time, if its events are complete by now (never a sync)
             device_ns = self._device_ns(e)
             if device_ns is not None:
-                completion, end_ns = s.COMPLETION_DEVICE, e.start_ns + device_ns
-        span.set_attribute(s.COLLECTIVE_COMPLETION, completion)
-        if completion != s.COMPLETION_CALL and e.returned_ns:  # what the exposure figures need (exposure.py)
-            span.set_attribute(s.COLLECTIVE_CALL_NS, max(e.returned_ns - e.start_ns, 0))
-            span.set_attribute(s.COLLECTIVE_WAITED_NS, e.waited_ns)
-        if with_bandwidth and e.error is None and completion != s.COMPLETION_LAUNCH and not e.info.fake_group:
+                completion, end_ns = schema.COMPLETION_DEVICE, e.start_ns + device_ns
+        span.set_attribute(schema.COLLECTIVE_COMPLETION, completion)
+        if completion != schema.COMPLETION_CALL and e.returned_ns:  # what the exposure figures need (exposure.py)
+            span.set_attribute(schema.COLLECTIVE_CALL_NS, max(e.returned_ns - e.start_ns, 0))
+            span.set_attribute(schema.COLLECTIVE_WAITED_NS, e.waited_ns)
+        if with_bandwidth and e.error is None and completion != schema.COMPLETION_LAUNCH and not e.info.fake_group:
             span.set_attributes(attributes_of(bandwidth_of(e, end_ns - e.start_ns)))
         if self._collective_hook is not None:
             self._run_hook(self._collective_hook, span, e.info, COLLECTIVE_HOOK_FAULT)
@@ -373,7 +374,7 @@ class SpanBuilder:
         attrs = codec.encode_collective_place(attrs, phase, fqn)
         if seq < 0 or self._window is None:
             return attrs, None
-        match_id, link = self._window.link(attrs[s.COLLECTIVE_GROUP], attrs[s.COLLECTIVE_GROUP_RANKS], seq)
+        match_id, link = self._window.link(attrs[schema.COLLECTIVE_GROUP], attrs[schema.COLLECTIVE_GROUP_RANKS], seq)
         attrs.update(codec.encode_collective_match(seq, self._window.label, match_id))
         return attrs, (link,)
 
@@ -385,7 +386,7 @@ class SpanBuilder:
         parent = trace.get_current_span(parent_ctx).get_span_context()
         place = issue.place
         attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, place.fqn, place.phase)
-        attrs[s.COLLECTIVE_IN_FLIGHT] = True
+        attrs[schema.COLLECTIVE_IN_FLIGHT] = True
         if issue.stack:
             codec.encode_call_stack(attrs, issue.stack, module_of)
         trace_id = parent.trace_id if parent.is_valid else RandomIdGenerator().generate_trace_id()
@@ -394,8 +395,8 @@ class SpanBuilder:
         if issue.dumped_to:
             events = (
                 Event(
-                    s.WATCHDOG_EVENT,
-                    {s.WATCHDOG_PATH: issue.dumped_to, s.WATCHDOG_WAITED_S: issue.waited_s},
+                    schema.WATCHDOG_EVENT,
+                    {schema.WATCHDOG_PATH: issue.dumped_to, schema.WATCHDOG_WAITED_S: issue.waited_s},
                     timestamp=now_ns,
                 ),
             )

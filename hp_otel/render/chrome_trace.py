@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.input_files import InputFileError, read_json
 from hp_otel.render.cross_rank import CollectiveKeys
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 PID_BASE = 1_000_000  # hp_otel's process tracks: PID_BASE + rank, apart from real pids
@@ -47,9 +47,9 @@ COLLECTIVES_TID = 100  # the first collectives track of a rank; groups (and thei
 
 
 def _group_track(attrs: Any) -> str:
-    ranks = attrs.get(s.COLLECTIVE_GROUP_RANKS)
+    ranks = attrs.get(schema.COLLECTIVE_GROUP_RANKS)
     members = f" [{','.join(map(str, ranks))}]" if isinstance(ranks, (tuple, list)) else ""
-    return f"collectives {attrs.get(s.COLLECTIVE_GROUP, '') or '?'}{members}"
+    return f"collectives {attrs.get(schema.COLLECTIVE_GROUP, '') or '?'}{members}"
 
 
 def nesting_lanes(intervals: Sequence[tuple[int, int]]) -> list[int]:
@@ -86,13 +86,13 @@ def trace_events(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], base_ns: i
         records = [record for root in build_call_tree(spans_by_rank[rank]) for record in root.walk()]
         keys = CollectiveKeys()  # fed in call order, as the timeline feeds it
         key_of = {
-            id(r): keys.key(r.attributes, str(r.attributes.get(s.COLLECTIVE_OP, "")) or r.name)[0]
+            id(r): keys.key(r.attributes, str(r.attributes.get(schema.COLLECTIVE_OP, "")) or r.name)[0]
             for r in records
-            if r.kind == s.KIND_COLLECTIVE
+            if r.kind == schema.KIND_COLLECTIVE
         }
         by_track: dict[str, list[CallRecord]] = {}
         for record in records:
-            kind = _group_track(record.attributes) if record.kind == s.KIND_COLLECTIVE else "calls"
+            kind = _group_track(record.attributes) if record.kind == schema.KIND_COLLECTIVE else "calls"
             by_track.setdefault(kind, []).append(record)
         next_tid = COLLECTIVES_TID
         for kind in sorted(by_track, key=lambda k: (k != "calls", k)):

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 
 def group_label(attrs: Mapping[str, Any]) -> str:
     """The process group as the spans name it, with its ranks: `tp [0,1]` (a 2-D mesh has two groups per rank)."""
-    ranks = attrs.get(s.COLLECTIVE_GROUP_RANKS)
-    group = str(attrs.get(s.COLLECTIVE_GROUP, ""))
+    ranks = attrs.get(schema.COLLECTIVE_GROUP_RANKS)
+    group = str(attrs.get(schema.COLLECTIVE_GROUP, ""))
     members = ",".join(map(str, ranks)) if isinstance(ranks, (tuple, list)) else ""
     return f"{group} [{members}]" if members else group or "?"
 
@@ -33,5 +33,5 @@ class CollectiveKeys:
         """(the key, the how-many-th collective of `op` in its group this is on this rank)."""
         group = group_label(attrs)
         index = self._seen[(group, op)] = self._seen.get((group, op), -1) + 1
-        match_id = attrs.get(s.COLLECTIVE_MATCH_ID)
+        match_id = attrs.get(schema.COLLECTIVE_MATCH_ID)
         return ((group, "id", str(match_id)) if match_id else (group, "op", op, index)), index

@@ -22,34 +22,33 @@ from hp_otel.common.files import write_text_atomically
 from hp_otel.render import bandwidth_fields
 from hp_otel.render.levels import NoiseLevel, noise_level
 from hp_otel.render.module_info import parameter_info, sharding_info
-from hp_otel.spans import codec
-from hp_otel.spans import schema as s
+from hp_otel.spans import codec, schema
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 _INDENT = "  "
 _PER_RECORD_FIELDS = ("duration_ns", "start_ns", "seq", *bandwidth_fields.FIELDS, "error", "children")
-_PER_RECORD_ATTRIBUTES = frozenset({s.COLLECTIVE_SEQ, s.COLLECTIVE_MATCH_ID, *bandwidth_fields.ATTRIBUTES})
+_PER_RECORD_ATTRIBUTES = frozenset({schema.COLLECTIVE_SEQ, schema.COLLECTIVE_MATCH_ID, *bandwidth_fields.ATTRIBUTES})
 _CHUNK_CHARS = 1 << 16  # what one write() gets at most (roughly): the file grows as the tree is walked
 
 
 def record_to_json(record: CallRecord) -> dict[str, Any]:
     """One record as the design's JSON node (its children empty: the caller fills them)."""
     out: dict[str, Any]
-    if record.kind == s.KIND_MODULE:
+    if record.kind == schema.KIND_MODULE:
         out = {
             "type": "module",
             "module_fqn": record.fqn,
             "module_type": record.module_type,
-            "event_type": "enter" if record.phase == s.PHASE_FORWARD else record.phase,
+            "event_type": "enter" if record.phase == schema.PHASE_FORWARD else record.phase,
         }
-    elif record.kind == s.KIND_OP:
+    elif record.kind == schema.KIND_OP:
         out = {
             "type": "op",
             "op_name": record.op_name,
             "inputs": [i.to_json() for i in record.inputs],
             "outputs": [o.to_json() for o in record.outputs],
         }
-    elif record.kind == s.KIND_COLLECTIVE:
+    elif record.kind == schema.KIND_COLLECTIVE:
         c = record.collective
         out = {
             "type": "collective",
@@ -73,14 +72,14 @@ def record_to_json(record: CallRecord) -> dict[str, Any]:
         src, dst, shape = codec.decode_redistribute(record.attributes)
         out = {"type": "redistribute", "src_placements": src, "dst_placements": dst, "tensor_shape": list(shape)}
     out["phase"] = record.phase
-    stack = codec.decode_call_stack(record.attributes) if record.kind != s.KIND_MODULE else ()
+    stack = codec.decode_call_stack(record.attributes) if record.kind != schema.KIND_MODULE else ()
     if stack:  # recorded with stack=: where it was issued, innermost first
         out["stack"] = list(stack)
     out["duration_ns"] = record.duration_ns
-    if record.kind == s.KIND_COLLECTIVE and s.COLLECTIVE_SEQ in record.attributes:
+    if record.kind == schema.KIND_COLLECTIVE and schema.COLLECTIVE_SEQ in record.attributes:
         out["start_ns"] = record.start_ns
-        out["seq"] = int(record.attributes[s.COLLECTIVE_SEQ])
-    if record.kind == s.KIND_COLLECTIVE:
+        out["seq"] = int(record.attributes[schema.COLLECTIVE_SEQ])
+    if record.kind == schema.KIND_COLLECTIVE:
         out.update(bandwidth_fields.json_fields(record.attributes))
     if record.error:
         out["error"] = record.error
@@ -189,7 +188,9 @@ class _Encoder:
         """`{` and every field up to `"duration_ns": ` (exclusive of its value)."""
         try:
             attrs = record.attributes
-            if s.COLLECTIVE_SEQ in attrs or s.COLLECTIVE_BUSBW in attrs:  # changes every call: not in its head
+            if (
+                schema.COLLECTIVE_SEQ in attrs or schema.COLLECTIVE_BUSBW in attrs
+            ):  # changes every call: not in its head
                 attrs = {k: v for k, v in attrs.items() if k not in _PER_RECORD_ATTRIBUTES}
             key: tuple[Any, ...] | None = (record.kind, record.name, depth, tuple(attrs.items()))
             head = self._heads.get(key)  # type: ignore[arg-type]
@@ -212,10 +213,10 @@ class _Encoder:
         """One record's own fields (a dict at `depth`), up to `"children": ` (`records` writes the rest)."""
         inner = "\n" + _INDENT * (depth + 1)
         text = self._head(record, depth) + int.__repr__(record.duration_ns)
-        seq = record.attributes.get(s.COLLECTIVE_SEQ) if record.kind == s.KIND_COLLECTIVE else None
+        seq = record.attributes.get(schema.COLLECTIVE_SEQ) if record.kind == schema.KIND_COLLECTIVE else None
         if seq is not None:
             text += f',{inner}"start_ns": {int.__repr__(record.start_ns)},{inner}"seq": {int.__repr__(int(seq))}'
-        if record.kind == s.KIND_COLLECTIVE:
+        if record.kind == schema.KIND_COLLECTIVE:
             for name, value in bandwidth_fields.json_fields(record.attributes).items():
                 text += f",{inner}{_encode_str(name)}: {_scalar(value)}"
         if record.error:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.call_tree import CallRecord
 
 NOISE_LEVELS = (0, 1, 2, 3)
@@ -30,15 +30,15 @@ class NoiseLevel:
     def is_node(self, record: CallRecord) -> bool:
         """Whether the record is a node of the tree at this level (it indents what it encloses)."""
         kind = record.kind
-        if kind in (s.KIND_OP, s.KIND_COLLECTIVE):
+        if kind in (schema.KIND_OP, schema.KIND_COLLECTIVE):
             return True
-        if kind == s.KIND_MODULE:
+        if kind == schema.KIND_MODULE:
             return self.modules
         return self.redistributes
 
     def shows(self, record: CallRecord) -> bool:
         """Whether the record is a line of the table / a node of the JSON dump."""
-        if record.kind == s.KIND_OP:
+        if record.kind == schema.KIND_OP:
             return self.ops
         return self.is_node(record)
 

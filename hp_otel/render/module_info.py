@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.call_tree import CallRecord
 
 
@@ -23,7 +23,7 @@ def sharding_info(parameters: dict[str, dict[str, dict[str, Any]]]) -> dict[str,
     """`{"fc2.weight": "Shard(dim=1)"}` for DTensor parameters, from a `parameter_info` result."""
     flat: dict[str, str] = {}
     for fqn, params in parameters.items():
-        prefix = "" if fqn == s.ROOT_MODULE_FQN else fqn + "."
+        prefix = "" if fqn == schema.ROOT_MODULE_FQN else fqn + "."
         for name, info in params.items():
             if info["placements"]:
                 flat[prefix + name] = info["placements"]
@@ -33,5 +33,5 @@ def sharding_info(parameters: dict[str, dict[str, dict[str, Any]]]) -> dict[str,
 def _forward_modules(roots: Iterable[CallRecord]) -> Iterator[CallRecord]:
     for root in roots:
         for record in root.walk():
-            if record.kind == s.KIND_MODULE and record.phase == s.PHASE_FORWARD:
+            if record.kind == schema.KIND_MODULE and record.phase == schema.PHASE_FORWARD:
                 yield record

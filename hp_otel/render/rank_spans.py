@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.call_tree import span_attributes
 from hp_otel.spans.otlp_json import SpanFileError, read_spans
 
@@ -25,7 +25,7 @@ def load_rank_spans(
     by_rank: dict[int, list[ReadableSpan]] = {}
     for position, path in enumerate(paths):
         for span in read_spans(path):
-            rank = span.resource.attributes.get(s.RESOURCE_RANK) if span.resource else None
+            rank = span.resource.attributes.get(schema.RESOURCE_RANK) if span.resource else None
             key = int(rank) if isinstance(rank, (int, str)) and str(rank).isdigit() else position
             by_rank.setdefault(key, []).append(span)
     if not any(by_rank.values()):
@@ -47,9 +47,9 @@ def _steps(by_rank: dict[int, list[ReadableSpan]]) -> dict[str, set[int]]:
     found: dict[str, tuple[int, set[int]]] = {}
     for spans in by_rank.values():
         for span in spans:
-            if span.name != s.RANK_STEP_SPAN_NAME:
+            if span.name != schema.RANK_STEP_SPAN_NAME:
                 continue
-            step = str(span_attributes(span).get(s.STEP))
+            step = str(span_attributes(span).get(schema.STEP))
             start, traces = found.get(step, (span.start_time or 0, set()))
             traces.add(span.context.trace_id)
             found[step] = (min(start, span.start_time or 0), traces)

@@ -13,8 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.safe_text import printable
 from hp_otel.render.levels import NoiseLevel, noise_level
-from hp_otel.spans import codec, exposure
-from hp_otel.spans import schema as s
+from hp_otel.spans import codec, exposure, schema
 from hp_otel.spans.bandwidth import format_rate
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
@@ -67,23 +66,23 @@ def _labels(attrs: Any, direction: str) -> str:
 
 # What a module line says after its name: [enter], [backward], [recompute].
 _MODULE_EVENTS = {
-    s.PHASE_FORWARD: "enter",
-    s.PHASE_BACKWARD: "backward",
-    s.PHASE_RECOMPUTE: "recompute",
-    s.PHASE_OPTIMIZER: "optimizer",
+    schema.PHASE_FORWARD: "enter",
+    schema.PHASE_BACKWARD: "backward",
+    schema.PHASE_RECOMPUTE: "recompute",
+    schema.PHASE_OPTIMIZER: "optimizer",
 }
 
 
 def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
     """(type word, detail) of one table line."""
-    if record.kind == s.KIND_MODULE:
+    if record.kind == schema.KIND_MODULE:
         event = _MODULE_EVENTS.get(record.phase, record.phase)
         kind, detail = "Module", f"Module({record.fqn}) [{event}]"
-    elif record.kind == s.KIND_OP:
+    elif record.kind == schema.KIND_OP:
         inputs = _labels(record.attributes, "input")
         outputs = _labels(record.attributes, "output")
         kind, detail = "Op", f"Op({record.op_name}) inputs=[{inputs}] outputs=[{outputs}]"
-    elif record.kind == s.KIND_COLLECTIVE:
+    elif record.kind == schema.KIND_COLLECTIVE:
         c = record.collective
         detail = (
             f"Collective({c.name}) group_size={c.group_size}"
@@ -108,7 +107,7 @@ def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:
     return kind, detail
 
 
-_STACKED_KINDS = (s.KIND_COLLECTIVE, s.KIND_REDISTRIBUTE)
+_STACKED_KINDS = (schema.KIND_COLLECTIVE, schema.KIND_REDISTRIBUTE)
 
 
 def _stack_lines(record: CallRecord) -> list[str]:
@@ -122,8 +121,8 @@ def _stack_lines(record: CallRecord) -> list[str]:
 
 def bandwidth_detail(attrs: Any) -> str:
     """` busbw=12.3 GB/s algbw=6.1 GB/s` when the span has a bandwidth (level 3), else ``."""
-    busbw = attrs.get(s.COLLECTIVE_BUSBW)
-    algbw = attrs.get(s.COLLECTIVE_ALGBW)
+    busbw = attrs.get(schema.COLLECTIVE_BUSBW)
+    algbw = attrs.get(schema.COLLECTIVE_ALGBW)
     if busbw is None or algbw is None:
         return ""
     return f" busbw={format_rate(float(busbw))} algbw={format_rate(float(algbw))}"
@@ -166,7 +165,7 @@ def exposure_footer(spans: Iterable[ReadableSpan]) -> list[str]:
     lines: list[str] = []
     for window, report in reports.items():
         lines.extend(exposure.footer_lines(report, window if len(reports) > 1 else ""))
-    fake = sum(1 for span in spans if (span.attributes or {}).get(s.COLLECTIVE_BACKEND) == s.BACKEND_FAKE)
+    fake = sum(1 for span in spans if (span.attributes or {}).get(schema.COLLECTIVE_BACKEND) == schema.BACKEND_FAKE)
     if fake:
         lines.append(exposure.FAKE_GROUP_NOTE.format(count=fake))
     return [RULE, *lines] if lines else []

@@ -23,8 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.safe_text import printable
 from hp_otel.render.cross_rank import CollectiveKeys, group_label
-from hp_otel.spans import exposure
-from hp_otel.spans import schema as s
+from hp_otel.spans import exposure, schema
 from hp_otel.spans.bandwidth import format_rate
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
@@ -52,7 +51,7 @@ COLLECTIVE_COLOURS = {
     "scatter": "#17becf",
     "reduce": "#bcbd22",
 }
-KIND_COLOURS = {s.KIND_MODULE: "#b0b7c0", s.KIND_OP: "#6baed6", s.KIND_REDISTRIBUTE: "#c6dbef"}
+KIND_COLOURS = {schema.KIND_MODULE: "#b0b7c0", schema.KIND_OP: "#6baed6", schema.KIND_REDISTRIBUTE: "#c6dbef"}
 OTHER_COLLECTIVE = "#000000"
 
 WIDTH = 1200
@@ -86,28 +85,30 @@ class Bar:
 
 
 def colour_of(record: CallRecord) -> str:
-    if record.kind == s.KIND_COLLECTIVE:
-        return COLLECTIVE_COLOURS.get(str(record.attributes.get(s.COLLECTIVE_OP, "")), OTHER_COLLECTIVE)
+    if record.kind == schema.KIND_COLLECTIVE:
+        return COLLECTIVE_COLOURS.get(str(record.attributes.get(schema.COLLECTIVE_OP, "")), OTHER_COLLECTIVE)
     return KIND_COLOURS.get(record.kind, "#dddddd")
 
 
 def _label(record: CallRecord) -> str:
-    if record.kind == s.KIND_MODULE:
-        return f"{record.fqn or record.name}{' [bwd]' if record.phase == s.PHASE_BACKWARD else ''}"
-    if record.kind == s.KIND_COLLECTIVE:
-        return str(record.attributes.get(s.COLLECTIVE_OP, record.name))
+    if record.kind == schema.KIND_MODULE:
+        return f"{record.fqn or record.name}{' [bwd]' if record.phase == schema.PHASE_BACKWARD else ''}"
+    if record.kind == schema.KIND_COLLECTIVE:
+        return str(record.attributes.get(schema.COLLECTIVE_OP, record.name))
     return record.name
 
 
 def _detail(record: CallRecord) -> str:
     attrs = record.attributes
     parts = [f"{record.kind} {record.name}", f"{record.duration_ns / 1000:.1f} µs", f"phase {record.phase}"]
-    if record.kind == s.KIND_COLLECTIVE:
-        parts.append(f"{attrs.get(s.COLLECTIVE_NAME, '')} group_size={attrs.get(s.COLLECTIVE_GROUP_SIZE, '?')}")
-        if s.COLLECTIVE_BYTES in attrs:
-            parts.append(f"{attrs[s.COLLECTIVE_BYTES]} bytes")
-        if attrs.get(s.COLLECTIVE_MODULE):
-            parts.append(f"in {attrs[s.COLLECTIVE_MODULE]}")
+    if record.kind == schema.KIND_COLLECTIVE:
+        parts.append(
+            f"{attrs.get(schema.COLLECTIVE_NAME, '')} group_size={attrs.get(schema.COLLECTIVE_GROUP_SIZE, '?')}"
+        )
+        if schema.COLLECTIVE_BYTES in attrs:
+            parts.append(f"{attrs[schema.COLLECTIVE_BYTES]} bytes")
+        if attrs.get(schema.COLLECTIVE_MODULE):
+            parts.append(f"in {attrs[schema.COLLECTIVE_MODULE]}")
         if BUSBW_ATTRIBUTE in attrs:
             parts.append(f"busbw {_rate(attrs[BUSBW_ATTRIBUTE])}")
     if record.error:
@@ -145,8 +146,8 @@ def bars(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> list[Bar]:
             keys: CollectiveKeys = keys,
         ) -> None:
             attrs = record.attributes
-            if record.kind == s.KIND_COLLECTIVE:
-                op = str(attrs.get(s.COLLECTIVE_OP, "")) or record.name
+            if record.kind == schema.KIND_COLLECTIVE:
+                op = str(attrs.get(schema.COLLECTIVE_OP, "")) or record.name
                 match, index = keys.key(attrs, op)
                 group = group_label(attrs)
                 mine.append(
@@ -163,10 +164,10 @@ def bars(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> list[Bar]:
 
         for root in build_call_tree(spans):
             visit(root, 0)
-        calls_depth = max((b.depth for b in mine if b.kind != s.KIND_COLLECTIVE), default=-1) + 1
-        groups = sorted({b.group for b in mine if b.kind == s.KIND_COLLECTIVE})
+        calls_depth = max((b.depth for b in mine if b.kind != schema.KIND_COLLECTIVE), default=-1) + 1
+        groups = sorted({b.group for b in mine if b.kind == schema.KIND_COLLECTIVE})
         row_of = {group: calls_depth + i for i, group in enumerate(groups)}
-        out += [replace(b, depth=row_of[b.group]) if b.kind == s.KIND_COLLECTIVE else b for b in mine]
+        out += [replace(b, depth=row_of[b.group]) if b.kind == schema.KIND_COLLECTIVE else b for b in mine]
     starts: dict[tuple[Any, ...], list[int]] = {}
     for bar in out:
         if bar.match:
@@ -277,7 +278,9 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
             f'height="{rows * ROW + 6}" class="lane-bg"/>'
             f'<text x="8" y="{top + ROW - 5:.1f}" class="rank">rank {rank}</text></g>'
         )
-        rows_of_groups = sorted({(b.depth, b.group) for b in drawn if b.rank == rank and b.kind == s.KIND_COLLECTIVE})
+        rows_of_groups = sorted(
+            {(b.depth, b.group) for b in drawn if b.rank == rank and b.kind == schema.KIND_COLLECTIVE}
+        )
         for depth, group in rows_of_groups:
             row_y = top + depth * ROW + ROW - 5
             label, tip = _group_explained(group)
@@ -293,7 +296,7 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
         text = ""
         label = _fitted(bar.label, bw)
         if label:
-            fill = "#ffffff" if bar.kind == s.KIND_COLLECTIVE else "#1b1f24"
+            fill = "#ffffff" if bar.kind == schema.KIND_COLLECTIVE else "#1b1f24"
             text = f'<text x="{bx + 2:.1f}" y="{by + ROW - 6:.1f}" fill="{fill}">{_markup(label)}</text>'
         parts.append(
             f'<g class="bar" data-rank="{bar.rank}" data-kind="{_markup(bar.kind)}" data-op="{_markup(bar.op)}" '
@@ -310,8 +313,8 @@ def render_svg(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], title: str =
                 f'stroke="{a.colour}" class="skew" data-match="{_markup(str(match[2]))}"/>'
             )
     legend_x = LEFT
-    for name, colour in [("module", KIND_COLOURS[s.KIND_MODULE]), ("op", KIND_COLOURS[s.KIND_OP]),
-                         ("redistribute", KIND_COLOURS[s.KIND_REDISTRIBUTE])] + [
+    for name, colour in [("module", KIND_COLOURS[schema.KIND_MODULE]), ("op", KIND_COLOURS[schema.KIND_OP]),
+                         ("redistribute", KIND_COLOURS[schema.KIND_REDISTRIBUTE])] + [
         (op, COLLECTIVE_COLOURS[op]) for op in sorted({b.op for b in drawn if b.op in COLLECTIVE_COLOURS})
     ]:  # fmt: skip
         parts.append(f'<rect x="{legend_x}" y="27" width="10" height="10" fill="{colour}"/>')
@@ -359,8 +362,8 @@ def collective_rows(drawn: Sequence[Bar]) -> tuple[list[str], list[list[str]]]:
             str(len(group)),
             f"{first.skew_ns / 1000:.1f}",
             durations,
-            str(attrs.get(s.COLLECTIVE_BYTES, "")),
-            str(attrs.get(s.COLLECTIVE_MODULE, "")),
+            str(attrs.get(schema.COLLECTIVE_BYTES, "")),
+            str(attrs.get(schema.COLLECTIVE_MODULE, "")),
         ]
         if busbw:
             row.append(", ".join(f"r{b.rank} {_rate((b.attributes or {}).get(BUSBW_ATTRIBUTE, ''))}" for b in group))

@@ -53,7 +53,7 @@ from hp_otel.sources.patching import (
     patch_owned,
     run_every,
 )
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.infos import TensorInfo
 
 logger = logging.getLogger("hp_otel")
@@ -118,7 +118,7 @@ def _torch_phase() -> str | None:
         from hp_otel.sources.pytorch._compat import current_graph_task_id
 
         _torch_graph_task_id.append(current_graph_task_id)
-    return s.PHASE_BACKWARD if _torch_graph_task_id[0]() != -1 else s.PHASE_FORWARD
+    return schema.PHASE_BACKWARD if _torch_graph_task_id[0]() != -1 else schema.PHASE_FORWARD
 
 
 def _module_if_framework_loaded(module_name: str, framework: str) -> ModuleType | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 
 def _all_reduce(n: int) -> float:
@@ -92,7 +92,7 @@ def attributes_of(bw: Bandwidth | None) -> dict[str, Any]:
     """The span attributes of a bandwidth already computed (empty for None)."""
     if bw is None:
         return {}
-    return {s.COLLECTIVE_BW_BYTES: bw.size, s.COLLECTIVE_ALGBW: bw.algbw, s.COLLECTIVE_BUSBW: bw.busbw}
+    return {schema.COLLECTIVE_BW_BYTES: bw.size, schema.COLLECTIVE_ALGBW: bw.algbw, schema.COLLECTIVE_BUSBW: bw.busbw}
 
 
 def bandwidth_attributes(op: str, nbytes: int, group_size: int, duration_ns: int) -> dict[str, Any]:

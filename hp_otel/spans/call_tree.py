@@ -14,8 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
 from hp_otel.common._otel_compat import span_attribute_dict as _attribute_dict
-from hp_otel.spans import codec
-from hp_otel.spans import schema as s
+from hp_otel.spans import codec, schema
 from hp_otel.spans.infos import CollectiveInfo, ParameterInfo, TensorInfo
 
 
@@ -33,19 +32,19 @@ class CallRecord:
 
     @property
     def phase(self) -> str:
-        return str(self.attributes.get(s.PHASE, s.PHASE_FORWARD))
+        return str(self.attributes.get(schema.PHASE, schema.PHASE_FORWARD))
 
     @property
     def fqn(self) -> str:
-        return str(self.attributes.get(s.MODULE_FQN, ""))
+        return str(self.attributes.get(schema.MODULE_FQN, ""))
 
     @property
     def module_type(self) -> str:
-        return str(self.attributes.get(s.MODULE_TYPE, ""))
+        return str(self.attributes.get(schema.MODULE_TYPE, ""))
 
     @property
     def op_name(self) -> str:
-        return str(self.attributes.get(s.OP_NAME, self.name))
+        return str(self.attributes.get(schema.OP_NAME, self.name))
 
     @property
     def inputs(self) -> list[TensorInfo]:
@@ -92,7 +91,7 @@ def _record_from_span(span: ReadableSpan, attrs: Mapping[str, Any]) -> CallRecor
     status = span.status
     error = (status.description or "error") if status is not None and status.status_code is StatusCode.ERROR else None
     return CallRecord(
-        kind=str(attrs.get(s.CALL_KIND, "")),
+        kind=str(attrs.get(schema.CALL_KIND, "")),
         name=span.name,
         attributes=attrs,
         start_ns=span.start_time or 0,
@@ -113,12 +112,12 @@ def build_call_tree(spans: Iterable[ReadableSpan], problems: list[str] | None = 
     """
     nodes: dict[int, CallRecord] = {}
     links: list[tuple[CallRecord, int | None]] = []
-    kinds = s.CALL_KINDS
+    kinds = schema.CALL_KINDS
     duplicates = 0
     for span in spans:
         attrs = span_attributes(span)
         context = span.context
-        if attrs.get(s.CALL_KIND) not in kinds or context is None:
+        if attrs.get(schema.CALL_KIND) not in kinds or context is None:
             continue
         record = _record_from_span(span, attrs)
         if context.span_id in nodes:
@@ -185,12 +184,12 @@ def _break_cycles(roots: list[CallRecord], links: list[tuple[CallRecord, int | N
 
 def _decode(record: CallRecord) -> None:
     """Decode what a renderer will read from this record (its kind's attributes)."""
-    if record.kind == s.KIND_COLLECTIVE:
+    if record.kind == schema.KIND_COLLECTIVE:
         record.collective  # noqa: B018 - decoding is the check
-    elif record.kind == s.KIND_OP:
+    elif record.kind == schema.KIND_OP:
         record.inputs  # noqa: B018
         record.outputs  # noqa: B018
-    elif record.kind == s.KIND_MODULE:
+    elif record.kind == schema.KIND_MODULE:
         record.parameters  # noqa: B018
     else:
         codec.decode_redistribute(record.attributes)
@@ -230,11 +229,11 @@ def _start_time(record: CallRecord) -> int:
 
 def count_collectives(spans: Iterable[ReadableSpan], normalized: bool = False) -> dict[str, int]:
     """Collective counts read back from spans, by framework name or normalised op (exact while none was dropped)."""
-    key = s.COLLECTIVE_OP if normalized else s.COLLECTIVE_NAME
+    key = schema.COLLECTIVE_OP if normalized else schema.COLLECTIVE_NAME
     counts: dict[str, int] = {}
     for span in spans:
         attrs = span_attributes(span)
-        if attrs.get(s.CALL_KIND) == s.KIND_COLLECTIVE:
+        if attrs.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE:
             name = str(attrs.get(key, span.name))
             counts[name] = counts.get(name, 0) + 1
     return counts

@@ -16,28 +16,28 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from hp_otel.common.input_files import checked_int
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
 
 # Attribute keys of op inputs / outputs: TensorInfo's fields in order, then the dims per shape.
 _TENSOR_KEYS: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "input": (
-        s.OP_INPUT_SHAPES,
-        s.OP_INPUT_DTYPES,
-        s.OP_INPUT_IS_DTENSOR,
-        s.OP_INPUT_PLACEMENTS,
-        s.OP_INPUT_MESH_SHAPES,
-        s.OP_INPUT_NDIMS,
-        s.OP_INPUT_MESH_NDIMS,
+        schema.OP_INPUT_SHAPES,
+        schema.OP_INPUT_DTYPES,
+        schema.OP_INPUT_IS_DTENSOR,
+        schema.OP_INPUT_PLACEMENTS,
+        schema.OP_INPUT_MESH_SHAPES,
+        schema.OP_INPUT_NDIMS,
+        schema.OP_INPUT_MESH_NDIMS,
     ),
     "output": (
-        s.OP_OUTPUT_SHAPES,
-        s.OP_OUTPUT_DTYPES,
-        s.OP_OUTPUT_IS_DTENSOR,
-        s.OP_OUTPUT_PLACEMENTS,
-        s.OP_OUTPUT_MESH_SHAPES,
-        s.OP_OUTPUT_NDIMS,
-        s.OP_OUTPUT_MESH_NDIMS,
+        schema.OP_OUTPUT_SHAPES,
+        schema.OP_OUTPUT_DTYPES,
+        schema.OP_OUTPUT_IS_DTENSOR,
+        schema.OP_OUTPUT_PLACEMENTS,
+        schema.OP_OUTPUT_MESH_SHAPES,
+        schema.OP_OUTPUT_NDIMS,
+        schema.OP_OUTPUT_MESH_NDIMS,
     ),
 }
 PLACEMENT_SEPARATOR = ";"  # between mesh dims in one placements string
@@ -95,63 +95,63 @@ def encode_tensor_infos(infos: Sequence[TensorInfo], direction: str) -> dict[str
 
 def encode_op(name: str, inputs: Sequence[TensorInfo], phase: str) -> dict[str, Any]:
     attrs = encode_tensor_infos(inputs, "input")
-    attrs[s.CALL_KIND] = s.KIND_OP
-    attrs[s.OP_NAME] = name
-    attrs[s.PHASE] = phase
+    attrs[schema.CALL_KIND] = schema.KIND_OP
+    attrs[schema.OP_NAME] = name
+    attrs[schema.PHASE] = phase
     return attrs
 
 
 def encode_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
     """A module span's attributes; its own parameters go on the forward span only."""
     attrs: dict[str, Any] = {
-        s.CALL_KIND: s.KIND_MODULE,
-        s.MODULE_FQN: module.fqn,
-        s.MODULE_TYPE: module.module_type,
-        s.PHASE: phase,
+        schema.CALL_KIND: schema.KIND_MODULE,
+        schema.MODULE_FQN: module.fqn,
+        schema.MODULE_TYPE: module.module_type,
+        schema.PHASE: phase,
     }
     params = module.parameters
-    if params and phase == s.PHASE_FORWARD:
-        attrs[s.MODULE_PARAM_NAMES] = tuple(p.name for p in params)
-        attrs[s.MODULE_PARAM_SHAPES] = tuple(shape_text(p.shape) for p in params)
-        attrs[s.MODULE_PARAM_DTYPES] = tuple(p.dtype for p in params)
-        attrs[s.MODULE_PARAM_PLACEMENTS] = tuple(p.placements for p in params)
+    if params and phase == schema.PHASE_FORWARD:
+        attrs[schema.MODULE_PARAM_NAMES] = tuple(p.name for p in params)
+        attrs[schema.MODULE_PARAM_SHAPES] = tuple(shape_text(p.shape) for p in params)
+        attrs[schema.MODULE_PARAM_DTYPES] = tuple(p.dtype for p in params)
+        attrs[schema.MODULE_PARAM_PLACEMENTS] = tuple(p.placements for p in params)
     return attrs
 
 
 def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
     """A collective span's attributes, without the phase (the recorder knows it, not the source)."""
     attrs = {
-        s.CALL_KIND: s.KIND_COLLECTIVE,
-        s.COLLECTIVE_NAME: info.name,
-        s.COLLECTIVE_OP: info.op,
-        s.COLLECTIVE_GROUP_SIZE: info.group_size,
-        s.COLLECTIVE_GROUP: info.group,
-        s.COLLECTIVE_GROUP_RANKS: info.group_ranks,
-        s.COLLECTIVE_INPUT_SHAPE: info.input_shape,
-        s.COLLECTIVE_OUTPUT_SHAPE: info.output_shape,
-        s.COLLECTIVE_DTYPE: info.dtype,
-        s.COLLECTIVE_BYTES: info.bytes,
-        s.COLLECTIVE_REDUCE_OP: info.reduce_op,
-        s.COLLECTIVE_ASYNC: info.is_async,
+        schema.CALL_KIND: schema.KIND_COLLECTIVE,
+        schema.COLLECTIVE_NAME: info.name,
+        schema.COLLECTIVE_OP: info.op,
+        schema.COLLECTIVE_GROUP_SIZE: info.group_size,
+        schema.COLLECTIVE_GROUP: info.group,
+        schema.COLLECTIVE_GROUP_RANKS: info.group_ranks,
+        schema.COLLECTIVE_INPUT_SHAPE: info.input_shape,
+        schema.COLLECTIVE_OUTPUT_SHAPE: info.output_shape,
+        schema.COLLECTIVE_DTYPE: info.dtype,
+        schema.COLLECTIVE_BYTES: info.bytes,
+        schema.COLLECTIVE_REDUCE_OP: info.reduce_op,
+        schema.COLLECTIVE_ASYNC: info.is_async,
     }
     if info.backend:
-        attrs[s.COLLECTIVE_BACKEND] = info.backend
+        attrs[schema.COLLECTIVE_BACKEND] = info.backend
     if info.param_module:
-        attrs[s.COLLECTIVE_PARAM_MODULE] = info.param_module
+        attrs[schema.COLLECTIVE_PARAM_MODULE] = info.param_module
     if info.peers:
-        attrs[s.COLLECTIVE_PEERS] = info.peers
-        attrs[s.COLLECTIVE_TAGS] = info.tags
+        attrs[schema.COLLECTIVE_PEERS] = info.peers
+        attrs[schema.COLLECTIVE_TAGS] = info.tags
     return attrs
 
 
 def encode_collective_place(attrs: Mapping[str, Any], phase: str, fqn: str) -> dict[str, Any]:
     """A collective's encoded attributes plus where it was issued (phase, innermost module)."""
-    return {**attrs, s.PHASE: phase, s.COLLECTIVE_MODULE: fqn}
+    return {**attrs, schema.PHASE: phase, schema.COLLECTIVE_MODULE: fqn}
 
 
 def encode_collective_match(seq: int, window: str, match_id: str) -> dict[str, Any]:
     """What identifies one collective across ranks: its sequence number in the window, and the shared id."""
-    return {s.COLLECTIVE_SEQ: seq, s.COLLECTIVE_WINDOW: window, s.COLLECTIVE_MATCH_ID: match_id}
+    return {schema.COLLECTIVE_SEQ: seq, schema.COLLECTIVE_WINDOW: window, schema.COLLECTIVE_MATCH_ID: match_id}
 
 
 def _no_module(path: str) -> str | None:
@@ -165,12 +165,12 @@ def encode_call_stack(
     the function fully qualified with the module `module_of(file)` names (semconv 1.33+)."""
     if not stack:
         return
-    attrs[s.CALL_STACK] = tuple(stack)
+    attrs[schema.CALL_STACK] = tuple(stack)
     path, line, function = split_frame(stack[0])
-    attrs[s.CODE_FILE_PATH] = path
-    attrs[s.CODE_LINE_NUMBER] = line
+    attrs[schema.CODE_FILE_PATH] = path
+    attrs[schema.CODE_LINE_NUMBER] = line
     module = module_of(path)
-    attrs[s.CODE_FUNCTION_NAME] = f"{module}.{function}" if module and function else function
+    attrs[schema.CODE_FUNCTION_NAME] = f"{module}.{function}" if module and function else function
 
 
 def split_frame(text: str) -> tuple[str, int, str]:
@@ -184,7 +184,7 @@ def split_frame(text: str) -> tuple[str, int, str]:
 
 def decode_call_stack(attrs: Mapping[str, Any]) -> tuple[str, ...]:
     """The user's frames issuing the call, innermost first (empty when not recorded)."""
-    stack = attrs.get(s.CALL_STACK)
+    stack = attrs.get(schema.CALL_STACK)
     if not stack or isinstance(stack, str):
         return (str(stack),) if stack else ()
     return tuple(str(frame) for frame in stack)
@@ -192,11 +192,11 @@ def decode_call_stack(attrs: Mapping[str, Any]) -> tuple[str, ...]:
 
 def encode_redistribute(src_placements: str, dst_placements: str, shape: tuple[int, ...], phase: str) -> dict[str, Any]:
     return {
-        s.CALL_KIND: s.KIND_REDISTRIBUTE,
-        s.REDISTRIBUTE_SRC_PLACEMENTS: src_placements,
-        s.REDISTRIBUTE_DST_PLACEMENTS: dst_placements,
-        s.TENSOR_SHAPE: shape,
-        s.PHASE: phase,
+        schema.CALL_KIND: schema.KIND_REDISTRIBUTE,
+        schema.REDISTRIBUTE_SRC_PLACEMENTS: src_placements,
+        schema.REDISTRIBUTE_DST_PLACEMENTS: dst_placements,
+        schema.TENSOR_SHAPE: shape,
+        schema.PHASE: phase,
     }
 
 
@@ -282,10 +282,10 @@ def _decode_tensor_infos(
 
 def decode_parameters(attrs: Mapping[str, Any]) -> list[ParameterInfo]:
     """A module span's own parameters (empty when it has none, or on a backward span)."""
-    names = attrs.get(s.MODULE_PARAM_NAMES, ())
-    shapes = attrs.get(s.MODULE_PARAM_SHAPES, ())
-    dtypes = attrs.get(s.MODULE_PARAM_DTYPES, ())
-    placements = attrs.get(s.MODULE_PARAM_PLACEMENTS, ())
+    names = attrs.get(schema.MODULE_PARAM_NAMES, ())
+    shapes = attrs.get(schema.MODULE_PARAM_SHAPES, ())
+    dtypes = attrs.get(schema.MODULE_PARAM_DTYPES, ())
+    placements = attrs.get(schema.MODULE_PARAM_PLACEMENTS, ())
     return [
         ParameterInfo(
             name=name,
@@ -301,21 +301,21 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
     """A collective span's attributes as the source reported them (missing ones as defaults)."""
     get = attrs.get
     return CollectiveInfo(
-        name=str(get(s.COLLECTIVE_NAME, span_name)),
-        op=str(get(s.COLLECTIVE_OP, "")),
-        group_size=checked_int(get(s.COLLECTIVE_GROUP_SIZE, 0), s.COLLECTIVE_GROUP_SIZE),
-        group=str(get(s.COLLECTIVE_GROUP, "")),
-        group_ranks=tuple(get(s.COLLECTIVE_GROUP_RANKS, ())),
-        input_shape=tuple(get(s.COLLECTIVE_INPUT_SHAPE, ())),
-        output_shape=tuple(get(s.COLLECTIVE_OUTPUT_SHAPE, ())),
-        dtype=str(get(s.COLLECTIVE_DTYPE, "")),
-        bytes=checked_int(get(s.COLLECTIVE_BYTES, 0), s.COLLECTIVE_BYTES),
-        reduce_op=str(get(s.COLLECTIVE_REDUCE_OP, "")),
-        is_async=bool(get(s.COLLECTIVE_ASYNC, False)),
-        param_module=str(get(s.COLLECTIVE_PARAM_MODULE, "")),
-        peers=tuple(get(s.COLLECTIVE_PEERS, ())),
-        tags=tuple(get(s.COLLECTIVE_TAGS, ())),
-        backend=str(get(s.COLLECTIVE_BACKEND, "")),
+        name=str(get(schema.COLLECTIVE_NAME, span_name)),
+        op=str(get(schema.COLLECTIVE_OP, "")),
+        group_size=checked_int(get(schema.COLLECTIVE_GROUP_SIZE, 0), schema.COLLECTIVE_GROUP_SIZE),
+        group=str(get(schema.COLLECTIVE_GROUP, "")),
+        group_ranks=tuple(get(schema.COLLECTIVE_GROUP_RANKS, ())),
+        input_shape=tuple(get(schema.COLLECTIVE_INPUT_SHAPE, ())),
+        output_shape=tuple(get(schema.COLLECTIVE_OUTPUT_SHAPE, ())),
+        dtype=str(get(schema.COLLECTIVE_DTYPE, "")),
+        bytes=checked_int(get(schema.COLLECTIVE_BYTES, 0), schema.COLLECTIVE_BYTES),
+        reduce_op=str(get(schema.COLLECTIVE_REDUCE_OP, "")),
+        is_async=bool(get(schema.COLLECTIVE_ASYNC, False)),
+        param_module=str(get(schema.COLLECTIVE_PARAM_MODULE, "")),
+        peers=tuple(get(schema.COLLECTIVE_PEERS, ())),
+        tags=tuple(get(schema.COLLECTIVE_TAGS, ())),
+        backend=str(get(schema.COLLECTIVE_BACKEND, "")),
     )
 
 
@@ -333,20 +333,20 @@ class CollectiveMatch:
 def decode_collective_match(attrs: Mapping[str, Any]) -> CollectiveMatch:
     get = attrs.get
     return CollectiveMatch(
-        seq=checked_int(get(s.COLLECTIVE_SEQ, -1), s.COLLECTIVE_SEQ),
-        window=str(get(s.COLLECTIVE_WINDOW, "")),
-        module=str(get(s.COLLECTIVE_MODULE, "")),
-        match_id=str(get(s.COLLECTIVE_MATCH_ID, "")),
-        in_flight=bool(get(s.COLLECTIVE_IN_FLIGHT, False)),
+        seq=checked_int(get(schema.COLLECTIVE_SEQ, -1), schema.COLLECTIVE_SEQ),
+        window=str(get(schema.COLLECTIVE_WINDOW, "")),
+        module=str(get(schema.COLLECTIVE_MODULE, "")),
+        match_id=str(get(schema.COLLECTIVE_MATCH_ID, "")),
+        in_flight=bool(get(schema.COLLECTIVE_IN_FLIGHT, False)),
     )
 
 
 def decode_redistribute(attrs: Mapping[str, Any]) -> tuple[str, str, tuple[int, ...]]:
     """(source placements, destination placements, global shape) of a redistribute span."""
     return (
-        str(attrs.get(s.REDISTRIBUTE_SRC_PLACEMENTS, "")),
-        str(attrs.get(s.REDISTRIBUTE_DST_PLACEMENTS, "")),
-        tuple(attrs.get(s.TENSOR_SHAPE, ())),
+        str(attrs.get(schema.REDISTRIBUTE_SRC_PLACEMENTS, "")),
+        str(attrs.get(schema.REDISTRIBUTE_DST_PLACEMENTS, "")),
+        tuple(attrs.get(schema.TENSOR_SHAPE, ())),
     )
 
 
@@ -384,17 +384,17 @@ class MetricKey(NamedTuple):
 def metric_attributes(key: MetricKey) -> dict[str, Any]:
     """A series' metric attributes (`schema.METRIC_ATTRIBUTE_KEYS`), with `error.type` only for failed calls."""
     attrs: dict[str, Any] = {
-        s.COLLECTIVE_NAME: key.collective_name,
-        s.COLLECTIVE_OP: key.collective_op,
-        **({s.COLLECTIVE_BACKEND: key.backend} if key.backend else {}),
-        s.COLLECTIVE_GROUP_SIZE: key.group_size,
-        s.COLLECTIVE_DTYPE: key.dtype,
-        s.PHASE: key.phase,
+        schema.COLLECTIVE_NAME: key.collective_name,
+        schema.COLLECTIVE_OP: key.collective_op,
+        **({schema.COLLECTIVE_BACKEND: key.backend} if key.backend else {}),
+        schema.COLLECTIVE_GROUP_SIZE: key.group_size,
+        schema.COLLECTIVE_DTYPE: key.dtype,
+        schema.PHASE: key.phase,
     }
     if key.module_fqn is not None:
-        attrs[s.MODULE_FQN] = key.module_fqn
+        attrs[schema.MODULE_FQN] = key.module_fqn
     if key.error_type:
-        attrs[s.ERROR_TYPE] = key.error_type
+        attrs[schema.ERROR_TYPE] = key.error_type
     return attrs
 
 

@@ -30,42 +30,42 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hp_otel.common.files import write_text_atomically
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 FORMAT = "hp_otel.collectives"
 VERSION = 1
 # Per call: what differs between calls of one kind.
 PER_CALL = (
-    s.COLLECTIVE_SEQ,
-    s.COLLECTIVE_IN_FLIGHT,
-    s.COLLECTIVE_CALL_NS,
-    s.COLLECTIVE_WAITED_NS,
-    s.COLLECTIVE_ALGBW,
-    s.COLLECTIVE_BUSBW,
+    schema.COLLECTIVE_SEQ,
+    schema.COLLECTIVE_IN_FLIGHT,
+    schema.COLLECTIVE_CALL_NS,
+    schema.COLLECTIVE_WAITED_NS,
+    schema.COLLECTIVE_ALGBW,
+    schema.COLLECTIVE_BUSBW,
 )
 # Shared by the calls of one kind.
 SHARED = (
-    s.CALL_KIND,
-    s.COLLECTIVE_NAME,
-    s.COLLECTIVE_OP,
-    s.COLLECTIVE_GROUP,
-    s.COLLECTIVE_GROUP_RANKS,
-    s.COLLECTIVE_GROUP_SIZE,
-    s.COLLECTIVE_BACKEND,
-    s.COLLECTIVE_INPUT_SHAPE,
-    s.COLLECTIVE_OUTPUT_SHAPE,
-    s.COLLECTIVE_DTYPE,
-    s.COLLECTIVE_BYTES,
-    s.COLLECTIVE_REDUCE_OP,
-    s.COLLECTIVE_ASYNC,
-    s.COLLECTIVE_COMPLETION,
-    s.COLLECTIVE_WINDOW,
-    s.COLLECTIVE_MODULE,
-    s.PHASE,
-    s.CALL_STACK,
+    schema.CALL_KIND,
+    schema.COLLECTIVE_NAME,
+    schema.COLLECTIVE_OP,
+    schema.COLLECTIVE_GROUP,
+    schema.COLLECTIVE_GROUP_RANKS,
+    schema.COLLECTIVE_GROUP_SIZE,
+    schema.COLLECTIVE_BACKEND,
+    schema.COLLECTIVE_INPUT_SHAPE,
+    schema.COLLECTIVE_OUTPUT_SHAPE,
+    schema.COLLECTIVE_DTYPE,
+    schema.COLLECTIVE_BYTES,
+    schema.COLLECTIVE_REDUCE_OP,
+    schema.COLLECTIVE_ASYNC,
+    schema.COLLECTIVE_COMPLETION,
+    schema.COLLECTIVE_WINDOW,
+    schema.COLLECTIVE_MODULE,
+    schema.PHASE,
+    schema.CALL_STACK,
 )
 KEPT = frozenset(PER_CALL + SHARED)
-RESOURCE_KEPT = (s.RESOURCE_RANK, s.RESOURCE_WORLD_SIZE)
+RESOURCE_KEPT = (schema.RESOURCE_RANK, schema.RESOURCE_WORLD_SIZE)
 
 
 def _plain(value: Any) -> Any:
@@ -79,7 +79,7 @@ def _window(spans: Iterable[Any]) -> dict[str, Any]:
     calls: list[list[Any]] = []
     for span in spans:
         attrs = span.attributes or {}
-        if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
+        if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE:
             continue
         kind = {key: _plain(attrs[key]) for key in SHARED if key in attrs}
         key = json.dumps(kind, sort_keys=True)

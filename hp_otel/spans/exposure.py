@@ -27,9 +27,9 @@ from typing import Any
 
 from hp_otel.common import intervals
 from hp_otel.common.input_files import checked_int
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
-_FULLY_BLOCKING = (s.COMPLETION_CALL, "")
+_FULLY_BLOCKING = (schema.COMPLETION_CALL, "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class CommSpan:
 
     start_ns: int
     end_ns: int
-    phase: str = s.PHASE_FORWARD
+    phase: str = schema.PHASE_FORWARD
     module: str = ""
     blocked: tuple[intervals.Interval, ...] = ()  # when the thread waited on it
 
@@ -52,7 +52,7 @@ class CommSpan:
         completion: str,
         call_ns: int = 0,
         waited_ns: int = 0,
-        phase: str = s.PHASE_FORWARD,
+        phase: str = schema.PHASE_FORWARD,
         module: str = "",
     ) -> CommSpan:
         """From what a span or an event says: a synchronous call blocks for its whole span."""
@@ -144,12 +144,12 @@ def comm_span_of(attrs: Mapping[str, Any], start_ns: int, end_ns: int) -> CommSp
     return CommSpan.of(
         start_ns,
         end_ns,
-        is_async=bool(attrs.get(s.COLLECTIVE_ASYNC, False)),
-        completion=str(attrs.get(s.COLLECTIVE_COMPLETION, "")),
-        call_ns=checked_int(attrs.get(s.COLLECTIVE_CALL_NS, 0) or 0, s.COLLECTIVE_CALL_NS),
-        waited_ns=checked_int(attrs.get(s.COLLECTIVE_WAITED_NS, 0) or 0, s.COLLECTIVE_WAITED_NS),
-        phase=str(attrs.get(s.PHASE, s.PHASE_FORWARD)),
-        module=str(attrs.get(s.COLLECTIVE_MODULE, "")),
+        is_async=bool(attrs.get(schema.COLLECTIVE_ASYNC, False)),
+        completion=str(attrs.get(schema.COLLECTIVE_COMPLETION, "")),
+        call_ns=checked_int(attrs.get(schema.COLLECTIVE_CALL_NS, 0) or 0, schema.COLLECTIVE_CALL_NS),
+        waited_ns=checked_int(attrs.get(schema.COLLECTIVE_WAITED_NS, 0) or 0, schema.COLLECTIVE_WAITED_NS),
+        phase=str(attrs.get(schema.PHASE, schema.PHASE_FORWARD)),
+        module=str(attrs.get(schema.COLLECTIVE_MODULE, "")),
     )
 
 
@@ -159,14 +159,14 @@ def by_window(spans: Iterable[Any], by_module: bool = True) -> dict[str, Exposur
     windows: dict[str, list[CommSpan]] = {}
     for span in spans:
         attrs = span.attributes or {}
-        if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE or attrs.get(s.COLLECTIVE_IN_FLIGHT):
+        if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE or attrs.get(schema.COLLECTIVE_IN_FLIGHT):
             continue
         if (
-            attrs.get(s.COLLECTIVE_BACKEND) == s.BACKEND_FAKE
+            attrs.get(schema.COLLECTIVE_BACKEND) == schema.BACKEND_FAKE
         ):  # returned at once: it overlapped nothing, exposed nothing
             continue
         start, end = span.start_time or 0, span.end_time or 0
-        windows.setdefault(str(attrs.get(s.COLLECTIVE_WINDOW, "")), []).append(comm_span_of(attrs, start, end))
+        windows.setdefault(str(attrs.get(schema.COLLECTIVE_WINDOW, "")), []).append(comm_span_of(attrs, start, end))
     return {window: summarise(comms, by_module) for window, comms in windows.items()}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.call_tree import CallRecord, build_call_tree, count_collectives
 
 
@@ -38,19 +38,19 @@ def _spans(source: Any, argument: str = "source") -> tuple[ReadableSpan, ...]:
 
 def _check_kinds(kinds: Any) -> frozenset[str]:
     if kinds is None:
-        return frozenset(s.CALL_KINDS)
+        return frozenset(schema.CALL_KINDS)
     if isinstance(kinds, str) or not isinstance(kinds, Iterable):
-        raise TypeError(f"kinds must be a collection of {', '.join(s.CALL_KINDS)} or None, got {kinds!r}")
+        raise TypeError(f"kinds must be a collection of {', '.join(schema.CALL_KINDS)} or None, got {kinds!r}")
     chosen = frozenset(kinds)
-    unknown = sorted(chosen - set(s.CALL_KINDS))
+    unknown = sorted(chosen - set(schema.CALL_KINDS))
     if unknown:
-        raise ValueError(f"kinds: unknown {unknown}; allowed: {', '.join(s.CALL_KINDS)}")
+        raise ValueError(f"kinds: unknown {unknown}; allowed: {', '.join(schema.CALL_KINDS)}")
     return chosen
 
 
 def _check_phase(phase: Any) -> None:
-    if phase is not None and phase not in s.PHASES:
-        raise ValueError(f"phase must be {', '.join(map(repr, s.PHASES))} or None, got {phase!r}")
+    if phase is not None and phase not in schema.PHASES:
+        raise ValueError(f"phase must be {', '.join(map(repr, schema.PHASES))} or None, got {phase!r}")
 
 
 def collective_counts(source: Any, normalized: bool = False) -> dict[str, int]:
@@ -89,7 +89,7 @@ def assert_collective_counts(
 
 
 def _label(record: CallRecord) -> str:
-    if record.kind == s.KIND_MODULE and record.phase != s.PHASE_FORWARD:
+    if record.kind == schema.KIND_MODULE and record.phase != schema.PHASE_FORWARD:
         return f"{record.name} [{record.phase}]"
     return record.name
 

@@ -31,7 +31,7 @@ from torch.nn.modules.module import (
 from hp_otel.record.observer import Observer
 from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.modules import BackwardEndCallback
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleInfo
 
 GLOBAL = "Global"
@@ -95,7 +95,7 @@ class CompatModuleTracker(ModTracker):  # type: ignore[misc,valid-type]
         try:
             if enter:
                 observer.on_module_enter(self._info(module, name), phase)
-                if phase == s.PHASE_BACKWARD:
+                if phase == schema.PHASE_BACKWARD:
                     self._backward_end.queue()
             else:
                 observer.on_module_exit(name, phase)
@@ -120,7 +120,7 @@ class CompatModuleTracker(ModTracker):  # type: ignore[misc,valid-type]
                 append(*grads)
             except Exception as exc:
                 self._fault("compat_module_backward_start", exc)
-            self._report(module_ref() if module_ref is not None else None, name, s.PHASE_BACKWARD, enter=True)
+            self._report(module_ref() if module_ref is not None else None, name, schema.PHASE_BACKWARD, enter=True)
 
         return append_and_report
 
@@ -135,7 +135,7 @@ class CompatModuleTracker(ModTracker):  # type: ignore[misc,valid-type]
                 pop(*grads)
             except Exception as exc:
                 self._fault("compat_module_backward_done", exc)
-            self._report(module_ref() if module_ref is not None else None, name, s.PHASE_BACKWARD, enter=False)
+            self._report(module_ref() if module_ref is not None else None, name, schema.PHASE_BACKWARD, enter=False)
 
         return pop_and_report
 
@@ -165,7 +165,7 @@ class CompatModuleTracker(ModTracker):  # type: ignore[misc,valid-type]
         self._pushed.append(pushed)
         if pushed:
             self._note_module(mod, self.name)
-        self._report(mod, self.name, s.PHASE_FORWARD, enter=True)
+        self._report(mod, self.name, schema.PHASE_FORWARD, enter=True)
 
     def _note_module(self, mod: torch.nn.Module, name: str) -> None:
         from torch.distributed.tensor import DTensor
@@ -206,7 +206,7 @@ class CompatModuleTracker(ModTracker):  # type: ignore[misc,valid-type]
         if pushed and not self.activation_checkpointing and len(self.parent_list) > 1:
             self.parent_list.pop()
             self.name = self.parent_list[-1]
-        self._report(mod, name, s.PHASE_FORWARD, enter=False)
+        self._report(mod, name, schema.PHASE_FORWARD, enter=False)
 
     def _hook_module_once(self, mod: torch.nn.Module) -> None:
         """One forward hook per module and window, after the module's own hooks (torch adds

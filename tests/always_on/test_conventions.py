@@ -18,7 +18,7 @@ from hp_otel import CommDebugMode
 from hp_otel.always_on.instrumentation import HpOtelInstrumentor
 from hp_otel.always_on.package import _instruments, _instruments_any
 from hp_otel.export.providers import build_resource
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
@@ -46,7 +46,7 @@ def test_service_instance_id_is_the_run_and_rank_and_the_same_each_time(monkeypa
     monkeypatch.setenv("HP_OTEL_RUN_ID", "run-42")
     first, again = build_resource(), build_resource()
     assert first.attributes["service.instance.id"] == again.attributes["service.instance.id"] == "run-42/rank3"
-    assert build_resource({s.RESOURCE_RUN_ID: "other"}).attributes["service.instance.id"] == "other/rank3"
+    assert build_resource({schema.RESOURCE_RUN_ID: "other"}).attributes["service.instance.id"] == "other/rank3"
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=mine")  # a user's own wins
     assert build_resource().attributes["service.instance.id"] == "mine"
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
@@ -74,10 +74,10 @@ def test_the_schema_url_claims_the_release_our_code_attribute_names_come_from() 
     from opentelemetry.semconv.attributes import code_attributes
     from opentelemetry.semconv.schemas import Schemas
 
-    assert s.SCHEMA_URL in {schema.value for schema in Schemas}  # a released schema, not a made-up one
-    assert s.SCHEMA_URL == Schemas.V1_33_0.value
+    assert schema.SCHEMA_URL in {released.value for released in Schemas}  # a released schema, not a made-up one
+    assert schema.SCHEMA_URL == Schemas.V1_33_0.value
     stable = {code_attributes.CODE_FILE_PATH, code_attributes.CODE_LINE_NUMBER, code_attributes.CODE_FUNCTION_NAME}
-    assert {s.CODE_FILE_PATH, s.CODE_LINE_NUMBER, s.CODE_FUNCTION_NAME} == stable
+    assert {schema.CODE_FILE_PATH, schema.CODE_LINE_NUMBER, schema.CODE_FUNCTION_NAME} == stable
 
 
 def test_scope_schema_url_and_the_duration_description() -> None:
@@ -91,11 +91,11 @@ def test_scope_schema_url_and_the_duration_description() -> None:
     with CommDebugMode(tracer_provider=tracer_provider, meter_provider=meter_provider) as mode:
         collective(mode.observer)
     (span,) = exporter.get_finished_spans()
-    assert span.instrumentation_scope.schema_url == s.SCHEMA_URL
+    assert span.instrumentation_scope.schema_url == schema.SCHEMA_URL
     scopes = reader.get_metrics_data().resource_metrics[0].scope_metrics
-    ours = [sm for sm in scopes if sm.scope.name == s.INSTRUMENTATION_NAME]
-    assert ours and all(sm.scope.schema_url == s.SCHEMA_URL for sm in ours)
-    (duration,) = [m for sm in ours for m in sm.metrics if m.name == s.METRIC_DURATION]
+    ours = [sm for sm in scopes if sm.scope.name == schema.INSTRUMENTATION_NAME]
+    assert ours and all(sm.scope.schema_url == schema.SCHEMA_URL for sm in ours)
+    (duration,) = [m for sm in ours for m in sm.metrics if m.name == schema.METRIC_DURATION]
     assert "issue to its completion" in duration.description and "launch time" not in duration.description
 
 
@@ -109,15 +109,15 @@ def test_op_shapes_are_int_arrays_like_collective_shapes_and_old_files_still_rea
         TensorInfo((32,), "torch.float32", True, ("Replicate()", "Shard(dim=0)"), (2, 4)),
     ]
     attrs = codec.encode_tensor_infos(infos, "input")
-    assert attrs[s.OP_INPUT_SHAPES] == (4, 16, 32) and attrs[s.OP_INPUT_NDIMS] == (2, 0, 1)
-    assert attrs[s.OP_INPUT_MESH_SHAPES] == (2, 2, 4) and attrs[s.OP_INPUT_MESH_NDIMS] == (1, 0, 2)
-    assert all(type(d) is int for d in attrs[s.OP_INPUT_SHAPES])
+    assert attrs[schema.OP_INPUT_SHAPES] == (4, 16, 32) and attrs[schema.OP_INPUT_NDIMS] == (2, 0, 1)
+    assert attrs[schema.OP_INPUT_MESH_SHAPES] == (2, 2, 4) and attrs[schema.OP_INPUT_MESH_NDIMS] == (1, 0, 2)
+    assert all(type(d) is int for d in attrs[schema.OP_INPUT_SHAPES])
     assert codec.decode_tensor_infos(attrs, "input") == infos
     older = {  # what earlier versions wrote: one "4,16" string per tensor, no ndims
-        s.OP_INPUT_SHAPES: ("4,16", "", "32"),
-        s.OP_INPUT_DTYPES: ("torch.float32",) * 3,
-        s.OP_INPUT_IS_DTENSOR: (True, False, True),
-        s.OP_INPUT_PLACEMENTS: ("Shard(dim=0)", "", "Replicate();Shard(dim=0)"),
-        s.OP_INPUT_MESH_SHAPES: ("2", "", "2,4"),
+        schema.OP_INPUT_SHAPES: ("4,16", "", "32"),
+        schema.OP_INPUT_DTYPES: ("torch.float32",) * 3,
+        schema.OP_INPUT_IS_DTENSOR: (True, False, True),
+        schema.OP_INPUT_PLACEMENTS: ("Shard(dim=0)", "", "Replicate();Shard(dim=0)"),
+        schema.OP_INPUT_MESH_SHAPES: ("2", "", "2,4"),
     }
     assert codec.decode_tensor_infos(older, "input") == infos

@@ -101,18 +101,20 @@ def test_ranks_reports_the_skew_free_bandwidth_and_the_slowest(job: Path) -> Non
 
 
 def test_staleness_gauges_while_a_rank_waits_in_a_counts_only_window(job: Path) -> None:
-    from hp_otel.spans import schema as s
+    from hp_otel.spans import schema
 
     gauges = _result(job, 0)["gauges"]
     waiting, after = gauges["waiting"], gauges["after"]
     print(json.dumps(gauges, indent=1))
     # read at 2 x DELAY_S into an all_reduce rank 1 joins after 4 x DELAY_S
-    assert [p["value"] for p in waiting[s.METRIC_IN_FLIGHT]] == [1]
-    (oldest,) = waiting[s.METRIC_OLDEST_IN_FLIGHT]
+    assert [p["value"] for p in waiting[schema.METRIC_IN_FLIGHT]] == [1]
+    (oldest,) = waiting[schema.METRIC_OLDEST_IN_FLIGHT]
     assert 1.5 * bw.DELAY_S <= oldest["value"] <= 4 * bw.DELAY_S + 1.0
-    assert oldest["attributes"][s.COLLECTIVE_OP] == "all_reduce" and s.COLLECTIVE_GROUP in oldest["attributes"]
-    (since,) = waiting[s.METRIC_SINCE_COMPLETION]
+    assert (
+        oldest["attributes"][schema.COLLECTIVE_OP] == "all_reduce" and schema.COLLECTIVE_GROUP in oldest["attributes"]
+    )
+    (since,) = waiting[schema.METRIC_SINCE_COMPLETION]
     assert since["value"] >= 1.5 * bw.DELAY_S
-    assert [p["value"] for p in after[s.METRIC_IN_FLIGHT]] == [0]
-    assert after[s.METRIC_OLDEST_IN_FLIGHT] == []
-    assert after[s.METRIC_SINCE_COMPLETION][0]["value"] < 1.0
+    assert [p["value"] for p in after[schema.METRIC_IN_FLIGHT]] == [0]
+    assert after[schema.METRIC_OLDEST_IN_FLIGHT] == []
+    assert after[schema.METRIC_SINCE_COMPLETION][0]["value"] < 1.0

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 import hp_otel
 from hp_otel.analysis import RankInputError, compare_files, read_any_rank_file
 from hp_otel.analysis.flight_recorder import P2P_WINDOW, WINDOW, read_flight_recorder_file
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.otlp_json import read_spans
 from hp_otel.workloads.process_groups import free_port
 
@@ -72,16 +72,16 @@ def test_agreeing_ranks_match_hp_otels_spans_seq_for_seq_and_frame_for_frame(tmp
         assert [c.in_flight for c in fr.calls[:-1]] == [False] * (len(fr.calls) - 1)
         assert [c.stack[0] for c in fr.calls[1:]] == [line for _, line in collectives]  # FR's frames, torch's dropped
         ours = {  # hp_otel's spans of the same collectives: its seq counts from 0 in the window, p2p included
-            sp.attributes[s.COLLECTIVE_SEQ]: sp.attributes
+            sp.attributes[schema.COLLECTIVE_SEQ]: sp.attributes
             for sp in read_spans(_spans(tmp_path)[rank])
-            if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE
+            if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE
         }
-        assert [(ours[k][s.COLLECTIVE_OP], ours[k][s.CALL_STACK][0]) for k in sorted(ours)] == [
+        assert [(ours[k][schema.COLLECTIVE_OP], ours[k][schema.CALL_STACK][0]) for k in sorted(ours)] == [
             (op, line) for op, line in referee
         ]
         for call in fr.calls[1:]:  # the mapping the docs state: FR seq = hp_otel seq + collectives before + 1
-            assert ours[call.seq - 2][s.COLLECTIVE_OP] == call.op
-            assert ours[call.seq - 2][s.COLLECTIVE_DTYPE] == call.dtype == "torch.float32"
+            assert ours[call.seq - 2][schema.COLLECTIVE_OP] == call.op
+            assert ours[call.seq - 2][schema.COLLECTIVE_DTYPE] == call.dtype == "torch.float32"
         json_calls = read_any_rank_file(_fr_json(tmp_path)[rank]).calls  # the JSON dump: the same, without frames
         assert [(c.seq, c.op, c.input_shape, c.stack) for c in json_calls] == [
             (c.seq, c.op, c.input_shape, ()) for c in fr.calls

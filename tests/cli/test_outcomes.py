@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 import hp_otel.mode
 from hp_otel import CommDebugMode
 from hp_otel.cli import EXIT_BROKEN_PIPE, main
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.otlp_json import write_spans
 
 
@@ -34,7 +34,7 @@ def _rank_files(tmp_path, ranks, world_size):  # type: ignore[no-untyped-def]
     spans = _one_collective_window()
     paths = []
     for rank in ranks:
-        resource = {s.RESOURCE_RANK: rank, **({s.RESOURCE_WORLD_SIZE: world_size} if world_size else {})}
+        resource = {schema.RESOURCE_RANK: rank, **({schema.RESOURCE_WORLD_SIZE: world_size} if world_size else {})}
         path = tmp_path / f"spans_rank{rank}.json"
         write_spans(
             path,

@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from hp_otel import CommDebugMode
 from hp_otel.render.json_dump import build_json_dump
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.testing import metric_points
 
 T0 = 1_000_000_000_000
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.torch_free, pytest.mark.filterwarnings("ignore:noise_l
 
 def _collective_spans(mode: CommDebugMode) -> list:
     return sorted(
-        (sp for sp in mode.get_finished_spans() if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE),
+        (sp for sp in mode.get_finished_spans() if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE),
         key=lambda sp: sp.start_time,
     )
 
@@ -35,19 +35,19 @@ def test_sync_async_and_failed_calls() -> None:
         obs = mode.observer
         obs.on_collective(ALL_REDUCE, T0, T0 + 2_000)  # sync, 2 µs
         token = obs.on_collective(ALL_REDUCE, T0 + 10_000, T0 + 11_000, awaits_completion=True)
-        obs.on_collective_complete(token, T0 + 14_000, s.COMPLETION_WAIT)  # completed 4 µs after issue
+        obs.on_collective_complete(token, T0 + 14_000, schema.COMPLETION_WAIT)  # completed 4 µs after issue
         obs.on_collective(ALL_REDUCE, T0 + 20_000, T0 + 21_000, awaits_completion=True)  # never completed
         obs.on_collective(ALL_REDUCE, T0 + 30_000, T0 + 31_000, RuntimeError("peer gone"))
     sync, waited, launched, failed = _collective_spans(mode)
-    assert sync.attributes[s.COLLECTIVE_BW_BYTES] == 256
-    assert sync.attributes[s.COLLECTIVE_ALGBW] == pytest.approx(128e6)  # 256 B / 2 µs
-    assert sync.attributes[s.COLLECTIVE_BUSBW] == pytest.approx(128e6)  # x 1
-    assert waited.attributes[s.COLLECTIVE_COMPLETION] == s.COMPLETION_WAIT
-    assert waited.attributes[s.COLLECTIVE_BUSBW] == pytest.approx(64e6)  # 256 B / 4 µs
+    assert sync.attributes[schema.COLLECTIVE_BW_BYTES] == 256
+    assert sync.attributes[schema.COLLECTIVE_ALGBW] == pytest.approx(128e6)  # 256 B / 2 µs
+    assert sync.attributes[schema.COLLECTIVE_BUSBW] == pytest.approx(128e6)  # x 1
+    assert waited.attributes[schema.COLLECTIVE_COMPLETION] == schema.COMPLETION_WAIT
+    assert waited.attributes[schema.COLLECTIVE_BUSBW] == pytest.approx(64e6)  # 256 B / 4 µs
     for span in (launched, failed):  # a launch's time, or a failure, says nothing about the transfer
-        assert s.COLLECTIVE_BUSBW not in span.attributes and s.COLLECTIVE_ALGBW not in span.attributes
+        assert schema.COLLECTIVE_BUSBW not in span.attributes and schema.COLLECTIVE_ALGBW not in span.attributes
 
-    points = metric_points(reader, s.METRIC_BUSBW)
+    points = metric_points(reader, schema.METRIC_BUSBW)
     assert sum(p.count for p in points) == 2
     assert sum(p.sum for p in points) == pytest.approx(128e6 + 64e6)
 

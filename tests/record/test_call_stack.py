@@ -28,7 +28,7 @@ import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
 from hp_otel.record import call_stack
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo
 
 HERE = os.path.abspath(__file__)
@@ -52,7 +52,7 @@ def _caller(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _collective_spans(mode: CommDebugMode) -> list:
-    return [sp for sp in mode.get_finished_spans() if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE]
+    return [sp for sp in mode.get_finished_spans() if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE]
 
 
 def test_a_collective_names_the_users_lines_innermost_first_without_library_frames(fake_world) -> None:
@@ -60,23 +60,23 @@ def test_a_collective_names_the_users_lines_innermost_first_without_library_fram
         here = sys._getframe().f_lineno + 1
         inner, outer = _caller(torch.ones(4))
     (span,) = _collective_spans(mode)
-    stack = span.attributes[s.CALL_STACK]
+    stack = span.attributes[schema.CALL_STACK]
     assert stack[:2] == (_frame(inner, "_issue"), _frame(outer, "_caller"))
     assert stack[2] == _frame(here, inspect.currentframe().f_code.co_name)
     # then pytest's: installed libraries other than the framework's are the user's, up to the depth
     assert len(stack) == call_stack.DEFAULT_DEPTH and all("pluggy" in f or "pytest" in f for f in stack[3:])
     assert not [f for f in stack if f.startswith(LIBRARY_DIRS)]
-    assert span.attributes[s.CODE_FILE_PATH] == HERE
-    assert span.attributes[s.CODE_LINE_NUMBER] == inner
+    assert span.attributes[schema.CODE_FILE_PATH] == HERE
+    assert span.attributes[schema.CODE_LINE_NUMBER] == inner
     # semconv (1.33+): the function's fully qualified name, module included, as Python names it
-    assert span.attributes[s.CODE_FUNCTION_NAME] == f"{_issue.__module__}.{_issue.__qualname__}"
+    assert span.attributes[schema.CODE_FUNCTION_NAME] == f"{_issue.__module__}.{_issue.__qualname__}"
 
 
 def test_the_depth_limit_keeps_the_innermost_frames(fake_world) -> None:
     with CommDebugMode(stack=1) as mode:
         inner, _ = _caller(torch.ones(4))
     (span,) = _collective_spans(mode)
-    assert span.attributes[s.CALL_STACK] == (_frame(inner, "_issue"),)
+    assert span.attributes[schema.CALL_STACK] == (_frame(inner, "_issue"),)
 
 
 class _MLP(torch.nn.Module):
@@ -104,15 +104,15 @@ def test_dtensor_collectives_and_redistributes_point_at_the_modules_forward_and_
     calls = [
         sp
         for sp in mode.get_finished_spans()
-        if sp.attributes.get(s.CALL_KIND) in (s.KIND_COLLECTIVE, s.KIND_REDISTRIBUTE)
+        if sp.attributes.get(schema.CALL_KIND) in (schema.KIND_COLLECTIVE, schema.KIND_REDISTRIBUTE)
     ]
-    collectives = [sp for sp in calls if sp.attributes[s.CALL_KIND] == s.KIND_COLLECTIVE]
+    collectives = [sp for sp in calls if sp.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
     assert len(collectives) == mode.get_total_counts() == 2  # fc2's forward all_reduce, fc1's backward one
-    assert any(sp.attributes[s.CALL_KIND] == s.KIND_REDISTRIBUTE for sp in calls)
+    assert any(sp.attributes[schema.CALL_KIND] == schema.KIND_REDISTRIBUTE for sp in calls)
     for sp in calls:
-        stack = sp.attributes[s.CALL_STACK]
+        stack = sp.attributes[schema.CALL_STACK]
         assert not [f for f in stack if f.startswith(LIBRARY_DIRS)]
-        if sp.attributes[s.PHASE] == s.PHASE_FORWARD:
+        if sp.attributes[schema.PHASE] == schema.PHASE_FORWARD:
             assert stack[0] == forward_frame
             assert stack[1].startswith(f"{HERE}:") and stack[1].endswith(":" + inspect.currentframe().f_code.co_name)
         else:  # backward runs from the .backward() call
@@ -171,16 +171,16 @@ def test_off_no_frame_is_walked(fake_world, tp_mlp, walks, monkeypatch, stack) -
         _tp_step(model, x)
     assert mode.get_total_counts() == 2
     assert {name: c.calls for name, c in walks.items()} == dict.fromkeys(walks, 0)
-    assert not [sp for sp in mode.get_finished_spans() if s.CALL_STACK in sp.attributes]
+    assert not [sp for sp in mode.get_finished_spans() if schema.CALL_STACK in sp.attributes]
 
 
 def test_on_one_walk_per_collective_and_redistribute_and_none_without_spans(fake_world, tp_mlp, walks) -> None:
     model, x = tp_mlp
     with CommDebugMode(module=model, stack=True) as mode:
         _tp_step(model, x)
-    calls = [sp for sp in mode.get_finished_spans() if s.CALL_STACK in sp.attributes]
-    kinds = {sp.attributes[s.CALL_KIND] for sp in calls}
-    assert kinds == {s.KIND_COLLECTIVE, s.KIND_REDISTRIBUTE}
+    calls = [sp for sp in mode.get_finished_spans() if schema.CALL_STACK in sp.attributes]
+    kinds = {sp.attributes[schema.CALL_KIND] for sp in calls}
+    assert kinds == {schema.KIND_COLLECTIVE, schema.KIND_REDISTRIBUTE}
     assert walks["_getframe"].calls == len(calls)
     assert walks["extract_stack"].calls == walks["inspect.stack"].calls == 0
     walks["_getframe"].calls = 0
@@ -193,10 +193,10 @@ def test_the_setting_turns_it_on_and_bad_values_are_refused_by_name(fake_world, 
     monkeypatch.setenv(call_stack.DEPTH_VARIABLE, "1")
     with CommDebugMode() as mode:
         inner, _ = _caller(torch.ones(4))
-    assert _collective_spans(mode)[0].attributes[s.CALL_STACK] == (_frame(inner, "_issue"),)
+    assert _collective_spans(mode)[0].attributes[schema.CALL_STACK] == (_frame(inner, "_issue"),)
     with CommDebugMode(stack=False) as mode:  # the argument wins over the setting
         _caller(torch.ones(4))
-    assert s.CALL_STACK not in _collective_spans(mode)[0].attributes
+    assert schema.CALL_STACK not in _collective_spans(mode)[0].attributes
     monkeypatch.setenv(call_stack.DEPTH_VARIABLE, "deep")
     with pytest.raises(ValueError, match=r"HP_OTEL_STACK_DEPTH must be a number of frames 0\.\.64"):
         CommDebugMode()
@@ -218,8 +218,8 @@ def test_an_in_flight_collective_written_for_the_watchdog_carries_its_stack(tmp_
         _, line = _issue_and_hang(mode.observer)
         mode.write_spans(tmp_path / "rank0.json")
     (span,) = read_spans(tmp_path / "rank0.json")
-    assert span.attributes[s.COLLECTIVE_IN_FLIGHT] is True
-    assert span.attributes[s.CALL_STACK][0] == _frame(line, "_issue_and_hang")
+    assert span.attributes[schema.COLLECTIVE_IN_FLIGHT] is True
+    assert span.attributes[schema.CALL_STACK][0] == _frame(line, "_issue_and_hang")
 
 
 def test_the_instrumentor_records_stacks_of_sampled_steps(fake_world, monkeypatch) -> None:
@@ -236,8 +236,10 @@ def test_the_instrumentor_records_stacks_of_sampled_steps(fake_world, monkeypatc
             inner, _ = _caller(torch.ones(4))
     finally:
         instrumentor.uninstrument()
-    (span,) = [sp for sp in exporter.get_finished_spans() if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE]
-    assert span.attributes[s.CALL_STACK] == (_frame(inner, "_issue"),)
+    (span,) = [
+        sp for sp in exporter.get_finished_spans() if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE
+    ]
+    assert span.attributes[schema.CALL_STACK] == (_frame(inner, "_issue"),)
     monkeypatch.setenv(call_stack.DEPTH_VARIABLE, "lots")  # zero-code runs: a bad setting is logged, stacks off
     instrumentor.instrument(tracer_provider=provider, meter_provider=meters)
     try:

@@ -10,13 +10,12 @@ import pytest
 from hp_otel import CommDebugMode
 from hp_otel.record import exposure_metrics, recorder
 from hp_otel.record.exposure_metrics import ExposureTotals, WindowRows, report_of
-from hp_otel.spans import exposure
-from hp_otel.spans import schema as s
+from hp_otel.spans import exposure, schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
 
 pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
-_COMPLETIONS = (s.COMPLETION_CALL, s.COMPLETION_LAUNCH, s.COMPLETION_WAIT, s.COMPLETION_WORK)
+_COMPLETIONS = (schema.COMPLETION_CALL, schema.COMPLETION_LAUNCH, schema.COMPLETION_WAIT, schema.COMPLETION_WORK)
 
 
 def _random_rows(rng: random.Random, n: int) -> list[exposure_metrics.WindowRow]:
@@ -34,8 +33,8 @@ def test_rows_read_back_as_added_and_give_the_per_tuple_figures() -> None:
     rng = random.Random(23)
     for _ in range(20):
         rows = _random_rows(rng, rng.randrange(1, 400))
-        rows.append((2**63, 2**64, True, s.COMPLETION_WORK, 5, 1, "forward", "big"))  # past int64: kept as a tuple
-        rows.append((10, 20.5, False, s.COMPLETION_CALL, 0, 0, "forward", "float"))  # not an int: as it came
+        rows.append((2**63, 2**64, True, schema.COMPLETION_WORK, 5, 1, "forward", "big"))  # past int64: kept as a tuple
+        rows.append((10, 20.5, False, schema.COMPLETION_CALL, 0, 0, "forward", "float"))  # not an int: as it came
         rng.shuffle(rows)
         store = WindowRows()
         for row in rows:
@@ -74,9 +73,9 @@ def _random_window(mode: CommDebugMode, rng: random.Random, collectives: int) ->
             token, done = awaited.pop(rng.randrange(len(awaited)))
             wait_from = max(clock, done - rng.randrange(0, 10_000))
             observer.on_collective_wait(token, wait_from, max(done, wait_from))
-            observer.on_collective_complete(token, max(done, wait_from), s.COMPLETION_WAIT)
+            observer.on_collective_complete(token, max(done, wait_from), schema.COMPLETION_WAIT)
     for token, done in awaited:
-        observer.on_collective_complete(token, done, s.COMPLETION_WORK)
+        observer.on_collective_complete(token, done, schema.COMPLETION_WORK)
 
 
 def test_window_exposure_equals_what_its_spans_say(monkeypatch) -> None:

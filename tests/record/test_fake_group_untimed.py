@@ -13,13 +13,13 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from hp_otel import CommDebugMode
 from hp_otel.render.json_dump import build_json_dump
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.testing import metric_points
 
 
 def _collective_spans(mode: CommDebugMode) -> list:
     return sorted(
-        (sp for sp in mode.get_finished_spans() if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE),
+        (sp for sp in mode.get_finished_spans() if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE),
         key=lambda sp: sp.start_time,
     )
 
@@ -33,11 +33,11 @@ def test_the_fake_process_group_is_left_untimed_and_the_table_says_why(tp_mlp) -
     with CommDebugMode(module=model, meter_provider=MeterProvider(metric_readers=[reader])) as mode:
         model(x).sum().backward()
     spans = _collective_spans(mode)
-    assert len(spans) == 2 and all(sp.attributes[s.COLLECTIVE_BACKEND] == s.BACKEND_FAKE for sp in spans)
-    assert [k for sp in spans for k in sp.attributes if k in (s.COLLECTIVE_BUSBW, s.COLLECTIVE_ALGBW)] == []
+    assert len(spans) == 2 and all(sp.attributes[schema.COLLECTIVE_BACKEND] == schema.BACKEND_FAKE for sp in spans)
+    assert [k for sp in spans for k in sp.attributes if k in (schema.COLLECTIVE_BUSBW, schema.COLLECTIVE_ALGBW)] == []
     assert mode.get_comm_exposure().total.collectives == 0
-    assert metric_points(reader, s.METRIC_BUSBW) == []
-    assert len(metric_points(reader, s.METRIC_DURATION)) > 0  # the calls are still counted and timed as calls
+    assert metric_points(reader, schema.METRIC_BUSBW) == []
+    assert len(metric_points(reader, schema.METRIC_DURATION)) > 0  # the calls are still counted and timed as calls
     table = mode.generate_comm_debug_tracing_table(noise_level=3)
     assert "busbw=" not in table and "overlapped" not in table
     assert table.splitlines()[-1] == (

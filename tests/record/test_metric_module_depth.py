@@ -12,7 +12,7 @@ from events import ALL_REDUCE
 
 from hp_otel import CommDebugMode
 from hp_otel.record.metric_labels import ALWAYS_ON_DEFAULT, ENV_VAR, parse_depth, resolve_depth
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleInfo
 from hp_otel.testing import metric_points
 
@@ -58,18 +58,18 @@ def _series(depth: object) -> list[dict]:
             obs.on_collective(ALL_REDUCE, 0, 1000)
             obs.on_module_exit(fqn, "forward")
     assert mode.get_comm_module_counts().keys() == {"layers.0.attention", "layers.1.attention", "embed"}  # unaffected
-    return [dict(p.attributes) for p in metric_points(reader, s.METRIC_CALLS)]
+    return [dict(p.attributes) for p in metric_points(reader, schema.METRIC_CALLS)]
 
 
 def test_depth_cuts_the_label_and_none_drops_it() -> None:
-    labels = {d: sorted(a.get(s.MODULE_FQN, "<absent>") for a in _series(d)) for d in ("full", 2, 1, "none")}
+    labels = {d: sorted(a.get(schema.MODULE_FQN, "<absent>") for a in _series(d)) for d in ("full", 2, 1, "none")}
     assert labels == {
         "full": ["embed", "layers.0.attention", "layers.1.attention"],
         2: ["embed", "layers.0", "layers.1"],
         1: ["embed", "layers"],
         "none": ["<absent>"],
     }
-    (merged,) = [p for p in metric_points(_provider_with_calls("none"), s.METRIC_CALLS)]
+    (merged,) = [p for p in metric_points(_provider_with_calls("none"), schema.METRIC_CALLS)]
     assert merged.value == 3  # merged series keep the sum
 
 
@@ -108,19 +108,28 @@ def test_series_count_per_setting_on_a_transformer(fake_world: int, layers: int)
             with sdpa_kernel(SDPBackend.MATH):
                 model(tokens).sum().backward()
         model.zero_grad(set_to_none=True)
-        points = metric_points(reader, s.METRIC_CALLS)
+        points = metric_points(reader, schema.METRIC_CALLS)
         # referee: the innermost module of each collective, as the spans say, cut by hand
         parsed = parse_depth(depth)
-        spans = [sp for sp in mode.get_finished_spans() if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE]
+        spans = [
+            sp for sp in mode.get_finished_spans() if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE
+        ]
         expected = {
-            (sp.attributes[s.COLLECTIVE_NAME], sp.attributes[s.PHASE], _cut(sp.attributes[s.COLLECTIVE_MODULE], parsed))
+            (
+                sp.attributes[schema.COLLECTIVE_NAME],
+                sp.attributes[schema.PHASE],
+                _cut(sp.attributes[schema.COLLECTIVE_MODULE], parsed),
+            )
             for sp in spans
         }
-        got = {(p.attributes[s.COLLECTIVE_NAME], p.attributes[s.PHASE], p.attributes.get(s.MODULE_FQN)) for p in points}
+        got = {
+            (p.attributes[schema.COLLECTIVE_NAME], p.attributes[schema.PHASE], p.attributes.get(schema.MODULE_FQN))
+            for p in points
+        }
         assert got == expected
         assert sum(p.value for p in points) == len(spans)  # merging series loses no call
         counts[depth] = len(points)
-    print(f"\n{layers} layers: series of {s.METRIC_CALLS} per setting: {counts}")
+    print(f"\n{layers} layers: series of {schema.METRIC_CALLS} per setting: {counts}")
     assert counts["full"] >= counts[3] >= counts[2] > counts[1] >= counts["none"]
     assert counts[2] > layers  # a label set per layer and more
     assert counts[1] < 12  # bounded by the model's top level, whatever its depth

@@ -21,7 +21,7 @@ from events import design_mlp_forward
 from hp_otel import CommDebugMode
 from hp_otel.cli import main
 from hp_otel.common.input_files import MAX_PICKLE_CONTAINERS, checked_int
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.otlp_json import write_spans
 from hp_otel.testing import assert_comm_snapshot
 
@@ -72,7 +72,7 @@ def spans_payload(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with CommDebugMode() as mode:
         design_mlp_forward(mode.observer)
     path = tmp_path_factory.mktemp("good") / "spans_rank0.json"
-    write_spans(path, mode.get_finished_spans(), resource_defaults={s.RESOURCE_RANK: 0})
+    write_spans(path, mode.get_finished_spans(), resource_defaults={schema.RESOURCE_RANK: 0})
     return json.loads(path.read_text())
 
 
@@ -83,7 +83,8 @@ def _collective_attributes(payload: dict) -> list[list[dict]]:
         for ss in rs["scopeSpans"]
         for span in ss["spans"]
         if any(
-            a["key"] == s.CALL_KIND and a["value"].get("stringValue") == s.KIND_COLLECTIVE for a in span["attributes"]
+            a["key"] == schema.CALL_KIND and a["value"].get("stringValue") == schema.KIND_COLLECTIVE
+            for a in span["attributes"]
         )
     ]
 
@@ -143,8 +144,8 @@ _INTEGER_CASES = [
     ("fr json seq", "collective_seq_id"),
     ("fr pickle size", "input_sizes"),
     ("fr pickle seq", "collective_seq_id"),
-    ("spans seq double", s.COLLECTIVE_SEQ),
-    ("spans bytes double", s.COLLECTIVE_BYTES),
+    ("spans seq double", schema.COLLECTIVE_SEQ),
+    ("spans bytes double", schema.COLLECTIVE_BYTES),
 ]
 
 

@@ -25,7 +25,7 @@ from perfetto_ui import PerfettoUI, perfetto_ui_dir, serve, start_browser
 
 from hp_otel.cli import main
 from hp_otel.cli.bench_scale import record_window
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.otlp_json import read_spans, write_spans
 
 pytestmark = [pytest.mark.browser, pytest.mark.multiprocess]  # a 2-rank demo and a browser running the Perfetto UI
@@ -108,7 +108,7 @@ def _expected_flows(files: list[Path]) -> dict[str, int]:
     ranks_of: dict[str, set[int]] = defaultdict(set)
     for rank, path in enumerate(files):
         for span in read_spans(path):
-            match_id = (span.attributes or {}).get(s.COLLECTIVE_MATCH_ID)
+            match_id = (span.attributes or {}).get(schema.COLLECTIVE_MATCH_ID)
             if match_id:
                 ranks_of[str(match_id)].add(rank)
     return {match_id: len(ranks) - 1 for match_id, ranks in ranks_of.items()}
@@ -125,7 +125,7 @@ def _check_import(ui: PerfettoUI, trace: Path, document: dict, expected_flows: d
     imported = ui.query("select count(*) as n from slice where category like 'hp_otel.%'")[0]["n"]
     assert imported == len(ours) > 0  # every call, none dropped
     flows = ui.query(FLOWS)
-    assert all(f["category"] == f"hp_otel.{s.KIND_COLLECTIVE}" for f in flows), flows
+    assert all(f["category"] == f"hp_otel.{schema.KIND_COLLECTIVE}" for f in flows), flows
     per_match: dict[str, int] = defaultdict(int)
     for flow in flows:
         assert flow["out_match"] == flow["in_match"], flow  # both ends are the same collective ...

@@ -15,7 +15,7 @@ from hp_otel.cli.bench_scale import record_window
 from hp_otel.render.chrome_trace import PID_BASE
 from hp_otel.render.rank_spans import load_rank_spans
 from hp_otel.render.timeline import COLLECTIVE_COLOURS, bars, matched_collectives
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.call_tree import count_collectives
 from hp_otel.spans.otlp_json import write_spans
 
@@ -137,9 +137,9 @@ def test_chrome_trace_joins_the_collectives_the_timeline_joins_from_the_rank_tha
             chains.setdefault(event["bind_id"], []).append(event)
     joined = matched_collectives(bars(load_rank_spans(files)))  # what the timeline's dashed lines join
     assert len(chains) == len(joined) == count_collectives(spans)["_c10d_functional.all_reduce"] == 2
-    assert {str(c[0]["args"][s.COLLECTIVE_MATCH_ID]) for c in chains.values()} == {key[2] for key in joined}
+    assert {str(c[0]["args"][schema.COLLECTIVE_MATCH_ID]) for c in chains.values()} == {key[2] for key in joined}
     for chain in chains.values():
-        assert len({str(e["args"][s.COLLECTIVE_MATCH_ID]) for e in chain}) == 1
+        assert len({str(e["args"][schema.COLLECTIVE_MATCH_ID]) for e in chain}) == 1
         order = sorted(chain, key=lambda e: e["ts"])
         assert [e["pid"] - PID_BASE for e in order] == sorted(range(ranks), key=lambda r: (r == late, r))
         assert [(e.get("flow_in", False), e.get("flow_out", False)) for e in order] == (

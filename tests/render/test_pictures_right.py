@@ -19,7 +19,7 @@ from hp_otel import CommDebugMode, step
 from hp_otel.cli import main
 from hp_otel.render.chrome_trace import chrome_trace, nesting_lanes
 from hp_otel.render.timeline import bars, render_html, render_svg, ticks
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleInfo
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -108,7 +108,7 @@ def _play_2d_rank(rank: int, monkeypatch, base_ns: int) -> list[ReadableSpan]:  
             name=sp.name,
             context=sp.context,
             parent=sp.parent,
-            resource=Resource({s.RESOURCE_RANK: rank}),
+            resource=Resource({schema.RESOURCE_RANK: rank}),
             attributes=dict(sp.attributes),
             start_time=sp.start_time,
             end_time=sp.end_time,
@@ -152,7 +152,7 @@ def test_plot_joins_collectives_of_the_same_group_only_on_a_2d_mesh(mesh_2d) -> 
 
 def _without_bandwidth(spans_by_rank):
     """The same spans without the bandwidth attributes the recorder adds (as an older hp_otel wrote)."""
-    drop = {s.COLLECTIVE_BUSBW, s.COLLECTIVE_ALGBW, s.COLLECTIVE_BW_BYTES}
+    drop = {schema.COLLECTIVE_BUSBW, schema.COLLECTIVE_ALGBW, schema.COLLECTIVE_BW_BYTES}
     return {
         rank: [
             ReadableSpan(
@@ -197,7 +197,7 @@ def test_the_table_shows_busbw_when_the_spans_carry_it(mesh_2d) -> None:
                 parent=sp.parent,
                 resource=sp.resource,
                 attributes={**sp.attributes, "hp.collective.busbw": 1.5e9}
-                if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE
+                if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE
                 else dict(sp.attributes),
                 start_time=sp.start_time,
                 end_time=sp.end_time,

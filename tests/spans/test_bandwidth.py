@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.bandwidth import Bandwidth, bandwidth, bandwidth_attributes, bus_factor, format_rate
 
 pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
@@ -52,9 +52,9 @@ def test_no_bandwidth_where_it_means_nothing(op: str, nbytes: int, n: int, durat
 
 def test_attributes_and_factors() -> None:
     assert bandwidth_attributes("all_gather", 256, 2, 2 * US) == {
-        s.COLLECTIVE_BW_BYTES: 512,
-        s.COLLECTIVE_ALGBW: 256e6,  # 512 B / 2 µs
-        s.COLLECTIVE_BUSBW: 128e6,  # (2-1)/2
+        schema.COLLECTIVE_BW_BYTES: 512,
+        schema.COLLECTIVE_ALGBW: 256e6,  # 512 B / 2 µs
+        schema.COLLECTIVE_BUSBW: 128e6,  # (2-1)/2
     }
     assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
     assert bus_factor("barrier", 8) == 0.0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hp_otel import CommDebugMode
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 
 def _model(layers: int):
@@ -34,7 +34,7 @@ def _names(model, tokens, steps: int) -> tuple[set[str], set[str]]:
         for _ in range(steps):
             model(tokens).sum().backward()
     spans = mode.get_finished_spans()
-    modules = {sp.name for sp in spans if sp.attributes[s.CALL_KIND] == s.KIND_MODULE}
+    modules = {sp.name for sp in spans if sp.attributes[schema.CALL_KIND] == schema.KIND_MODULE}
     return modules, {sp.name for sp in spans}
 
 
@@ -63,8 +63,11 @@ def test_the_path_is_also_an_attribute_and_the_class_groups_them(fake_world) -> 
     with CommDebugMode(module=model) as mode, sdpa_kernel(SDPBackend.MATH):
         model(tokens).sum().backward()
     for sp in mode.get_finished_spans():
-        if sp.attributes[s.CALL_KIND] == s.KIND_MODULE and sp.attributes[s.MODULE_FQN] != s.ROOT_MODULE_FQN:
-            assert sp.name == sp.attributes[s.MODULE_FQN]
-            assert sp.attributes[s.MODULE_TYPE].rsplit(".", 1)[-1] in {
+        if (
+            sp.attributes[schema.CALL_KIND] == schema.KIND_MODULE
+            and sp.attributes[schema.MODULE_FQN] != schema.ROOT_MODULE_FQN
+        ):
+            assert sp.name == sp.attributes[schema.MODULE_FQN]
+            assert sp.attributes[schema.MODULE_TYPE].rsplit(".", 1)[-1] in {
                 "Linear", "Attention", "FeedForward", "TransformerBlock", "LayerNorm", "Dropout", "Embedding", "GELU"
             }  # fmt: skip

@@ -44,7 +44,7 @@ def bandwidth_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from hp_otel import CommDebugMode
-    from hp_otel.spans import schema as s
+    from hp_otel.spans import schema
     from hp_otel.workloads.process_groups import init_gloo
 
     warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor's rename in torch 2.13
@@ -63,26 +63,26 @@ def bandwidth_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
             call()  # type: ignore[operator]
             referee.append({"op": op, "duration_ns": time.perf_counter_ns() - start})
     collectives = sorted((sp for sp in mode.get_finished_spans()
-                          if sp.attributes.get(s.CALL_KIND) == "collective" and sp.name != "barrier"),
+                          if sp.attributes.get(schema.CALL_KIND) == "collective" and sp.name != "barrier"),
                          key=lambda sp: sp.start_time)  # fmt: skip
     warm_up, spans = collectives[0], collectives[1:]
     recorded = [
         {
-            "op": sp.attributes[s.COLLECTIVE_OP],
-            "bytes": sp.attributes[s.COLLECTIVE_BYTES],
-            "group_size": sp.attributes[s.COLLECTIVE_GROUP_SIZE],
+            "op": sp.attributes[schema.COLLECTIVE_OP],
+            "bytes": sp.attributes[schema.COLLECTIVE_BYTES],
+            "group_size": sp.attributes[schema.COLLECTIVE_GROUP_SIZE],
             "duration_ns": sp.end_time - sp.start_time,
-            "completion": sp.attributes.get(s.COLLECTIVE_COMPLETION),
-            "bw_bytes": sp.attributes.get(s.COLLECTIVE_BW_BYTES),
-            "algbw": sp.attributes.get(s.COLLECTIVE_ALGBW),
-            "busbw": sp.attributes.get(s.COLLECTIVE_BUSBW),
+            "completion": sp.attributes.get(schema.COLLECTIVE_COMPLETION),
+            "bw_bytes": sp.attributes.get(schema.COLLECTIVE_BW_BYTES),
+            "algbw": sp.attributes.get(schema.COLLECTIVE_ALGBW),
+            "busbw": sp.attributes.get(schema.COLLECTIVE_BUSBW),
         }
         for sp in spans
     ]
-    points = metric_points(reader, s.METRIC_BUSBW)
+    points = metric_points(reader, schema.METRIC_BUSBW)
     metric = {  # less the warm-up's
         "count": sum(p.count for p in points) - 1,
-        "sum": sum(p.sum for p in points) - warm_up.attributes[s.COLLECTIVE_BUSBW],
+        "sum": sum(p.sum for p in points) - warm_up.attributes[schema.COLLECTIVE_BUSBW],
     }
     mode.write_spans(os.path.join(out_dir, f"spans_rank{rank}.json"))
     table = mode.generate_comm_debug_tracing_table(noise_level=3)
@@ -109,10 +109,10 @@ def bandwidth_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
 
 
 def _gauges(reader: object) -> dict[str, object]:
-    from hp_otel.spans import schema as s
+    from hp_otel.spans import schema
 
     out: dict[str, object] = {}
-    for name in (s.METRIC_IN_FLIGHT, s.METRIC_SINCE_COMPLETION, s.METRIC_OLDEST_IN_FLIGHT):
+    for name in (schema.METRIC_IN_FLIGHT, schema.METRIC_SINCE_COMPLETION, schema.METRIC_OLDEST_IN_FLIGHT):
         out[name] = [{"value": p.value, "attributes": dict(p.attributes)} for p in metric_points(reader, name)]
     return out
 

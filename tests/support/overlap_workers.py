@@ -61,7 +61,7 @@ def overlap_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from hp_otel.spans import schema as s
+    from hp_otel.spans import schema
     from hp_otel.testing import metric_points
     from hp_otel.workloads.process_groups import init_gloo
 
@@ -105,9 +105,13 @@ def overlap_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
                 assert "communication: comm" in table, table
         # the metrics: the windows' figures added up, per (phase, module)
         points = {
-            m: sum(p.value for p in metric_points(reader, m)) for m in (s.METRIC_COMM_TIME, s.METRIC_COMM_EXPOSED)
+            m: sum(p.value for p in metric_points(reader, m))
+            for m in (schema.METRIC_COMM_TIME, schema.METRIC_COMM_EXPOSED)
         }
-        assert abs(points[s.METRIC_COMM_TIME] - comm_s) < 1e-6 and abs(points[s.METRIC_COMM_EXPOSED] - exposed_s) < 1e-6
+        assert (
+            abs(points[schema.METRIC_COMM_TIME] - comm_s) < 1e-6
+            and abs(points[schema.METRIC_COMM_EXPOSED] - exposed_s) < 1e-6
+        )
         with open(os.path.join(out_dir, f"overlap_rank{rank}.json"), "w", encoding="utf-8") as handle:
             json.dump(results, handle)
         dist.barrier()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 
@@ -19,15 +19,15 @@ def module_counts_from_spans(spans: Any) -> dict[str, dict[str, dict[str, int]]]
     counts: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
 
     def visit(record: CallRecord, ancestors: tuple[tuple[str, str], ...]) -> None:
-        if record.kind == s.KIND_MODULE:
+        if record.kind == schema.KIND_MODULE:
             ancestors = (*ancestors, (record.fqn, record.phase))
-        elif record.kind == s.KIND_COLLECTIVE:
+        elif record.kind == schema.KIND_COLLECTIVE:
             name = record.collective.name
-            if record.phase == s.PHASE_OUTSIDE:  # under no module span: the pseudo-module's
+            if record.phase == schema.PHASE_OUTSIDE:  # under no module span: the pseudo-module's
                 assert not ancestors, ancestors
-                counts[s.OUTSIDE_FQN][record.phase][name] += 1
+                counts[schema.OUTSIDE_FQN][record.phase][name] += 1
             # a recompute also counts for the backward spans holding it (in phase recompute)
-            phases = {record.phase, s.PHASE_BACKWARD} if record.phase == s.PHASE_RECOMPUTE else {record.phase}
+            phases = {record.phase, schema.PHASE_BACKWARD} if record.phase == schema.PHASE_RECOMPUTE else {record.phase}
             for fqn in {f for f, p in ancestors if p in phases}:
                 counts[fqn][record.phase][name] += 1
         for child in record.children:
@@ -43,9 +43,9 @@ def collectives_inside_calls(spans: Any) -> dict[str, Counter[str]]:
     inside: dict[str, Counter[str]] = defaultdict(Counter)
 
     def visit(record: CallRecord, ancestors: frozenset[str]) -> None:
-        if record.kind == s.KIND_MODULE:
+        if record.kind == schema.KIND_MODULE:
             ancestors = ancestors | {record.fqn}
-        elif record.kind == s.KIND_COLLECTIVE:
+        elif record.kind == schema.KIND_COLLECTIVE:
             for fqn in ancestors:
                 inside[fqn][record.collective.name] += 1
         for child in record.children:
@@ -61,12 +61,12 @@ def assert_counts_add_up(mode: Any) -> None:
     are the window's (the invariant of docs/attribution.md)."""
     summed: dict[str, Counter[str]] = defaultdict(Counter)
     for fqn, phases in mode.get_comm_module_counts().items():
-        if fqn != s.OUTSIDE_FQN:  # outside every call: a pseudo-module with no span
+        if fqn != schema.OUTSIDE_FQN:  # outside every call: a pseudo-module with no span
             for counts in phases.values():
                 summed[fqn].update(counts)
     inside = collectives_inside_calls(mode.get_finished_spans())
     assert dict(summed) == inside, (dict(summed), inside)
-    assert dict(summed[s.ROOT_MODULE_FQN]) == mode.get_comm_counts(), (
-        summed[s.ROOT_MODULE_FQN],
+    assert dict(summed[schema.ROOT_MODULE_FQN]) == mode.get_comm_counts(), (
+        summed[schema.ROOT_MODULE_FQN],
         mode.get_comm_counts(),
     )

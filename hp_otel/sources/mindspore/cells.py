@@ -16,7 +16,7 @@ from typing import Any
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import run_every
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.codec import placements_text
 from hp_otel.spans.infos import ModuleInfo, ParameterInfo
 
@@ -42,7 +42,7 @@ class _TrackedCell:
 
     def __init__(self, tracker: MindSporeCellTracker, fqn: str, cell: Any) -> None:
         self.tracker = tracker
-        self.fqn = fqn or s.ROOT_MODULE_FQN
+        self.fqn = fqn or schema.ROOT_MODULE_FQN
         self.info = ModuleInfo(self.fqn, fqn or type(cell).__name__, type(cell).__qualname__, parameter_infos(cell))
 
     def _observer(self) -> Observer | None:
@@ -52,23 +52,23 @@ class _TrackedCell:
     def forward_pre(self, cell: Any, args: Any) -> None:
         observer = self._observer()
         if observer is not None:
-            observer.on_module_enter(self.info, s.PHASE_FORWARD)
+            observer.on_module_enter(self.info, schema.PHASE_FORWARD)
 
     def forward_post(self, cell: Any, args: Any, output: Any) -> None:
         observer = self._observer()
         if observer is not None:
             error = sys.exc_info()[1]  # set when construct raised (always_call hooks run while it propagates)
-            observer.on_module_exit(self.fqn, s.PHASE_FORWARD, error)
+            observer.on_module_exit(self.fqn, schema.PHASE_FORWARD, error)
 
     def backward_pre(self, cell: Any, grad_output: Any) -> None:
         observer = self._observer()
         if observer is not None:
-            observer.on_module_enter(self.info, s.PHASE_BACKWARD)
+            observer.on_module_enter(self.info, schema.PHASE_BACKWARD)
 
     def backward_post(self, cell: Any, grad_input: Any, grad_output: Any) -> None:
         observer = self._observer()
         if observer is not None:
-            observer.on_module_exit(self.fqn, s.PHASE_BACKWARD)
+            observer.on_module_exit(self.fqn, schema.PHASE_BACKWARD)
 
 
 class MindSporeCellTracker:

@@ -16,7 +16,7 @@ from hp_otel.sources.pytorch.collectives import CollectiveSpec
 from hp_otel.sources.pytorch.completion import Completions
 from hp_otel.sources.pytorch.device_timing import DeviceSpan, DeviceTimer
 from hp_otel.sources.pytorch.fsdp import param_module
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 _in_backward: Callable[[], int] = _compat.current_graph_task_id  # -1 outside autograd
 _cuda_initialized: Callable[[], bool] = torch.cuda.is_initialized
@@ -129,7 +129,7 @@ class CollectiveTimer:
         try:
             # A hint, not the phase: whether autograd runs now. The recorder decides the phase once
             # (record/attribution.py: a recompute, the optimizer, outside every module).
-            phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+            phase = schema.PHASE_BACKWARD if _in_backward() != -1 else schema.PHASE_FORWARD
             if not observer.spans_enabled and not observer.wants_completion:  # a counts-only window
                 info = spec.describe_counts(args, kwargs)
                 return info, phase, observer.on_collective_issue(info, start, phase)  # the staleness gauges
@@ -161,7 +161,7 @@ class CollectiveTimer:
             return
         try:
             if not phase:
-                phase = s.PHASE_BACKWARD if _in_backward() != -1 else s.PHASE_FORWARD
+                phase = schema.PHASE_BACKWARD if _in_backward() != -1 else schema.PHASE_FORWARD
             if device is None:
                 token = observer.on_collective(
                     info, start, end, error, phase, ticket, awaits_completion=result is not None, done=done

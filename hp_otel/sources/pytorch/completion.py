@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.pytorch import _compat
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 WAIT_TENSOR = _compat.WAIT_TENSOR
 AsyncCollectiveTensor = _compat.AsyncCollectiveTensor
@@ -96,7 +96,7 @@ class Completions:
             try:
                 if device is not None:  # a CUDA future runs this with its streams synchronised
                     device.finish()
-                observer.on_collective_complete(token, anchor + time.monotonic_ns(), s.COMPLETION_WORK)
+                observer.on_collective_complete(token, anchor + time.monotonic_ns(), schema.COMPLETION_WORK)
             except Exception as exc:
                 observer.on_fault("collective_complete", exc)
 
@@ -127,7 +127,7 @@ class Completions:
                 device.finish()
             if start_ns is not None and self._on_wait is not None:
                 self._on_wait(token, min(anchor + start_ns, now), now)
-            self._observer.on_collective_complete(token, now, s.COMPLETION_WAIT)
+            self._observer.on_collective_complete(token, now, schema.COMPLETION_WAIT)
 
     def work_waited(self, work: Any, start_ns: int, end_ns: int) -> None:
         """`work.wait()` ran from `start_ns` to `end_ns` (monotonic clock) on a Work this window launched."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from hp_otel.sources.patching import AttributePatch, SharedPatches, patch_owned
 from hp_otel.sources.pytorch import _compat
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 _METHODS = _compat.FSDP_GROUP_METHODS  # where FSDP2 issues every collective of a parameter group
 _param_module: contextvars.ContextVar[str] = contextvars.ContextVar("hp_otel_fsdp_param_module", default="")
@@ -46,7 +46,7 @@ def param_group_modules() -> tuple[Any, ...]:
 
 
 def _fsdp_group(group: Any) -> tuple[str, tuple[Any, ...]]:
-    return _compat.fsdp_module_fqn(group) or s.ROOT_MODULE_FQN, _compat.fsdp_group_modules(group)
+    return _compat.fsdp_module_fqn(group) or schema.ROOT_MODULE_FQN, _compat.fsdp_group_modules(group)
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:

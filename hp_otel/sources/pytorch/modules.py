@@ -40,7 +40,7 @@ from hp_otel.record.observer import Observer
 from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.fsdp import fsdp1_patches, param_group_modules
 from hp_otel.sources.pytorch.tensors import dtype_name
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.codec import placements_text
 from hp_otel.spans.infos import ModuleCall, ModuleInfo, ParameterInfo
 
@@ -229,7 +229,7 @@ class _TrackedModule:
     def __init__(self, hooks: _ModuleHooks, fqn: str, module: nn.Module) -> None:
         self.hooks = hooks
         self.compiled_calls = 0  # > 0 while its compiled call, noted around the graph, runs
-        self.fqn = fqn or s.ROOT_MODULE_FQN
+        self.fqn = fqn or schema.ROOT_MODULE_FQN
         self.info = ModuleInfo(
             self.fqn, fqn or type(module).__name__, type(module).__qualname__, parameter_infos(module)
         )
@@ -252,7 +252,7 @@ class _TrackedModule:
         if observer is None or not observer.accepting or self.compiled_calls:
             return  # (compiled_calls: its compiled call was noted already, and dynamo ran the hooks eagerly)
         # A forward inside backward is activation checkpointing's recomputation.
-        phase = s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD
+        phase = schema.PHASE_RECOMPUTE if _graph_task_id() != -1 else schema.PHASE_FORWARD
         try:
             tracker.enter_call(self.info, phase)
         except Exception as exc:
@@ -277,7 +277,9 @@ class _TrackedModule:
             observer.on_fault("module_forward_post", exc)
             entry = None
         if entry is None:  # the pre-hook could not note the call: close its span all the same
-            observer.on_module_exit(self.fqn, s.PHASE_RECOMPUTE if _graph_task_id() != -1 else s.PHASE_FORWARD, error)
+            observer.on_module_exit(
+                self.fqn, schema.PHASE_RECOMPUTE if _graph_task_id() != -1 else schema.PHASE_FORWARD, error
+            )
             return
         call, phase, first_node = entry
         observer.on_module_exit(self.fqn, phase, error)
@@ -361,7 +363,7 @@ def _scripted(modules: list[tuple[str, nn.Module]]) -> list[str]:
             logger.warning(
                 "hp_otel: module %s (%s) is a torch.jit.script module, which takes no module hooks: "
                 "its collectives count for the module that calls it",
-                fqn or s.ROOT_MODULE_FQN,
+                fqn or schema.ROOT_MODULE_FQN,
                 kind,
             )
     return [fqn for fqn, _ in outermost]
@@ -705,7 +707,7 @@ class TorchModuleTracker:
         stack = state.stack
         if stack:
             parent: ModuleCall | None = stack[-1][0]
-        elif phase == s.PHASE_RECOMPUTE:  # recomputed inside backward: under the call whose node asked for it
+        elif phase == schema.PHASE_RECOMPUTE:  # recomputed inside backward: under the call whose node asked for it
             chain = self.running_chain()
             parent = chain[-1] if chain else None
         else:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from hp_otel.record.observer import Observer
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleInfo
 
 _is_compiling = torch.compiler.is_compiling
@@ -24,7 +24,7 @@ def _info(optimizer: Any) -> ModuleInfo:
     cls = type(optimizer)
     info = _infos.get(cls)
     if info is None:
-        info = _infos[cls] = ModuleInfo(s.OPTIMIZER_FQN, cls.__name__, cls.__qualname__, ())
+        info = _infos[cls] = ModuleInfo(schema.OPTIMIZER_FQN, cls.__name__, cls.__qualname__, ())
     return info
 
 
@@ -85,9 +85,9 @@ class OptimizerStepSource:
         try:
             while self._open:  # an earlier step raised: its span ends before this one starts
                 self._open -= 1
-                observer.on_module_exit(s.OPTIMIZER_FQN, s.PHASE_OPTIMIZER, None)
+                observer.on_module_exit(schema.OPTIMIZER_FQN, schema.PHASE_OPTIMIZER, None)
             self._open += 1
-            observer.on_module_enter(_info(optimizer), s.PHASE_OPTIMIZER)
+            observer.on_module_enter(_info(optimizer), schema.PHASE_OPTIMIZER)
         except Exception as exc:
             observer.on_fault("optimizer_step_pre", exc)
 
@@ -97,6 +97,6 @@ class OptimizerStepSource:
             return
         try:
             self._open -= 1
-            observer.on_module_exit(s.OPTIMIZER_FQN, s.PHASE_OPTIMIZER, None)
+            observer.on_module_exit(schema.OPTIMIZER_FQN, schema.PHASE_OPTIMIZER, None)
         except Exception as exc:
             observer.on_fault("optimizer_step_post", exc)

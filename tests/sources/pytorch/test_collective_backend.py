@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from hp_otel import CommDebugMode
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 
 def test_collective_spans_and_metrics_name_the_backend(fake_world) -> None:
@@ -25,19 +25,21 @@ def test_collective_spans_and_metrics_name_the_backend(fake_world) -> None:
         with CommDebugMode(meter_provider=provider) as mode:
             funcol.wait_tensor(funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD))
             dist.all_reduce(torch.ones(4))  # the c10d path as well
-        spans = [sp for sp in mode.get_finished_spans() if sp.attributes.get(s.CALL_KIND) == s.KIND_COLLECTIVE]
+        spans = [
+            sp for sp in mode.get_finished_spans() if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE
+        ]
         assert len(spans) == 2
-        assert {sp.attributes.get(s.COLLECTIVE_BACKEND) for sp in spans} == {"fake"}  # init_process_group("fake")
+        assert {sp.attributes.get(schema.COLLECTIVE_BACKEND) for sp in spans} == {"fake"}  # init_process_group("fake")
         data = reader.get_metrics_data()
         points = [
             point
             for rm in data.resource_metrics
             for sm in rm.scope_metrics
             for metric in sm.metrics
-            if metric.name == s.METRIC_CALLS
+            if metric.name == schema.METRIC_CALLS
             for point in metric.data.data_points
         ]
-        assert points and {p.attributes.get(s.COLLECTIVE_BACKEND) for p in points} == {"fake"}
+        assert points and {p.attributes.get(schema.COLLECTIVE_BACKEND) for p in points} == {"fake"}
     finally:
         provider.shutdown()
 
@@ -53,9 +55,9 @@ def test_a_counts_only_window_names_it_too(fake_world) -> None:
             for rm in reader.get_metrics_data().resource_metrics
             for sm in rm.scope_metrics
             for m in sm.metrics
-            if m.name == s.METRIC_CALLS
+            if m.name == schema.METRIC_CALLS
             for p in m.data.data_points
         ]
-        assert point.attributes[s.COLLECTIVE_BACKEND] == "fake"
+        assert point.attributes[schema.COLLECTIVE_BACKEND] == "fake"
     finally:
         provider.shutdown()

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from hp_otel import CommDebugMode
 from hp_otel.sources.pytorch import collective_timer
 from hp_otel.sources.pytorch.device_timing import DeviceTimer
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 HOUR_NS = 3600 * 10**9
 
@@ -66,7 +66,7 @@ def test_a_clock_step_back_mid_collective_leaves_its_duration_positive(
     with caplog.at_level(logging.WARNING):
         with CommDebugMode() as mode:
             collective()
-        spans = [x for x in mode.get_finished_spans() if x.attributes[s.CALL_KIND] == s.KIND_COLLECTIVE]
+        spans = [x for x in mode.get_finished_spans() if x.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
         exposure = mode.get_comm_exposure().total
     assert step_back_mid_collective.back_ns == HOUR_NS  # the step happened, once
     (span,) = spans

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from hp_otel import CommDebugMode
 from hp_otel.sources.pytorch import collective_timer
 from hp_otel.sources.pytorch.device_timing import DeviceSpan, DeviceTimer
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 
 class FakeEvent:
@@ -83,8 +83,8 @@ def test_span_takes_the_device_time_when_the_events_are_complete(fake_world, fak
         assert start.recorded_at is not None and end.recorded_at is not None  # end: after wait_tensor
     start.complete = end.complete = True  # the device got there after the window closed
     end.ms = 3.0
-    (span,) = [x for x in mode.get_finished_spans() if x.attributes[s.CALL_KIND] == s.KIND_COLLECTIVE]
-    assert span.attributes[s.COLLECTIVE_COMPLETION] == s.COMPLETION_DEVICE
+    (span,) = [x for x in mode.get_finished_spans() if x.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
+    assert span.attributes[schema.COLLECTIVE_COMPLETION] == schema.COMPLETION_DEVICE
     assert span.end_time - span.start_time == 3_000_000
     assert mode.get_callback_error_counts() == {}
 
@@ -92,16 +92,16 @@ def test_span_takes_the_device_time_when_the_events_are_complete(fake_world, fak
 def test_incomplete_events_leave_the_host_time(fake_world, fake_cuda) -> None:
     with CommDebugMode() as mode:
         _functional_all_reduce_waited()
-    (span,) = [x for x in mode.get_finished_spans() if x.attributes[s.CALL_KIND] == s.KIND_COLLECTIVE]
-    assert span.attributes[s.COLLECTIVE_COMPLETION] == s.COMPLETION_WAIT
+    (span,) = [x for x in mode.get_finished_spans() if x.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
+    assert span.attributes[schema.COLLECTIVE_COMPLETION] == schema.COMPLETION_WAIT
     assert mode.get_callback_error_counts() == {}
 
 
 def test_cpu_collectives_make_no_events(fake_world) -> None:
     with CommDebugMode() as mode:
         _functional_all_reduce_waited()
-    (span,) = [x for x in mode.get_finished_spans() if x.attributes[s.CALL_KIND] == s.KIND_COLLECTIVE]
-    assert span.attributes[s.COLLECTIVE_COMPLETION] == s.COMPLETION_WAIT
+    (span,) = [x for x in mode.get_finished_spans() if x.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
+    assert span.attributes[schema.COLLECTIVE_COMPLETION] == schema.COMPLETION_WAIT
 
 
 def _nccl_worker(rank: int, path: str) -> None:
@@ -114,9 +114,9 @@ def _nccl_worker(rank: int, path: str) -> None:
             dist.all_reduce(x)
             dist.all_reduce(x, async_op=True).wait()
         torch.cuda.synchronize()  # the test's sync, after the window: the events are complete now
-        spans = [x for x in mode.get_finished_spans() if x.attributes[s.CALL_KIND] == s.KIND_COLLECTIVE]
-        completions = [x.attributes[s.COLLECTIVE_COMPLETION] for x in spans]
-        assert completions == [s.COMPLETION_DEVICE] * 2, completions
+        spans = [x for x in mode.get_finished_spans() if x.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
+        completions = [x.attributes[schema.COLLECTIVE_COMPLETION] for x in spans]
+        assert completions == [schema.COMPLETION_DEVICE] * 2, completions
         assert all(x.end_time > x.start_time for x in spans)
         print("device ns:", [x.end_time - x.start_time for x in spans])
     finally:

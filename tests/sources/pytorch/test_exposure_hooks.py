@@ -14,7 +14,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from hp_otel import CommDebugMode
 from hp_otel.render.timeline import exposure_html, render_svg
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 from hp_otel.testing import metric_points
 
 # These tests time the waits around a collective, not a network: the fake group stands in for a real one.
@@ -39,19 +39,19 @@ def test_functional_wait_is_timed_and_the_compute_before_it_overlaps(fake_world)
         t1 = time.time_ns()
         torch.ops._c10d_functional.wait_tensor(out)
         t2 = time.time_ns()
-    (span,) = [x for x in mode.get_finished_spans() if x.attributes[s.CALL_KIND] == s.KIND_COLLECTIVE]
+    (span,) = [x for x in mode.get_finished_spans() if x.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
     attrs = span.attributes
-    assert attrs[s.COLLECTIVE_ASYNC] and attrs[s.COLLECTIVE_COMPLETION] == s.COMPLETION_WAIT
-    assert 0 <= attrs[s.COLLECTIVE_WAITED_NS] <= t2 - t1 and 0 < attrs[s.COLLECTIVE_CALL_NS] < t1 - t0
+    assert attrs[schema.COLLECTIVE_ASYNC] and attrs[schema.COLLECTIVE_COMPLETION] == schema.COMPLETION_WAIT
+    assert 0 <= attrs[schema.COLLECTIVE_WAITED_NS] <= t2 - t1 and 0 < attrs[schema.COLLECTIVE_CALL_NS] < t1 - t0
     total = mode.get_comm_exposure().total
     # referee: in flight from issue to the wait's return, exposed = the call and the wait only
     assert t1 - t0 - 5_000_000 <= total.comm_ns <= t2 - t0  # its issue is stamped a little after t0
-    assert total.exposed_ns == attrs[s.COLLECTIVE_CALL_NS] + attrs[s.COLLECTIVE_WAITED_NS]
+    assert total.exposed_ns == attrs[schema.COLLECTIVE_CALL_NS] + attrs[schema.COLLECTIVE_WAITED_NS]
     assert total.overlapped_ns >= 0.025e9 and total.overlap_fraction > 0.5
-    (comm,) = metric_points(reader, s.METRIC_COMM_TIME)
-    (exposed,) = metric_points(reader, s.METRIC_COMM_EXPOSED)
+    (comm,) = metric_points(reader, schema.METRIC_COMM_TIME)
+    (exposed,) = metric_points(reader, schema.METRIC_COMM_EXPOSED)
     assert comm.value == total.comm_ns / 1e9 and exposed.value == total.exposed_ns / 1e9
-    assert dict(comm.attributes) == {s.PHASE: s.PHASE_FORWARD, s.MODULE_FQN: ""}
+    assert dict(comm.attributes) == {schema.PHASE: schema.PHASE_FORWARD, schema.MODULE_FQN: ""}
     svg = render_svg({0: mode.get_finished_spans()})
     assert 'class="exposure" data-rank="0"' in svg and f'data-exposed-ns="{total.exposed_ns}"' in svg
     assert "Communication exposed" in exposure_html({0: mode.get_finished_spans()})

@@ -16,7 +16,7 @@ from referee import Referee
 from span_counts import module_counts_from_spans
 
 from hp_otel import CommDebugMode
-from hp_otel.spans import schema as s
+from hp_otel.spans import schema
 
 
 class _SyncedSGD(torch.optim.SGD):
@@ -50,12 +50,16 @@ def test_optimizer_and_outside_phases_match_referee(tp_mlp) -> None:
     assert mode.get_comm_counts() == dict(referee.counts)
     assert ours == referee.module_counts_dict()
     assert ours == module_counts_from_spans(mode.get_finished_spans())
-    assert ours[s.OPTIMIZER_FQN] == {"optimizer": {"c10d.allreduce_": 1}}
-    outside = ours[s.OUTSIDE_FQN]["outside"]
+    assert ours[schema.OPTIMIZER_FQN] == {"optimizer": {"c10d.allreduce_": 1}}
+    outside = ours[schema.OUTSIDE_FQN]["outside"]
     assert outside["c10d.allreduce_"] == 1 and sum(outside.values()) >= 2  # the loss's, and clipping's
     # none of them is "forward" any more: forward counts are the model's own
     assert {p for phases in ours.values() for p in phases} == {"forward", "backward", "optimizer", "outside"}
-    phases = [sp.attributes[s.PHASE] for sp in mode.get_finished_spans() if sp.attributes[s.CALL_KIND] == "collective"]
+    phases = [
+        sp.attributes[schema.PHASE]
+        for sp in mode.get_finished_spans()
+        if sp.attributes[schema.CALL_KIND] == "collective"
+    ]
     assert phases.count("optimizer") == 1 and phases.count("outside") == sum(outside.values())
     table = mode.generate_comm_debug_tracing_table(noise_level=2)
     assert "Module((optimizer)) [optimizer]" in table
@@ -77,9 +81,9 @@ def test_phases_reach_the_metrics(tp_mlp) -> None:
     for rm in reader.get_metrics_data().resource_metrics:
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                if metric.name == s.METRIC_CALLS:
+                if metric.name == schema.METRIC_CALLS:
                     for point in metric.data.data_points:
-                        phase = point.attributes[s.PHASE]
+                        phase = point.attributes[schema.PHASE]
                         calls[phase] = calls.get(phase, 0) + point.value
     assert calls["optimizer"] == 1
     assert calls["outside"] >= 2
@@ -95,5 +99,5 @@ def test_without_module_tracking_the_optimizer_phase_still_shows(fake_world) -> 
         dist.all_reduce(torch.ones(2))
         optimizer.step()
     assert mode.get_comm_module_counts() == referee.module_counts_dict()
-    assert mode.get_comm_module_counts() == {s.OPTIMIZER_FQN: {"optimizer": {"c10d.allreduce_": 1}}}
+    assert mode.get_comm_module_counts() == {schema.OPTIMIZER_FQN: {"optimizer": {"c10d.allreduce_": 1}}}
     assert mode.get_comm_counts() == {"c10d.allreduce_": 2}

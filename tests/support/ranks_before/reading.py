@@ -11,8 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hp_otel.spans import codec, exposure
-from hp_otel.spans import schema as s
+from hp_otel.spans import codec, exposure, schema
 from hp_otel.spans.call_tree import span_attributes
 from hp_otel.spans.otlp_json import SpanFileError, read_trace_file
 
@@ -106,7 +105,7 @@ class RankFile:
 
 
 def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: int | None = None) -> int:
-    ranks = {int(r[s.RESOURCE_RANK]) for r in resources if r.get(s.RESOURCE_RANK) is not None}
+    ranks = {int(r[schema.RESOURCE_RANK]) for r in resources if r.get(schema.RESOURCE_RANK) is not None}
     if len(ranks) > 1:
         raise RankInputError(f"{path}: spans of several ranks {sorted(ranks)} in one file; give one file per rank")
     if ranks:
@@ -116,14 +115,16 @@ def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: in
         return int(found.group(1))
     if default_rank is not None:
         return default_rank
-    raise RankInputError(f"{path}: names no rank (no {s.RESOURCE_RANK} resource attribute, no 'rank<N>' in its name)")
+    raise RankInputError(
+        f"{path}: names no rank (no {schema.RESOURCE_RANK} resource attribute, no 'rank<N>' in its name)"
+    )
 
 
 def _world_size_of(resources: Sequence[Mapping[str, Any]]) -> int | None:
     sizes = []
     for r in resources:
         try:
-            sizes.append(int(r[s.RESOURCE_WORLD_SIZE]))
+            sizes.append(int(r[schema.RESOURCE_WORLD_SIZE]))
         except (KeyError, TypeError, ValueError):
             continue
     return max(sizes, default=None)
@@ -148,7 +149,7 @@ def read_rank_file(path: str | os.PathLike[str], default_rank: int | None = None
     except (TypeError, ValueError) as exc:
         if isinstance(exc, RankInputError):
             raise
-        raise RankInputError(f"{text_path}: its {s.RESOURCE_RANK} is not a rank ({exc})") from exc
+        raise RankInputError(f"{text_path}: its {schema.RESOURCE_RANK} is not a rank ({exc})") from exc
     calls, unsequenced = calls_from_spans(spans, rank, text_path)
     try:
         exposures = exposure.by_window(spans)
@@ -165,7 +166,7 @@ def calls_from_spans(spans: Iterable[Any], rank: int, where: str = "spans") -> t
     unsequenced = 0
     for span in spans:
         attrs = span_attributes(span)
-        if attrs.get(s.CALL_KIND) != s.KIND_COLLECTIVE:
+        if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE:
             continue
         try:
             call = _call_from_span(rank, span, attrs)
@@ -196,14 +197,14 @@ def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall 
         dtype=info.dtype,
         reduce_op=info.reduce_op,
         module=match.module,
-        phase=str(attrs.get(s.PHASE, "")),
+        phase=str(attrs.get(schema.PHASE, "")),
         start_ns=span.start_time or 0,
         end_ns=span.end_time or 0,
         in_flight=match.in_flight,
         bytes=info.bytes,
         stack=codec.decode_call_stack(attrs),
-        algbw=float(attrs.get(s.COLLECTIVE_ALGBW, 0.0)),
-        busbw=float(attrs.get(s.COLLECTIVE_BUSBW, 0.0)),
+        algbw=float(attrs.get(schema.COLLECTIVE_ALGBW, 0.0)),
+        busbw=float(attrs.get(schema.COLLECTIVE_BUSBW, 0.0)),
     )
 
 

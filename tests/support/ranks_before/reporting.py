@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hp_otel.common.safe_text import printable
-from hp_otel.spans import exposure
-from hp_otel.spans import schema as s
+from hp_otel.spans import exposure, schema
 
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
 from ranks_before.bandwidth import bandwidth_report, bandwidth_to_json, format_bandwidth
@@ -73,7 +72,9 @@ def format_report(report: RanksReport, top: int = 5) -> str:
         lines.append(f"note: no file for ranks {_ranks_text(missing)} of {expected}: they are not compared")
     for f in report.files:
         if f.unsequenced:
-            lines.append(f"note: {f.path} has {f.unsequenced} collectives without {s.COLLECTIVE_SEQ} (not compared)")
+            lines.append(
+                f"note: {f.path} has {f.unsequenced} collectives without {schema.COLLECTIVE_SEQ} (not compared)"
+            )
     for g in report.groups:
         verdict = "agree" if g.agree else "DIVERGE" if g.divergence is not None else "INCOMPLETE"
         lines += ["", f"{g.title()}: {verdict} ({g.compared} collectives reached by every rank)"]
