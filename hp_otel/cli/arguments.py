@@ -36,6 +36,16 @@ def positive(text: str) -> int:
     return int(text)
 
 
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError("must be a number of seconds, 0 or more")
+    return value
+
+
 def port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError("must be a port number 0-65535")

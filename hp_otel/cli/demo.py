@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from hp_otel.cli.arguments import NOISE_LEVEL_HELP, noise_level, port, positive
+from hp_otel.cli.arguments import NOISE_LEVEL_HELP, noise_level, port, positive, seconds
 from hp_otel.cli.progress import Progress, quiet, to_stderr
 from hp_otel.workloads.process_groups import free_port, init_gloo
 
@@ -35,6 +35,7 @@ class DemoConfig:
     otlp_traces_only: bool = False  # OTLP spans only (a traces-only backend): as OTEL_METRICS_EXPORTER=none
     steps: int = 1
     linger_s: float = 0.0  # keep /metrics up this long after the last step (for a scraper)
+    step_pause_s: float = 0.0  # sleep between steps, so a scraper sees the counters grow (rate() panels)
     run_id: str = ""
 
     @property
@@ -77,6 +78,8 @@ def _rank_main(rank: int, config: DemoConfig, progress_started: float | None = N
                 train_step(model, x)
             if config.steps > 1:
                 say(f"step {step + 1}/{config.steps} done")
+            if config.step_pause_s and step + 1 < config.steps:
+                time.sleep(config.step_pause_s)
         if telemetry is not None:
             _report_export(rank, telemetry, config)
         mode.generate_json_dump(config.out_dir / f"comm_rank{rank}.json", noise_level=3)
@@ -185,7 +188,18 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         "--steps", type=positive, default=1, metavar="N", help="training steps, 1 or more, one trace each across ranks"
     )
     demo.add_argument(
-        "--linger", type=float, default=0.0, metavar="S", help="keep /metrics up S seconds at the end (0: exit at once)"
+        "--linger",
+        type=seconds,
+        default=0.0,
+        metavar="S",
+        help="keep /metrics up S seconds at the end (0: exit at once)",
+    )
+    demo.add_argument(
+        "--step-pause",
+        type=seconds,
+        default=0.0,
+        metavar="S",
+        help="sleep S seconds between steps, so a scraper sees the counters grow (0: none)",
     )
     demo.add_argument("--run-id", default="", help="run id the step trace ids derive from (empty: a random one)")
 
@@ -203,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             prometheus_port=args.prometheus_port,
             steps=args.steps,
             linger_s=args.linger,
+            step_pause_s=args.step_pause,
             run_id=args.run_id,
         ),
         progress=to_stderr("demo"),

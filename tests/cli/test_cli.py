@@ -69,6 +69,16 @@ def test_bad_noise_level_is_rejected_by_the_parser(capsys) -> None:
     assert "must be one of 0, 1, 2, 3" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--step-pause", "--linger"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
+def test_demo_seconds_must_be_a_finite_number_0_or_more(capsys, flag: str, value: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be a number of seconds, 0 or more" in err and "Traceback" not in err
+
+
 @pytest.mark.bench  # runs the benchmark
 def test_bench_runs_every_variant() -> None:
     result = _hp_otel("bench", "--rounds", "1", "--steps", "2")

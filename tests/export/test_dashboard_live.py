@@ -1,7 +1,8 @@
 """Every dashboard panel's PromQL, and every recording rule, against a real Prometheus scraping a live run.
 
 A 2-rank gloo demo serves /metrics on base port + local rank; Debian's Prometheus scrapes both
-every 0.25 s while its steps run.  Once Prometheus holds every step's calls (the referee: the TP
+every 0.25 s while its steps run (0.3 s apart: on a quiet machine the 12 steps took less than one
+scrape interval, and every rate() panel read 0 or NaN).  Once Prometheus holds every step's calls (the referee: the TP
 MLP issues 2 all_reduce a step, per rank), each panel's query, `$run_id` and `$__rate_interval`
 filled in as Grafana would, must return series for both ranks where it splits by rank, with
 finite values in their range: busbw and exposed time positive, the exposed fraction within
@@ -40,9 +41,10 @@ def prometheus(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dashboard")
     base = servers.free_port_pair()
     server, url = servers.start_prometheus(workdir, [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"], interval="250ms")
+    # --step-pause: the steps span many scrapes, so every rate() sees its counters grow
     child = servers.hp_otel_cli(
         "demo", "--out", str(workdir / "out"), "--prometheus-port", str(base), "--steps", str(STEPS),
-        "--linger", "60",
+        "--linger", "60", "--step-pause", "0.3",
     )  # fmt: skip
     expected = {"0": float(STEPS * CALLS_PER_STEP), "1": float(STEPS * CALLS_PER_STEP)}
     by_rank = "sum by (hp_rank) ({} * on (job, instance) group_left (hp_rank) target_info)"
