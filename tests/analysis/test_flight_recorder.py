@@ -106,12 +106,14 @@ def test_a_desync_is_the_first_divergence_at_frs_seq_and_names_the_line(tmp_path
     print(result.stdout)
     assert result.returncode == 3, result.stdout + result.stderr
     assert "first divergence at seq #3:" in result.stdout  # barrier #1, all_reduce #2, all_gather #3
-    assert f"rank 0: all_gather input (4, 8) output (2, 4, 8) torch.float32 in no module at {line[0][1]}" in (
-        result.stdout
-    )
-    assert f"rank 1: all_gather input (8, 4) output (2, 8, 4) torch.float32 in no module at {line[1][1]}" in (
-        result.stdout
-    )
+    # A rank's dump may catch its mismatched all_gather still in flight (the report then says so): which rank
+    # is a race between the two workers, so either state is right; the shapes, module and line must be.
+    for rank, shapes in ((0, "input (4, 8) output (2, 4, 8)"), (1, "input (8, 4) output (2, 8, 4)")):
+        said = {
+            f"rank {rank}: all_gather {shapes} torch.float32 in no module{state} at {line[rank][1]}"
+            for state in ("", " (in flight)")
+        }
+        assert any(s in result.stdout for s in said), (said, result.stdout)
     assert "first divergence at seq #1:" in _cli(*_spans(tmp_path)).stdout  # hp_otel's: #1 of the window
 
 
