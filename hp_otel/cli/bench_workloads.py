@@ -3,7 +3,11 @@
 All run in one process over torch's fake process group (DTensor dispatches and calls the
 same collectives; they return at once). The small ones are pure dispatch, where tracing
 costs most relative to the step; `realistic` is big enough that compute dominates, as in
-real training, so its ratio shows what a user would see.
+real training, so its ratio shows what a user would see. The `llama-*` workloads are the
+torchtitan-like llama (`hp_otel.cli.llama`) at several depths and widths, with TP + sequence
+parallel and without TP (no collectives): runs that differ in module calls and collectives,
+from which `bench_events` solves each variant's cost per module call, per collective and
+per window.
 """
 
 from __future__ import annotations
@@ -22,6 +26,32 @@ class WorkloadSpec:
     summary: str
     rounds: int
     steps: int
+    family: str = ""  # workloads of one family are solved together for per-event costs (bench_events)
+
+
+@dataclass(frozen=True)
+class LlamaSize:
+    layers: int
+    dim: int
+    tp: bool  # False: the plain model, no DTensor and no collective
+
+
+# name -> size; "-notp" is the same model unparallelised
+LLAMA_SIZES: dict[str, LlamaSize] = {
+    f"llama-L{layers}-d{dim}{'' if tp else '-notp'}": LlamaSize(layers, dim, tp)
+    for tp in (True, False)
+    for layers, dim in ((2, 64), (8, 64), (2, 256), (8, 256))
+}
+
+
+def _llama_spec(size: LlamaSize) -> WorkloadSpec:
+    how = "TP + sequence parallel (torchtitan's plan), then a DP all_reduce of the grads" if size.tp else "no TP"
+    return WorkloadSpec(
+        f"the torchtitan-like llama, {size.layers} layers, dim {size.dim}, 8 heads, batch 2 x seq 16, {how}",
+        rounds=11 if size.layers * size.dim <= 512 else 7,
+        steps=5,
+        family="llama",
+    )
 
 
 WORKLOADS: dict[str, WorkloadSpec] = {
@@ -46,6 +76,7 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         rounds=5,
         steps=3,
     ),
+    **{name: _llama_spec(size) for name, size in LLAMA_SIZES.items()},
 }
 # Former names (when the workload ran PyTorch's own test Transformer): still accepted.
 ALIASES: dict[str, str] = {
@@ -98,6 +129,8 @@ def build_workload(name: str) -> Workload:
             sequence_parallel=True, dim=1024, heads=16, batch=4, seq=64, vocab=64
         ),
     }
+    for llama_name, size in LLAMA_SIZES.items():
+        builders[llama_name] = lambda size=size: _llama(size)  # type: ignore[misc]
     model, step = builders[name]()
     return Workload(name, spec.summary, model, step, spec.rounds, spec.steps)
 
@@ -158,6 +191,27 @@ def _dtensor_transformer(
     def step() -> None:
         with sdpa_kernel(SDPBackend.MATH):
             model(tokens).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+def _llama(size: LlamaSize) -> tuple[Any, Callable[[], None]]:
+    """The llama step (forward, backward, the DP all_reduce, zero_grad) over TP 2 of the fake world,
+    or without TP: the plain model's forward, backward and zero_grad, no collective."""
+    import torch
+
+    from hp_otel.cli.llama import Llama, LlamaShape, build_llama_step
+
+    shape = LlamaShape(layers=size.layers, dim=size.dim)
+    if size.tp:
+        return build_llama_step(1, WORLD_SIZE, shape)
+    torch.manual_seed(0)
+    model = Llama(shape)
+    tokens = torch.randint(shape.vocab, (shape.batch, shape.seq), generator=torch.Generator().manual_seed(1))
+
+    def step() -> None:
+        model(tokens).sum().backward()
         model.zero_grad(set_to_none=True)
 
     return model, step
