@@ -229,7 +229,7 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
     import json
 
-    from hp_otel.cli.bench import format_results, results_json, run_bench
+    from hp_otel.cli.bench import format_results, per_event_tables, results_json, run_bench
     from hp_otel.cli.bench_instructions import ToolMissing
     from hp_otel.cli.bench_workloads import WORKLOADS
 
@@ -251,6 +251,9 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(results_json(results), indent=2))
     else:
         print("\n\n".join("\n".join(format_results(result)) for result in results))
+        events = list(per_event_tables(results))
+        if events:
+            print("\n" + "\n".join(events).rstrip())
     return 0
 
 

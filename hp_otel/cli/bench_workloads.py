@@ -95,6 +95,7 @@ class Workload:
     step: Callable[[], None]
     rounds: int
     steps: int
+    family: str = ""  # WorkloadSpec.family
 
 
 def fake_process_group(world_size: int = WORLD_SIZE) -> None:
@@ -132,7 +133,7 @@ def build_workload(name: str) -> Workload:
     for llama_name, size in LLAMA_SIZES.items():
         builders[llama_name] = lambda size=size: _llama(size)  # type: ignore[misc]
     model, step = builders[name]()
-    return Workload(name, spec.summary, model, step, spec.rounds, spec.steps)
+    return Workload(name, spec.summary, model, step, spec.rounds, spec.steps, spec.family)
 
 
 def _mlp() -> tuple[Any, Callable[[], None]]:

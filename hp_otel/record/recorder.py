@@ -93,6 +93,7 @@ class WindowRecorder:
         self._pending_busbw: dict[MetricKey, list[float]] = {}  # bus bandwidths (bytes/s), handed over at window end
         self._liveness = instruments.liveness  # the staleness gauges' state (per provider, across windows)
         self.module_label = ModuleLabel(None)  # the metrics' hp.module.fqn (metric_labels: its depth)
+        self.module_depth: int | None = None  # how deep module sources hook (None: every module)
         # Async collectives awaiting completion: their duration is recorded when they complete (settled
         # every `_awaiting_limit` launches, so a long window keeps only the ones still awaited) or at window end.
         self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
