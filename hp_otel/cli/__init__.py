@@ -93,7 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     from hp_otel.cli.bench_instructions import DEFAULT_STEPS
     from hp_otel.cli.bench_variants import UNTRACED, VARIANT_NAMES
-    from hp_otel.cli.bench_workloads import ALIASES, WORKLOADS
+    from hp_otel.cli.bench_workloads import ALIASES, GROUPS, WORKLOADS
 
     per_workload = ", ".join(f"{name} {spec.rounds}x{spec.steps}" for name, spec in WORKLOADS.items())
     bench.add_argument(
@@ -116,9 +116,13 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     )
     bench.add_argument(
         "--model",
-        choices=(*WORKLOADS, *ALIASES, "all"),
+        choices=(*WORKLOADS, *ALIASES, *GROUPS, "all"),
         default="mlp",
-        help="the step to time; all: each in turn, one table each. "
+        help="the step to time; all: each in turn, one table each; "
+        + "; ".join(
+            f"{name}: {', '.join(members)}, with each variant's cost per event" for name, members in GROUPS.items()
+        )
+        + ". "
         + "; ".join(f"{name}: {spec.summary}" for name, spec in WORKLOADS.items())
         + "; former names: "
         + ", ".join(f"{old} = {new}" for old, new in ALIASES.items()),
@@ -231,9 +235,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     from hp_otel.cli.bench import format_results, per_event_tables, results_json, run_bench
     from hp_otel.cli.bench_instructions import ToolMissing
-    from hp_otel.cli.bench_workloads import WORKLOADS
+    from hp_otel.cli.bench_workloads import workload_names
 
-    names = list(WORKLOADS) if args.model == "all" else [args.model]
+    names = workload_names(args.model)
     try:
         results = run_bench(
             names,

@@ -78,6 +78,10 @@ WORKLOADS: dict[str, WorkloadSpec] = {
     ),
     **{name: _llama_spec(size) for name, size in LLAMA_SIZES.items()},
 }
+# `--model llama`: the sizes the per-event costs are solved from (layers and TP differ; one wider)
+GROUPS: dict[str, tuple[str, ...]] = {
+    "llama": ("llama-L2-d64", "llama-L8-d64", "llama-L2-d256", "llama-L2-d64-notp", "llama-L8-d64-notp"),
+}
 # Former names (when the workload ran PyTorch's own test Transformer): still accepted.
 ALIASES: dict[str, str] = {
     "torch-transformer": "dtensor-transformer",
@@ -108,6 +112,13 @@ def fake_process_group(world_size: int = WORLD_SIZE) -> None:
     if not dist.is_initialized():
         _compat.register_fake_backend()
         dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world_size)
+
+
+def workload_names(model: str) -> list[str]:
+    """The workloads `--model` names: "all" every one, a group (GROUPS) its members, else the one."""
+    if model == "all":
+        return list(WORKLOADS)
+    return list(GROUPS.get(model, (model,)))
 
 
 def build_workload(name: str) -> Workload:
