@@ -160,7 +160,7 @@ def _refuse_modules_of_other_threads(module: Any, others: list[tuple[Any, int]])
 
 def _check_module_depth(value: object) -> int | None:
     """`module_depth=`: None or "full" -> None (every module), an int k >= 0 -> k; else a one-line error."""
-    if value is None or value == "full":
+    if value is None or (isinstance(value, str) and value == "full"):
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
