@@ -24,7 +24,7 @@ from hp_otel.cli.bench import (
 from hp_otel.cli.bench_events import Run, Unsolvable, solve_events
 from hp_otel.cli.bench_instructions import InstructionCount, ToolMissing, count_variants, find_tools
 from hp_otel.cli.bench_variants import COUNTS_ONLY, HP_OTEL, UNTRACED
-from hp_otel.cli.bench_workloads import GROUPS, WORKLOADS, build_workload
+from hp_otel.cli.bench_workloads import GROUPS, WORKLOADS, build_workload, workload_names
 
 # a = per module call, b = per collective, c = per window (instructions)
 A, B, C = 135_000.0, 200_000.0, 400_000.0
@@ -119,6 +119,8 @@ def test_the_llama_group_differs_in_layers_and_in_tp() -> None:
     assert all(WORKLOADS[name].family == "llama" for name in members)
     assert {"llama-L2-d64", "llama-L8-d64", "llama-L2-d256"} <= set(members)
     assert any(name.endswith("-notp") for name in members)
+    assert workload_names("llama") == list(members)  # `--model llama`
+    assert workload_names("all") == list(WORKLOADS) and workload_names("mlp") == ["mlp"]
 
 
 def _module_calls(model: nn.Module, step) -> int:
