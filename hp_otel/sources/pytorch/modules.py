@@ -592,14 +592,17 @@ class _ModuleHooks:
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
             self._wrap_compiled(modules)
         self.param_owner = {}
-        info_of = {fqn: tracked.info for tracked, (fqn, _module) in zip(self._tracked, modules, strict=True)}
-        # a module deeper than the hooks is described as its hooked ancestor: its parameters' gradients
-        # and its FSDP group's collectives count there, as its forward does
-        self.module_info = {id(module): info_of[_ancestor_within(fqn, set(info_of))] for fqn, module in every}
-        for _fqn, module in every:
+        described = [(tracked.info, module) for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True)]
+        if len(modules) < len(every):  # a module deeper than the hooks is described as its hooked ancestor: its
+            # parameters' gradients and its FSDP group's collectives count there, as its forward does
+            info_of = {fqn: info for (info, _m), (fqn, _module) in zip(described, modules, strict=True)}
+            names = set(info_of)
+            described = [(info_of[_ancestor_within(fqn, names)], module) for fqn, module in every]
+        self.module_info = {id(module): info for info, module in described}
+        for info, module in described:
             for param in _compat.own_parameters(module):
                 if param is not None:
-                    self.param_owner.setdefault(id(param), self.module_info[id(module)])
+                    self.param_owner.setdefault(id(param), info)
         return every
 
     def _wrap_compiled(self, modules: list[tuple[str, nn.Module]]) -> None:
