@@ -6,7 +6,9 @@ to untraced is the median of per-round ratios (each round's variant time over th
 round's untraced time), so a slow spell of the machine moves both sides of a ratio
 instead of one variant; the interquartile range of those ratios says how steady it was. With `instructions`, each
 variant's instructions per step under callgrind are counted too (bench_instructions.py):
-the figure that stays put when the machine is loaded.
+the figure that stays put when the machine is loaded. Workloads of one family (the llama's
+sizes, with and without TP) also give each variant's cost per module call, per collective and
+per window (`per_event_tables`, solved by bench_events).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hp_otel.cli.bench_events import EventCosts, Run, Unsolvable, describe, events_header, format_events, solve_events
 from hp_otel.cli.bench_instructions import InstructionCount
 from hp_otel.cli.bench_variants import UNTRACED, Variant, build_variants
 from hp_otel.cli.bench_workloads import Workload
@@ -97,6 +100,8 @@ class WorkloadResult:
     load_end: float | None
     load_max: float | None  # the highest 1-minute load seen at the start, each round and the end
     warnings: list[str] = field(default_factory=list)
+    module_calls_per_step: int = 0  # forward calls of the model's modules in one step
+    family: str = ""  # workloads of one family are solved together for per-event costs
 
 
 def _time_block(step: Callable[[], Any], variant: Variant, steps: int) -> float:
@@ -120,6 +125,26 @@ def count_events(workload: Workload) -> tuple[int, int]:
     with mode:
         workload.step()
     return len(mode.get_finished_spans()), mode.get_total_counts()
+
+
+def count_module_calls(workload: Workload) -> int:
+    """Forward calls of the model's modules in one untraced step, seen by a global pre-hook of torch's
+    (not by hp_otel: the figure the per-event costs divide by must not depend on what hp_otel hooks)."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    ours = {id(module) for module in workload.model.modules()}
+    calls = 0
+
+    def seen(module: Any, args: Any) -> None:
+        nonlocal calls
+        calls += id(module) in ours
+
+    handle = register_module_forward_pre_hook(seen)
+    try:
+        workload.step()
+    finally:
+        handle.remove()
+    return calls
 
 
 def _select(
@@ -186,6 +211,7 @@ def run_workload(
         warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
         # Counting the events also enters and exits one window: the "inactive" variant's premise.
         events, collectives = count_events(workload)
+        module_calls = count_module_calls(workload)
         progress(
             f"{workload.name}: {len(variants)} variants x {rounds} rounds x {steps} steps "
             f"({events} events, {collectives} collectives a step); warming up"
@@ -219,6 +245,8 @@ def run_workload(
         load_end=load_end,
         load_max=load_max,
         warnings=[warning.replace("average", "average peaked at", 1)] if warning else [],
+        module_calls_per_step=module_calls,
+        family=workload.family,
     )
 
 
@@ -300,6 +328,79 @@ def _instruction_columns(count: InstructionCount | None) -> str:
     return f"{count.ir_per_step / 1e6:>11.3f}{ratio}"
 
 
+def per_event_costs(results: Sequence[WorkloadResult], unit: str) -> dict[str, dict[str, EventCosts | str]]:
+    """For each family with 3 or more workloads: each variant's solved cost per event, or why none.
+
+    `unit` "Ir": from the instructions counted (variant minus untraced per step); "µs": from wall
+    clock (the median over rounds of variant minus untraced in the same round)."""
+    families: dict[str, list[WorkloadResult]] = {}
+    for result in results:
+        if result.family:
+            families.setdefault(result.family, []).append(result)
+    solved: dict[str, dict[str, EventCosts | str]] = {}
+    for family, members in families.items():
+        if len(members) < 3:
+            continue
+        names = [v.name for v in members[0].variants if v.name != UNTRACED]
+        solved[family] = {}
+        for name in names:
+            runs = [run for result in members if (run := _run(result, name, unit)) is not None]
+            try:
+                solved[family][name] = solve_events(runs)
+            except Unsolvable as exc:
+                solved[family][name] = str(exc)
+    return solved
+
+
+def _run(result: WorkloadResult, name: str, unit: str) -> Run | None:
+    """One workload's equation for variant `name`: None where it or untraced was not run (or counted)."""
+    by_name = {v.name: v for v in result.variants}
+    variant, base = by_name.get(name), by_name.get(UNTRACED)
+    if variant is None or base is None:
+        return None
+    if unit == "Ir":
+        if variant.instructions is None or base.instructions is None:
+            return None
+        added = variant.instructions.ir_per_step - base.instructions.ir_per_step
+    else:
+        added = statistics.median(v - u for v, u in zip(variant.per_round_us, base.per_round_us, strict=True))
+    return Run(result.workload, result.module_calls_per_step, result.collectives_per_step, added)
+
+
+def per_event_tables(results: Sequence[WorkloadResult]) -> Iterator[str]:
+    """Each family's per-event table: instructions where counted, and wall clock."""
+    counted = any(v.instructions is not None for r in results for v in r.variants)
+    for unit in ("Ir", "µs") if counted else ("µs",):
+        for family, costs in per_event_costs(results, unit).items():
+            members = [r for r in results if r.family == family]
+            yield f"== {family}: cost per event ({'instructions' if unit == 'Ir' else 'wall clock'})"
+            yield "   from " + ", ".join(
+                f"{r.workload} ({r.module_calls_per_step} module calls, {r.collectives_per_step} collectives)"
+                for r in members
+            )
+            yield events_header(unit)
+            for name, cost in costs.items():
+                yield format_events(name, cost, unit)
+            yield describe(c for c in costs.values() if isinstance(c, EventCosts)) + (
+                "; module calls: forward calls of the model's modules (each with its backward)"
+            )
+            worst = max((c.max_residual for c in costs.values() if isinstance(c, EventCosts)), default=0.0)
+            if worst:
+                yield (
+                    f"largest residual: {worst / 1e6:.3f} MIr a step"
+                    if unit == "Ir"
+                    else f"largest residual: {worst:.0f} µs a step"
+                )
+            yield ""
+
+
 def results_json(results: Sequence[WorkloadResult]) -> dict[str, Any]:
-    """The results as plain data for `--json`."""
-    return {"workloads": [asdict(result) for result in results]}
+    """The results as plain data for `--json`, with the per-event costs of each family."""
+    per_event = {
+        unit: {
+            family: {name: asdict(c) if isinstance(c, EventCosts) else {"unsolved": c} for name, c in costs.items()}
+            for family, costs in per_event_costs(results, unit).items()
+        }
+        for unit in ("Ir", "µs")
+    }
+    return {"workloads": [asdict(result) for result in results], "per_event": per_event}

@@ -16,7 +16,7 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     """`hp-otel bench`'s options (the workloads' and variants' names read from their modules)."""
     from hp_otel.cli.bench_instructions import DEFAULT_STEPS
     from hp_otel.cli.bench_variants import UNTRACED, VARIANT_NAMES
-    from hp_otel.cli.bench_workloads import ALIASES, WORKLOADS
+    from hp_otel.cli.bench_workloads import ALIASES, GROUPS, WORKLOADS
 
     per_workload = ", ".join(f"{name} {spec.rounds}x{spec.steps}" for name, spec in WORKLOADS.items())
     bench.add_argument(
@@ -40,9 +40,13 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
     bench.add_argument(
         "--model",
-        choices=(*WORKLOADS, *ALIASES, "all"),
+        choices=(*WORKLOADS, *ALIASES, *GROUPS, "all"),
         default="mlp",
-        help="the step to time; all: each in turn, one table each. "
+        help="the step to time; all: each in turn, one table each; "
+        + "; ".join(
+            f"{name}: {', '.join(members)}, with each variant's cost per event" for name, members in GROUPS.items()
+        )
+        + ". "
         + "; ".join(f"{name}: {spec.summary}" for name, spec in WORKLOADS.items())
         + "; former names: "
         + ", ".join(f"{old} = {new}" for old, new in ALIASES.items()),
@@ -172,11 +176,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import json
 
-    from hp_otel.cli.bench import format_results, results_json, run_bench
+    from hp_otel.cli.bench import format_results, per_event_tables, results_json, run_bench
     from hp_otel.cli.bench_instructions import ToolMissing
-    from hp_otel.cli.bench_workloads import WORKLOADS
+    from hp_otel.cli.bench_workloads import workload_names
 
-    names = list(WORKLOADS) if args.model == "all" else [args.model]
+    names = workload_names(args.model)
     try:
         results = run_bench(
             names,
@@ -194,4 +198,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(results_json(results), indent=2))
     else:
         print("\n\n".join("\n".join(format_results(result)) for result in results))
+        events = list(per_event_tables(results))
+        if events:
+            print("\n" + "\n".join(events).rstrip())
     return 0

@@ -128,14 +128,14 @@ def format_pieces(per_round: dict[str, list[float]]) -> Iterator[str]:
 
 
 def main(model_name: str, rounds: int | None, steps: int | None, progress: Progress = quiet) -> str:
-    """`hp-otel bench --pieces --model NAME` (every workload for "all"): the tables, with the load."""
+    """`hp-otel bench --pieces --model NAME` (every workload for "all", a group's): the tables, with the load."""
     import os
 
     from hp_otel.cli.bench import load_warning
-    from hp_otel.cli.bench_workloads import WORKLOADS, build_workload
+    from hp_otel.cli.bench_workloads import build_workload, workload_names
 
     tables = []
-    for name in list(WORKLOADS) if model_name == "all" else [model_name]:
+    for name in workload_names(model_name):
         workload = build_workload(name)
         rounds_, steps_ = rounds or workload.rounds, steps or workload.steps
         progress(f"{name}: {len(piece_variants(workload.model))} variants x {rounds_} rounds x {steps_} steps")

@@ -23,6 +23,8 @@ HP_OTEL_KEPT = "hp_otel, hooks kept"
 HP_OTEL_STACK = "hp_otel, stack=True"
 COUNTS_ONLY = "hp_otel, counts only"
 COUNTS_ONLY_KEPT = "hp_otel, counts only, hooks kept"
+COUNTS_ONLY_DEPTH_1 = "hp_otel, counts only, metric depth 1"
+HP_OTEL_DEPTH_2 = "hp_otel, module_depth=2"
 INSTRUMENTOR = "hp_otel instrumentor, unsampled"
 DISPATCH_HOOK = "hp_otel, dispatch-mode hook"
 KERNEL_HOOK = "hp_otel, kernel hook"
@@ -39,6 +41,8 @@ VARIANT_NAMES = (
     HP_OTEL_KEPT,
     COUNTS_ONLY,
     COUNTS_ONLY_KEPT,
+    COUNTS_ONLY_DEPTH_1,
+    HP_OTEL_DEPTH_2,
     INSTRUMENTOR,
     DISPATCH_HOOK,
     KERNEL_HOOK,
@@ -86,6 +90,20 @@ def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
         )
     else:
         skipped[COUNTS_ONLY_KEPT] = "this hp_otel has no install()"
+    # labelled as the instrumentor labels: a counts-only window hooks only as deep as its labels
+    variants.append(
+        Variant(
+            COUNTS_ONLY_DEPTH_1,
+            lambda: CommDebugMode(module=model, record_spans=False, metric_module_depth=1),
+            records_events=True,
+        )
+    )
+    if "module_depth" in inspect.signature(CommDebugMode).parameters:  # block-level spans
+        variants.append(
+            Variant(HP_OTEL_DEPTH_2, lambda: CommDebugMode(module=model, module_depth=2), records_events=True)
+        )
+    else:
+        skipped[HP_OTEL_DEPTH_2] = "this hp_otel has no module_depth="
     variants += [
         _instrumentor_variant(model),
         Variant(DISPATCH_HOOK, lambda: _hook_window(model, "dispatch"), records_events=True),

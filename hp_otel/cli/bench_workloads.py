@@ -3,7 +3,11 @@
 All run in one process over torch's fake process group (DTensor dispatches and calls the
 same collectives; they return at once). The small ones are pure dispatch, where tracing
 costs most relative to the step; `realistic` is big enough that compute dominates, as in
-real training, so its ratio shows what a user would see.
+real training, so its ratio shows what a user would see. The `llama-*` workloads are the
+torchtitan-like llama (`hp_otel.workloads.llama`) at several depths and widths, with TP + sequence
+parallel and without TP (no collectives): runs that differ in module calls and collectives,
+from which `bench_events` solves each variant's cost per module call, per collective and
+per window.
 """
 
 from __future__ import annotations
@@ -24,6 +28,32 @@ class WorkloadSpec:
     summary: str
     rounds: int
     steps: int
+    family: str = ""  # workloads of one family are solved together for per-event costs (bench_events)
+
+
+@dataclass(frozen=True)
+class LlamaSize:
+    layers: int
+    dim: int
+    tp: bool  # False: the plain model, no DTensor and no collective
+
+
+# name -> size; "-notp" is the same model unparallelised
+LLAMA_SIZES: dict[str, LlamaSize] = {
+    f"llama-L{layers}-d{dim}{'' if tp else '-notp'}": LlamaSize(layers, dim, tp)
+    for tp in (True, False)
+    for layers, dim in ((2, 64), (8, 64), (2, 256), (8, 256))
+}
+
+
+def _llama_spec(size: LlamaSize) -> WorkloadSpec:
+    how = "TP + sequence parallel (torchtitan's plan), then a DP all_reduce of the grads" if size.tp else "no TP"
+    return WorkloadSpec(
+        f"the torchtitan-like llama, {size.layers} layers, dim {size.dim}, 8 heads, batch 2 x seq 16, {how}",
+        rounds=11 if size.layers * size.dim <= 512 else 7,
+        steps=5,
+        family="llama",
+    )
 
 
 WORKLOADS: dict[str, WorkloadSpec] = {
@@ -48,6 +78,11 @@ WORKLOADS: dict[str, WorkloadSpec] = {
         rounds=5,
         steps=3,
     ),
+    **{name: _llama_spec(size) for name, size in LLAMA_SIZES.items()},
+}
+# `--model llama`: the sizes the per-event costs are solved from (layers and TP differ; one wider)
+GROUPS: dict[str, tuple[str, ...]] = {
+    "llama": ("llama-L2-d64", "llama-L8-d64", "llama-L2-d256", "llama-L2-d64-notp", "llama-L8-d64-notp"),
 }
 # Former names (when the workload ran PyTorch's own test Transformer): still accepted.
 ALIASES: dict[str, str] = {
@@ -66,6 +101,14 @@ class Workload:
     step: Callable[[], None]
     rounds: int
     steps: int
+    family: str = ""  # WorkloadSpec.family
+
+
+def workload_names(model: str) -> list[str]:
+    """The workloads `--model` names: "all" every one, a group (GROUPS) its members, else the one."""
+    if model == "all":
+        return list(WORKLOADS)
+    return list(GROUPS.get(model, (model,)))
 
 
 def build_workload(name: str) -> Workload:
@@ -88,8 +131,10 @@ def build_workload(name: str) -> Workload:
             sequence_parallel=True, dim=1024, heads=16, batch=4, seq=64, vocab=64
         ),
     }
+    for llama_name, size in LLAMA_SIZES.items():
+        builders[llama_name] = lambda size=size: _llama(size)  # type: ignore[misc]
     model, step = builders[name]()
-    return Workload(name, spec.summary, model, step, spec.rounds, spec.steps)
+    return Workload(name, spec.summary, model, step, spec.rounds, spec.steps, spec.family)
 
 
 def _mlp() -> tuple[Any, Callable[[], None]]:
@@ -148,6 +193,27 @@ def _dtensor_transformer(
     def step() -> None:
         with sdpa_kernel(SDPBackend.MATH):
             model(tokens).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+def _llama(size: LlamaSize) -> tuple[Any, Callable[[], None]]:
+    """The llama step (forward, backward, the DP all_reduce, zero_grad) over TP 2 of the fake world,
+    or without TP: the plain model's forward, backward and zero_grad, no collective."""
+    import torch
+
+    from hp_otel.workloads.llama import Llama, LlamaShape, build_llama_step
+
+    shape = LlamaShape(layers=size.layers, dim=size.dim)
+    if size.tp:
+        return build_llama_step(1, WORLD_SIZE, shape)
+    torch.manual_seed(0)
+    model = Llama(shape)
+    tokens = torch.randint(shape.vocab, (shape.batch, shape.seq), generator=torch.Generator().manual_seed(1))
+
+    def step() -> None:
+        model(tokens).sum().backward()
         model.zero_grad(set_to_none=True)
 
     return model, step

@@ -83,6 +83,7 @@ class WindowRecorder:
         self._backward_moved_ns = 0  # when the open backward spans last changed
         self._liveness = instruments.liveness  # the staleness gauges' state (per provider, across windows)
         self.metrics = CollectiveMetrics(instruments, self.live, settings.module_label, self.on_fault)
+        self.module_depth = settings.module_depth  # how deep module sources hook (None: every module)
         self._parent_ctx: Any = None  # the window's parent context (a span builder made later nests there)
         # The window's collectives, for its exposed-communication figures (spans/exposure.py): finished
         # ones wait as events until `_EXPOSURE_BATCH` do, then become compact rows; those awaiting a

@@ -24,6 +24,7 @@ class RecorderSettings:
     store_only: bool = False  # the local store is the spans' only consumer: past max_spans, not built
     call_stack: CallStack | None = None  # the user's frames issuing each collective (None: none walked)
     module_label: ModuleLabel = field(default_factory=lambda: ModuleLabel(None))  # the metrics' module depth
+    module_depth: int | None = None  # how deep module sources hook (None: every module)
 
     @property
     def max_pending(self) -> int:

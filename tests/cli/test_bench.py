@@ -14,7 +14,9 @@ from hp_otel.cli.bench import format_results, load_warning, results_json, run_wo
 from hp_otel.cli.bench_variants import COUNTS_ONLY, HP_OTEL, INSTRUMENTOR, PROFILER, TORCH_COMM, UNTRACED
 from hp_otel.cli.bench_workloads import WORKLOADS, build_workload
 
-SMALL = [name for name in WORKLOADS if name != "realistic"]
+SMALL = [
+    name for name, spec in WORKLOADS.items() if name != "realistic" and spec.family != "llama"
+]  # llama: test_bench_llama
 
 
 def _referee_collectives(workload) -> int:

@@ -17,6 +17,11 @@ sibling modules that share an input (attention's wq/wk/wv) follow each other ins
 of nesting.  Names are `named_modules()` names, the root is "(root)".
 The boundaries of a top-level call are forgotten once the autograd nodes its outputs
 got are gone (`NodeOwners.trim`), so a window over many steps keeps none that grow.
+
+Depth: a window may hook only the modules down to a module depth (`hooked_within`), as
+deep as what it labels: a deeper module's forward and the autograd nodes it creates then
+fall inside its ancestor's call at that depth, which so owns its collectives, forward and
+backward, as it would have with every module hooked.
 """
 
 from __future__ import annotations
@@ -369,6 +374,46 @@ def _scripted(modules: list[tuple[str, nn.Module]]) -> list[str]:
     return [fqn for fqn, _ in outermost]
 
 
+def module_depth_of(fqn: str) -> int:
+    """How deep `fqn` is: the root ("") is 0, `layers` 1, `layers.3` 2 (the dotted parts metric labels keep)."""
+    return fqn.count(".") + 1 if fqn else 0
+
+
+def _is_container(module: nn.Module) -> bool:
+    """A module with no forward of its own (`ModuleList`, `ModuleDict`): never called, only its children are."""
+    return type(module).forward is nn.Module.forward
+
+
+def hooked_within(modules: list[tuple[str, nn.Module]], depth: int | None) -> list[tuple[str, nn.Module]]:
+    """The modules (of `named_modules()`, parents first) to hook for `depth` (None: all).
+
+    Those at most `depth` deep, and below a container at the depth its children (recursively):
+    the container is never called, so without them what runs inside it would count for the
+    container's caller, whose label at the depth differs (`layers.3.attn` is `layers` at 1,
+    its caller the root).
+    """
+    if depth is None:
+        return modules
+    kept: set[str] = set()
+    containers: set[str] = set()
+    hooked = []
+    for fqn, module in modules:
+        parent = fqn.rpartition(".")[0]
+        if module_depth_of(fqn) <= depth or (parent in kept and parent in containers):
+            kept.add(fqn)
+            if _is_container(module):
+                containers.add(fqn)
+            hooked.append((fqn, module))
+    return hooked
+
+
+def _ancestor_within(fqn: str, hooked: set[str]) -> str:
+    """The nearest of `hooked` that is `fqn` or encloses it (the root always is)."""
+    while fqn and fqn not in hooked:
+        fqn = fqn.rpartition(".")[0]
+    return fqn
+
+
 def _within(fqn: str, roots: list[str]) -> bool:
     """Whether `fqn` is one of `roots` or inside one of them ("" is the root: everything is inside)."""
     return any(not r or fqn == r or fqn.startswith(f"{r}.") for r in roots)
@@ -456,10 +501,14 @@ class _ModuleHooks:
         self._wrapper_handles: list[RemovableHandle] = []
         self._seen: _SeenTree | None = None  # the tree the hooks were made for (None: walk it at the next window)
         self.fsdp1 = False  # the tree holds an FSDP1 unit (its collectives need `fsdp1_patches`)
+        self.depth: int | None = None  # the module depth hooked (`hooked_within`; None: all)
 
-    def attach(self, root: nn.Module, wrapper: nn.Module | None = None) -> None:
-        """Hook every module of the tree, unless the hooks in place still match it (and `wrapper`,
-        the `torch.compile(root)` the window was given, with hooks noting root's call)."""
+    def attach(self, root: nn.Module, wrapper: nn.Module | None = None, depth: int | None = None) -> None:
+        """Hook the tree's modules down to `depth` (None: all), unless the hooks in place still match
+        it (and `wrapper`, the `torch.compile(root)` the window was given, with hooks noting root's call)."""
+        if depth != self.depth:
+            self._detach()  # a window of another depth: hooked anew
+            self.depth = depth
         self._attach_tree(root, in_graph=wrapper is not None)
         if wrapper is not (self._wrapper() if self._wrapper is not None else None):
             self._unhook_wrapper()
@@ -503,13 +552,22 @@ class _ModuleHooks:
         """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
         would run in the graph (doing nothing there), so they get none: dynamo guards on an
         `always_call` hook's id, and a window's new hooks would then recompile the graph each window."""
-        modules = list(root.named_modules())
+        every = list(root.named_modules())
+        modules = hooked_within(every, self.depth)
         scripted = _scripted(modules)
         plain = [(fqn, module) for fqn, module in modules if not _within(fqn, scripted)]
         compiled = [fqn for fqn, module in plain if _compat.compiled_call(module) is not None]
         # `torch.compile(model)` compiles model.forward: the model's own hooks run eagerly, its submodules' in the graph
         inside = [f"{fqn}." for fqn, module in plain if _compat.top_frame_compiled(type(module).forward)]
-        structure = [(fqn, id(module)) for fqn, module in modules] + [(fqn, 0) for fqn in compiled + inside]
+        structure = [(fqn, id(module)) for fqn, module in every] + [(fqn, 0) for fqn in compiled + inside]
+        if len(modules) < len(every):  # the parameters of the modules left unhooked, whose owner is their ancestor
+            hooked = {id(module) for _fqn, module in modules}
+            structure += [
+                (fqn, id(param))
+                for fqn, module in every
+                if id(module) not in hooked
+                for param in _compat.own_parameters(module)
+            ]
         if in_graph:
             structure.append(("", -1))
         if self._tracked and structure == self._structure:
@@ -518,7 +576,7 @@ class _ModuleHooks:
                 changed |= tracked.refresh(module)
             self._wrap_compiled(modules)  # a module may have been compiled since
             if not changed:  # the common case: same modules, same parameters
-                return modules
+                return every
         else:
             self._detach()
             self._structure = structure
@@ -538,14 +596,18 @@ class _ModuleHooks:
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
             self._wrap_compiled(modules)
         self.param_owner = {}
-        self.module_info = {
-            id(module): tracked.info for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True)
-        }
-        for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True):
+        described = [(tracked.info, module) for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True)]
+        if len(modules) < len(every):  # a module deeper than the hooks is described as its hooked ancestor: its
+            # parameters' gradients and its FSDP group's collectives count there, as its forward does
+            info_of = {fqn: info for (info, _m), (fqn, _module) in zip(described, modules, strict=True)}
+            names = set(info_of)
+            described = [(info_of[_ancestor_within(fqn, names)], module) for fqn, module in every]
+        self.module_info = {id(module): info for info, module in described}
+        for info, module in described:
             for param in _compat.own_parameters(module):
                 if param is not None:
-                    self.param_owner.setdefault(id(param), tracked.info)
-        return modules
+                    self.param_owner.setdefault(id(param), info)
+        return every
 
     def _wrap_compiled(self, modules: list[tuple[str, nn.Module]]) -> None:
         """Note the calls of modules compiled with `nn.Module.compile()` around their graphs (`_compiled_call`)."""
@@ -660,7 +722,8 @@ class TorchModuleTracker:
         hooks.tracker = self
         self._hooks = hooks
         try:
-            hooks.attach(self.root, self._wrapper)
+            # as deep as the window labels (`CommDebugMode(module_depth=)`; an observer without one: all)
+            hooks.attach(self.root, self._wrapper, getattr(observer, "module_depth", None))
         finally:
             self._param_owner = hooks.param_owner
             self._module_info = hooks.module_info
