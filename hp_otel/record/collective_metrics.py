@@ -42,9 +42,8 @@ def call_bandwidth(info: CollectiveInfo, duration_ns: int) -> Bandwidth | None:
 
 def bandwidth_of(event: ev.Collective, duration_ns: int) -> Bandwidth | None:
     """`event`'s bandwidth over `duration_ns`, computed once: the metrics and the span share it."""
-    if event.bw_ns != duration_ns:  # (call_bandwidth's rule, inline: once per awaited collective)
-        info = event.info
-        event.bw = None if info.fake_group else bandwidth(info.op, info.bytes, info.group_size, duration_ns)
+    if event.bw_ns != duration_ns:
+        event.bw = call_bandwidth(event.info, duration_ns)
         event.bw_ns = duration_ns
     return event.bw
 

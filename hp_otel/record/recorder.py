@@ -528,7 +528,8 @@ class WindowRecorder:
                     per_phase[name] = per_phase.get(name, 0) + 1
             awaits = awaits_completion and error is None
             duration_ns = end_ns - start_ns
-            bw = None if awaits or error is not None else call_bandwidth(info, duration_ns)
+            measured = not awaits and error is None  # its bandwidth is known now (else: at completion, or none)
+            bw = call_bandwidth(info, duration_ns) if measured else None
             key = self.metrics.measure(info, place, None if awaits else duration_ns, error, bw)
             spans = self.spans_enabled
             if not (awaits or spans):  # counts only, finished: nothing more to keep
@@ -557,7 +558,7 @@ class WindowRecorder:
                 device=device,
                 stack=stack,
                 bw=bw,
-                bw_ns=duration_ns if bw is not None else -1,
+                bw_ns=duration_ns if measured else -1,
             )
             if awaits:
                 self.metrics.awaiting(event, key)
