@@ -245,6 +245,39 @@ def collective_counts_from_profile(prof: Any) -> Counter[str]:
     return Counter(e.name.replace("::", ".") for e in events if not any(inside(e, o) for o in events))
 
 
+class CallChains:
+    """The module calls open now (`stack`, innermost last) and, for each module, the calls that
+    enclosed its latest call (`latest`, itself last), from this referee's own forward hooks
+    (prepended, so they run before anyone else's; `always_call`, so an exception still pops)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.stack: list[str] = []
+        self.latest: dict[str, tuple[str, ...]] = {}
+        self._handles: list[Any] = []
+        for fqn, module in model.named_modules():
+            name = fqn or "(root)"
+            self._handles.append(module.register_forward_pre_hook(self._pre(name), prepend=True))
+            self._handles.append(module.register_forward_hook(self._post(name), always_call=True))
+
+    def _pre(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            self.stack.append(name)
+            self.latest[name] = tuple(self.stack)
+
+        return hook
+
+    def _post(self, name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self.stack and self.stack[-1] == name:
+                self.stack.pop()
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 class FsdpReferee(TorchDispatchMode):
     """Which module's FSDP parameter group issued each eager c10d collective, and the module
     counts that gives (issue 19: an FSDP collective counts for that module and the calls
@@ -258,31 +291,11 @@ class FsdpReferee(TorchDispatchMode):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.issued: list[tuple[str, str]] = []  # (namespace.op, phase), in issue order
-        self.chains: dict[str, tuple[str, ...]] = {}  # module -> the calls enclosing its latest, itself last
-        self._stack: list[str] = []
-        self._handles = []
-        for fqn, module in model.named_modules():
-            name = fqn or "(root)"
-            self._handles.append(module.register_forward_pre_hook(self._pre(name), prepend=True))
-            self._handles.append(module.register_forward_hook(self._post(name), always_call=True))
-
-    def _pre(self, name: str) -> Any:
-        def hook(module: nn.Module, args: Any) -> None:
-            self._stack.append(name)
-            self.chains[name] = tuple(self._stack)
-
-        return hook
-
-    def _post(self, name: str) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self._stack and self._stack[-1] == name:
-                self._stack.pop()
-
-        return hook
+        self._calls = CallChains(model)
+        self.chains = self._calls.latest  # module -> the calls enclosing its latest, itself last
 
     def __exit__(self, *exc: Any) -> Any:
-        for handle in self._handles:
-            handle.remove()
+        self._calls.remove()
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -362,7 +375,7 @@ class FsdpGroupReferee(FsdpReferee):
             and ("c10d", func._schema.name.split("::")[-1]) in COLLECTIVES
         ):
             self.labels.append(self._groups[-1] if self._groups else "")
-            self.running.append(self._stack[-1] if self._stack else "")
+            self.running.append(self._calls.stack[-1] if self._calls.stack else "")
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def group_module_counts(self) -> dict[str, dict[str, dict[str, int]]]:

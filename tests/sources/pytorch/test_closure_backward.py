@@ -6,7 +6,6 @@ own forward hooks and node tags, counting backward by the running node also insi
 from __future__ import annotations
 
 import os
-import socket
 from collections import Counter
 from typing import Any
 
@@ -18,6 +17,7 @@ from span_counts import module_counts_from_spans
 from torch import nn
 
 from hp_otel import CommDebugMode
+from hp_otel.workloads.process_groups import free_port
 
 
 class _StepReferee(Referee):
@@ -118,14 +118,8 @@ def _worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.multiprocess  # two gloo ranks
 def test_backward_inside_a_step_closure_counts_for_its_nodes_modules() -> None:
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(_free_port(),), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(),), nprocs=2, join=True)

@@ -8,18 +8,19 @@ calls from its own forward hooks."""
 from __future__ import annotations
 
 import os
-import socket
 from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from referee import CallChains
 from span_counts import module_counts_from_spans
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hp_otel import CommDebugMode
+from hp_otel.workloads.process_groups import free_port
 
 
 class _Net(nn.Module):
@@ -61,31 +62,10 @@ class _UnitReferee(TorchDispatchMode):
                 numel = unit._handle.flat_param._padded_unsharded_size.numel()
                 assert numel not in self._unit_by_numel, "the referee tells units apart by their size"
                 self._unit_by_numel[numel] = names[id(unit._fsdp_wrapped_module)]
-        self._stack: list[str] = []
-        self._latest: dict[str, tuple[str, ...]] = {}  # module -> its latest call's chain, itself last
-        self._handles = []
-        for module in model.modules():
-            name = names[id(module)]
-            self._handles.append(module.register_forward_pre_hook(self._pre(name), prepend=True))
-            self._handles.append(module.register_forward_hook(self._post(name), always_call=True))
-
-    def _pre(self, name: str) -> Any:
-        def hook(module: nn.Module, args: Any) -> None:
-            self._stack.append(name)
-            self._latest[name] = tuple(self._stack)
-
-        return hook
-
-    def _post(self, name: str) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self._stack and self._stack[-1] == name:
-                self._stack.pop()
-
-        return hook
+        self._calls = CallChains(model)  # the open calls, and each module's latest call's chain
 
     def remove_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+        self._calls.remove()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -95,11 +75,11 @@ class _UnitReferee(TorchDispatchMode):
             unit = self._unit_by_numel.get(max((_numel(a) for a in args), default=-1))
             backward = torch._C._current_graph_task_id() != -1
             if unit is None:
-                owners = set() if backward else set(self._stack)
+                owners = set() if backward else set(self._calls.stack)
             elif backward:
-                owners = set(self._latest.get(unit, (unit,)))
+                owners = set(self._calls.latest.get(unit, (unit,)))
             else:
-                owners = {*self._stack, unit}
+                owners = {*self._calls.stack, unit}
             for fqn in owners:
                 self.module_counts[fqn]["backward" if backward else "forward"][name] += 1
         return func(*args, **kwargs)
@@ -140,14 +120,8 @@ def _worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.multiprocess  # two gloo ranks
 def test_fsdp1_collectives_count_for_the_unit_whose_flat_parameter_they_move() -> None:
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(_free_port(),), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(),), nprocs=2, join=True)
