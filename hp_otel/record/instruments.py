@@ -8,7 +8,6 @@ only when a metric reader collects.
 from __future__ import annotations
 
 import threading
-import weakref
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, Me
 
 from hp_otel.common.per_provider import PerProvider
 from hp_otel.record.exposure_metrics import ExposureTotals
+from hp_otel.record.faults import FaultSink, weak_method
 from hp_otel.record.liveness import Liveness
 from hp_otel.spans import codec, schema
 from hp_otel.spans.codec import MetricKey
@@ -40,7 +40,7 @@ class CollectiveTotals:
         self._attrs: dict[MetricKey, dict[str, Any]] = {}
         # Where a fault inside the callbacks is counted (the recorder of the latest window);
         # the SDK would otherwise swallow it with a log line and drop both counters.
-        self._fault_sink: weakref.WeakMethod[Callable[[str, BaseException], None]] | None = None
+        self._fault_sink: Callable[[], FaultSink | None] | None = None
 
     def add(self, key: MetricKey, calls: int, nbytes: int) -> None:
         self.calls[key] = self.calls.get(key, 0) + calls
@@ -48,7 +48,7 @@ class CollectiveTotals:
 
     def set_fault_sink(self, on_fault: Callable[[str, BaseException], None]) -> None:
         """Count callback faults with this (bound) method; held weakly, so no mode is kept alive."""
-        self._fault_sink = weakref.WeakMethod(on_fault)  # type: ignore[arg-type]
+        self._fault_sink = weak_method(on_fault)
 
     def attributes(self, key: MetricKey) -> dict[str, Any]:
         attrs = self._attrs.get(key)

@@ -10,8 +10,6 @@ open call.
 
 from __future__ import annotations
 
-import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +24,7 @@ from hp_otel.common import _otel_compat
 from hp_otel.record import events as ev
 from hp_otel.record.call_stack import module_of
 from hp_otel.record.collective_metrics import bandwidth_of
+from hp_otel.record.faults import weak_method
 from hp_otel.record.matching import Window
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
@@ -53,13 +52,6 @@ class _Frame:
         self.saved_ctx = saved_ctx
         self.phase = phase
         self.info = info  # what a user hook is given: the ModuleInfo, or an op's inputs
-
-
-def _weak(fn: Callable[[str, BaseException], None]) -> Callable[[], Callable[[str, BaseException], None] | None]:
-    """A bound method held weakly, anything else strongly; call the result to get it back."""
-    if isinstance(fn, types.MethodType):
-        return weakref.WeakMethod(fn)
-    return lambda: fn
 
 
 def mark_error(span: Span, error: BaseException | str) -> None:
@@ -100,7 +92,7 @@ class SpanBuilder:
         # still reaches the local store (the SDK sets the end time before the processors run).
         # Held weakly when it is a bound method (the recorder's): no reference cycle between the
         # recorder and its builder, so a window's records are freed as soon as the mode is dropped.
-        self._fault_sink = _weak(on_fault or _ignore_fault)
+        self._fault_sink = weak_method(on_fault or _ignore_fault)
         self._store = store
         self._parent_ctx = parent_ctx
         self._live = live  # live: make each open span the current span of this thread

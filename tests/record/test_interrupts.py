@@ -206,6 +206,18 @@ def test_windows_off_the_main_thread_leave_the_handlers_alone(model: torch.nn.Mo
 def test_sigint_from_another_thread_at_random_times(model: torch.nn.Module) -> None:
     """The interrupt as a user sends it: from outside, at any moment of a stream of windows."""
     before = _state(model)
+    swallowed: list[str] = []  # a KeyboardInterrupt printed as "Exception ignored" (a weakref callback, a __del__)
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: swallowed.append(repr(unraisable.object))
+    try:
+        interrupts = _interrupt_windows(model, before)
+    finally:
+        sys.unraisablehook = hook
+    assert swallowed == [], "the SIGINT was handled in code whose exceptions Python ignores"
+    assert interrupts == 30, f"the SIGINT never arrived after {interrupts} of 30"
+
+
+def _interrupt_windows(model: torch.nn.Module, before: tuple[object, ...]) -> int:
     interrupts = 0
     for delay_us in range(0, 3000, 100):
         timer = threading.Timer(delay_us / 1e6, signal.raise_signal, (signal.SIGINT,))
@@ -216,12 +228,53 @@ def test_sigint_from_another_thread_at_random_times(model: torch.nn.Module) -> N
                     pass
             timer.join()
             time.sleep(5)  # sent by now: handled at this thread's next bytecode boundary
-            pytest.fail("the SIGINT never arrived")
+            return interrupts  # the SIGINT never arrived: the caller says where it went
         except KeyboardInterrupt:
             interrupts += 1
         timer.join()
         assert _state(model) == before, f"installed after an interrupt {delay_us} us into the windows"
-    assert interrupts == 30
+    return interrupts
+
+
+def _python_calls_when_dropped(holder: list[CommDebugMode]) -> list[str]:
+    """The Python functions that run when the last reference to a closed window (held by `holder` alone) goes."""
+    ran: list[str] = []
+    sys.setprofile(lambda frame, event, arg: ran.append(frame.f_code.co_qualname) if event == "call" else None)
+    try:
+        holder.clear()
+    finally:
+        sys.setprofile(None)
+    return ran
+
+
+def test_dropping_a_window_runs_no_python_code(model: torch.nn.Module) -> None:
+    """A window is dropped in the user's code, after its exit: Python code run then (a weakref
+    callback, a `__del__`) is where a Ctrl-C would be printed as "Exception ignored" and lost."""
+    mode = CommDebugMode(model, engine="torch")
+    with mode:
+        model(torch.ones(2, 4))
+    holder = [mode]
+    del mode
+    assert _python_calls_when_dropped(holder) == []
+
+
+def test_dropping_a_traced_window_with_metrics_runs_no_python_code(tp_mlp) -> None:
+    """The same for a window that built spans and counted metrics (its builder and instruments hold
+    the recorder's fault sink)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from hp_otel.workloads.tp_mlp import train_step
+
+    model, x = tp_mlp
+    reader = InMemoryMetricReader()
+    mode = CommDebugMode(module=model, meter_provider=MeterProvider(metric_readers=[reader]))
+    with mode:
+        train_step(model, x)
+    assert len(mode.get_finished_spans()) > 0 and reader.get_metrics_data() is not None
+    holder = [mode]
+    del mode
+    assert _python_calls_when_dropped(holder) == []
 
 
 def test_the_guard_put_back_later_by_code_that_saved_it_still_works(model: torch.nn.Module) -> None:
