@@ -42,7 +42,7 @@ class HpOtelCallback(Callback):  # type: ignore[misc]
 
     def __init__(self, steps: int | range | None = None, **settings: Any) -> None:
         super().__init__()
-        self.tracer = StepTracer(type(self).__name__, steps, settings)
+        self.tracer = StepTracer(steps, owner=type(self).__name__, **settings)
 
     @property
     def faults(self) -> int:
@@ -52,7 +52,7 @@ class HpOtelCallback(Callback):  # type: ignore[misc]
         self.tracer.begin(trainer.global_step, pl_module, trainer.global_rank)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = self.tracer.step
+        step = self.tracer.current
         if step is not None and trainer.global_step > step:  # the optimizer stepped: the step is over
             self.tracer.end()
 

@@ -1,12 +1,13 @@
 """What a training callback does, framework-free: one hp_otel step window per traced step.
 
 A callback calls `begin(step, model)` where its framework starts a step and `end()` where the
-optimizer has stepped; `StepTracer` decides whether the step is traced (`window.StepWindow`),
-and records it as `hp_otel.step(n, module=model)` does under the always-on instrumentor: the
-step's spans share one trace across ranks, its collectives are counted (spans when sampled).
-With `HpOtelInstrumentor` active, the step goes through `hp_otel.step()` to its session (one
-recording, the instrumentor's settings); otherwise through a session of the tracer's own, made
-from the same settings (`SessionSettings`), whose hooks stay installed while steps remain.
+optimizer has stepped (a loop of your own: `with tracer.step(n, model):`); `StepTracer` decides
+whether the step is traced (`window.StepWindow`), and records it as `hp_otel.step(n, module=model)`
+does under the always-on instrumentor: the step's spans share one trace across ranks, its
+collectives are counted (spans when sampled). With `HpOtelInstrumentor` active, the step goes
+through `hp_otel.step()` to its session (one recording, the instrumentor's settings); otherwise
+through a session of the tracer's own, made from the same settings (`SessionSettings`), whose
+hooks stay installed while steps remain.
 
 Never breaks training: a fault here is counted in `faults` and logged once; the step goes on
 unrecorded. A bad setting or `steps=` raises when the callback is made, before training.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from hp_otel.always_on import steps as step_spans
@@ -27,16 +29,21 @@ logger = logging.getLogger("hp_otel")
 
 
 class StepTracer:
-    """Opens and closes the windows of the traced steps for one callback."""
+    """Opens and closes the windows of the traced steps for one callback (or one loop of your own).
 
-    def __init__(self, owner: str, steps: int | range | None = None, settings: dict[str, Any] | None = None) -> None:
-        self.owner = owner  # the callback's name, in log lines
+    `steps`: None (every step), N (every N-th), a `range`; `settings`: `HpOtelInstrumentor.instrument()`'s
+    (`tracer_provider`, `meter_provider`, `stack`, `metric_module_depth`, `collectives_dir`, ...);
+    `owner`: the name in log lines.
+    """
+
+    def __init__(self, steps: int | range | None = None, *, owner: str = "StepTracer", **settings: Any) -> None:
+        self.owner = owner
         self.window = StepWindow(steps)
-        self._given = dict(settings or {})
+        self._given = settings
         self.settings = SessionSettings.checked(self._given, strict=True)
         self.faults = 0  # faults caught here (the step went on unrecorded)
         self.traced: list[int] = []  # the steps whose windows opened, in order
-        self.step: int | None = None  # the step whose window is open
+        self.current: int | None = None  # the step whose window is open
         self._open: contextlib.ExitStack | None = None
         self._session: StepSession | None = None
         self._holder = f"{owner} {id(self):x}"  # keeps hooks installed between this tracer's windows
@@ -61,7 +68,7 @@ class StepTracer:
             stack.close()
             self._fault(f"opening step {step}", exc)
             return
-        self._open, self.step = stack, step
+        self._open, self.current = stack, step
         self.traced.append(step)
 
     def end(self, error: BaseException | None = None) -> None:
@@ -69,7 +76,7 @@ class StepTracer:
         stack, self._open = self._open, None
         if stack is None:
             return
-        step, self.step = self.step, None
+        step, self.current = self.current, None
         try:
             if error is None:
                 stack.close()
@@ -80,6 +87,17 @@ class StepTracer:
                 self._fault(f"closing step {step}", exc)
         if step is not None and self.window.finished(step + 1):
             self._let_hooks_go()
+
+    @contextlib.contextmanager
+    def step(self, step: int, model: Any = None, rank: int | None = None) -> Iterator[None]:
+        """`begin()` and `end()` around a block: a training loop of your own (torchtitan's `train_step`)."""
+        self.begin(step, model, rank)
+        try:
+            yield
+        except BaseException as exc:
+            self.end(exc)
+            raise
+        self.end()
 
     def close(self, error: BaseException | None = None) -> None:
         """Training ended: close an open window, remove what stayed installed."""

@@ -35,7 +35,7 @@ class HpOtelTrainerCallback(TrainerCallback):  # type: ignore[misc]
     """
 
     def __init__(self, steps: int | range | None = None, **settings: Any) -> None:
-        self.tracer = StepTracer(type(self).__name__, steps, settings)
+        self.tracer = StepTracer(steps, owner=type(self).__name__, **settings)
 
     @property
     def faults(self) -> int:

@@ -85,7 +85,7 @@ def run(fake_world) -> _Run:
 
 
 def test_a_range_traces_its_steps_then_lets_the_hooks_go(run) -> None:
-    tracer = StepTracer("test", range(1, 3), run.providers())
+    tracer = StepTracer(range(1, 3), **run.providers())
     kept_after: list[bool] = []
     for n in range(5):
         tracer.begin(n, run.model, rank=0)
@@ -102,7 +102,7 @@ def test_a_range_traces_its_steps_then_lets_the_hooks_go(run) -> None:
 
 
 def test_every_nth_step_and_one_window_across_micro_batches(run) -> None:
-    tracer = StepTracer("test", 2, run.providers())
+    tracer = StepTracer(2, **run.providers())
     run.train(tracer, steps=5, micro_batches=3, refereed={0, 2, 4})
     assert run.steps() == [0, 2, 4]
     assert run.calls() == run.referee_counts == {ALL_REDUCE: 9}  # 3 micro-batches, one window each step
@@ -113,7 +113,7 @@ def test_every_nth_step_and_one_window_across_micro_batches(run) -> None:
 def test_with_the_instrumentor_active_its_session_records_the_step_once(run, caplog) -> None:
     HpOtelInstrumentor().instrument(**run.providers())
     try:
-        tracer = StepTracer("test", None, {"stack": 2})
+        tracer = StepTracer(owner="test", stack=2)
         with caplog.at_level(logging.WARNING, logger="hp_otel"):
             run.train(tracer, steps=2, refereed={0, 1})
     finally:
@@ -125,7 +125,7 @@ def test_with_the_instrumentor_active_its_session_records_the_step_once(run, cap
 
 
 def test_an_error_ends_the_step_marked_failed(run) -> None:
-    tracer = StepTracer("test", None, run.providers())
+    tracer = StepTracer(**run.providers())
     tracer.begin(0, run.model, rank=0)
     tracer.close(RuntimeError("the step failed"))
     (rank_step,) = [s for s in run.exporter.get_finished_spans() if s.name == "rank_step"]
@@ -138,7 +138,7 @@ def test_faults_are_counted_and_logged_once_and_training_goes_on(run, monkeypatc
         raise RuntimeError("no session today")
 
     monkeypatch.setattr(SessionSettings, "session", broken)
-    tracer = StepTracer("test", None, run.providers())
+    tracer = StepTracer(**run.providers())
     with caplog.at_level(logging.WARNING, logger="hp_otel"):
         run.train(tracer, steps=3, refereed={0, 1, 2})
     assert tracer.faults == 3 and tracer.traced == []
@@ -147,7 +147,7 @@ def test_faults_are_counted_and_logged_once_and_training_goes_on(run, monkeypatc
 
 
 def test_a_fault_while_closing_leaves_no_window_open(run, caplog) -> None:
-    tracer = StepTracer("test", None, run.providers())
+    tracer = StepTracer(**run.providers())
     tracer.begin(0, run.model, rank=0)
     tracer._open.callback(lambda: 1 / 0)  # runs first when the step closes
     with caplog.at_level(logging.WARNING, logger="hp_otel"):
@@ -170,4 +170,47 @@ def test_a_fault_while_closing_leaves_no_window_open(run, caplog) -> None:
 )
 def test_a_bad_setting_is_refused_when_the_callback_is_made(settings, error, match) -> None:
     with pytest.raises(error, match=match):
-        StepTracer("test", None, settings)
+        StepTracer(**settings)
+
+
+class _TitanShapedTrainer:
+    """torchtitan 0.3.0's loop, in shape (`Trainer.train`: `self.step += 1`, then `self.train_step(it)`;
+    the model is `self.model_parts[0]`): not torchtitan, which this suite does not install."""
+
+    def __init__(self, model: nn.Module, steps: int) -> None:
+        self.model_parts = [model]
+        self.steps = steps
+        self.step = 0
+
+    def train_step(self, data_iterator) -> None:
+        self.model_parts[0](next(data_iterator)).sum().backward()
+
+    def train(self) -> None:
+        data = iter([torch.ones(2, 4)] * self.steps)
+        while self.step < self.steps:
+            self.step += 1
+            self.train_step(data)
+
+
+def test_the_torchtitan_recipe_wraps_train_step(run) -> None:
+    """docs/guide/torchtitan.md's wrapping of `trainer.train_step`, on a loop of that shape; a failing
+    step is closed, marked failed, and the error goes on to the loop."""
+    trainer = _TitanShapedTrainer(run.model, steps=4)
+    tracer = StepTracer(range(2, 4), **run.providers())
+    train_step = trainer.train_step
+
+    def traced_train_step(data_iterator) -> None:
+        with tracer.step(trainer.step, trainer.model_parts[0]):
+            train_step(data_iterator)
+
+    trainer.train_step = traced_train_step
+    with Referee(run.model) as referee:
+        trainer.train()
+    tracer.close()
+    assert run.steps() == [2, 3]
+    assert run.calls() == {ALL_REDUCE: 2} and referee.counts == {ALL_REDUCE: 4}  # 4 steps ran, 2 traced
+    with pytest.raises(RuntimeError, match="step 2 failed"), tracer.step(2, run.model):
+        raise RuntimeError("step 2 failed")
+    failed = [s for s in run.exporter.get_finished_spans() if s.name == "rank_step"][-1]
+    assert failed.status.status_code is StatusCode.ERROR and mode_module._current_mode.get() is None
+    tracer.close()
