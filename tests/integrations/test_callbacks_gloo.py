@@ -53,6 +53,9 @@ def test_lightning_ddp_callback_counts_equal_the_referee(tmp_path) -> None:
     results = _torchrun("lightning_worker.py", tmp_path)
     for result in results:
         _agree(result, [2, 3, 4, 5])  # HpOtelCallback(steps=range(2, 6))
+        # two calls of the LightningModule a step: DDP's forward calls it with `forward` redirected to
+        # `training_step` (Lightning's _ForwardRedirection), which calls `self(x)`
+        assert result["root_forward_calls"] == 2 * 4, result
         per_step = 4  # traced steps
         # per step: the forward all_reduce, the `sync` layer's backward all_reduce, DDP's one bucket
         assert result["referee_ops"] == {ALL_REDUCE: 3 * per_step}, result
@@ -68,6 +71,7 @@ def test_trainer_callback_counts_equal_the_referee(tmp_path) -> None:
     results = _torchrun("trainer_worker.py", tmp_path)
     for result in results:
         _agree(result, [0, 2, 4])  # HpOtelTrainerCallback(steps=2): every 2nd of 6 steps
+        assert result["root_forward_calls"] == 2 * 3, result  # both micro-batches of each traced step
         assert set(result["referee_ops"]) == {ALL_REDUCE, BROADCAST}, result
         # DDP's reducer: backward, in the embedding's AccumulateGrad (its gradient completes the bucket)
         assert set(result["modules"]["model.embed_tokens"]) == {"backward"}, result

@@ -92,8 +92,14 @@ def write_result(path: Path, rank: int, referee: RefereeWindows, exporter: Any, 
     metric_ops: Counter[str] = Counter()
     for point in metric_points(reader, schema.METRIC_CALLS):
         metric_ops[str(point.attributes.get(schema.COLLECTIVE_NAME))] += point.value
+    root_calls = sum(  # forward calls of the model per window: one per micro-batch
+        s.attributes.get(schema.MODULE_FQN) == "(root)" and s.attributes.get(schema.PHASE) == schema.PHASE_FORWARD
+        for s in spans
+        if s.attributes.get(schema.CALL_KIND) == schema.KIND_MODULE
+    )
     result = {
         "rank": rank,
+        "root_forward_calls": root_calls,
         "steps": steps,
         "referee_steps": referee.seen,
         "span_ops": dict(span_ops),
