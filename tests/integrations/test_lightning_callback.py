@@ -6,6 +6,7 @@ test_callbacks_gloo.py.)"""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
@@ -22,6 +23,7 @@ from referee import Referee
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from hp_otel.always_on.instrumentation import SessionSettings
 from hp_otel.integrations.lightning import HpOtelCallback
 from hp_otel.record import installation
 from hp_otel.spans import schema
@@ -72,6 +74,25 @@ class _RefereeCallback(pl.Callback):
             self._open = None
 
 
+def _trainer(tmp_path, callbacks: list, max_steps: int = 5) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        accumulate_grad_batches=2,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+
+
+def _data() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=2)
+
+
 def test_a_window_holds_every_micro_batch_of_its_step(fake_world, tmp_path) -> None:
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider(shutdown_on_exit=False)
@@ -83,19 +104,7 @@ def test_a_window_holds_every_micro_batch_of_its_step(fake_world, tmp_path) -> N
         meter_provider=MeterProvider(metric_readers=[reader], shutdown_on_exit=False),
     )
     referee = _RefereeCallback({1, 3})
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=5,
-        accumulate_grad_batches=2,
-        callbacks=[referee, callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(_Tiny(), DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=2))
+    _trainer(tmp_path, [referee, callback]).fit(_Tiny(), _data())
     spans = exporter.get_finished_spans()
     assert [s.attributes[schema.STEP] for s in spans if s.name == "rank_step"] == [1, 3]
     assert referee.batches == {1: 2, 3: 2}  # two micro-batches a step
@@ -104,3 +113,20 @@ def test_a_window_holds_every_micro_batch_of_its_step(fake_world, tmp_path) -> N
         calls[point.attributes[schema.COLLECTIVE_NAME]] += point.value
     assert calls == referee.counts == {"c10d.allreduce_": 4}
     assert callback.faults == 0 and not installation.keeping()
+
+
+def test_a_fault_in_the_callback_never_stops_training(fake_world, tmp_path, monkeypatch, caplog) -> None:
+    """Every traced step fails to open its window: training runs all its steps, the faults are
+    counted, and the log says so once."""
+
+    def broken(self):
+        raise RuntimeError("no session today")
+
+    monkeypatch.setattr(SessionSettings, "session", broken)
+    callback = HpOtelCallback(steps=None)
+    trainer = _trainer(tmp_path, [callback], max_steps=3)
+    with caplog.at_level(logging.WARNING, logger="hp_otel"):
+        trainer.fit(_Tiny(), _data())
+    assert trainer.global_step == 3
+    assert callback.faults == 3 * 2  # each micro-batch tries to open its step's window
+    assert len([r for r in caplog.records if "HpOtelCallback: opening step" in r.getMessage()]) == 1
