@@ -82,6 +82,24 @@ class RefereeWindows:
                 self.modules.setdefault(fqn, {}).setdefault(phase, Counter()).update(ops)
 
 
+def in_memory_providers(rank: int) -> tuple[Any, Any, Any, Any]:
+    """(span exporter, tracer provider, metric reader, meter provider), in memory, their resource naming the rank."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    resource = Resource.create({schema.RESOURCE_RANK: rank})
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
+    return exporter, tracer_provider, reader, meter_provider
+
+
 def write_result(path: Path, rank: int, referee: RefereeWindows, exporter: Any, reader: Any, faults: int) -> None:
     """What this rank exported and what its referee counted, as JSON for the test."""
     spans = exporter.get_finished_spans()

@@ -12,16 +12,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
-from callback_referee import RefereeWindows, write_result
+from callback_referee import RefereeWindows, in_memory_providers, write_result
 from lightning.pytorch.strategies import DDPStrategy
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from torch import nn
+from sync_net import SyncNet
 from torch.utils.data import DataLoader, TensorDataset
 
 from hp_otel.integrations.lightning import HpOtelCallback
@@ -30,42 +23,10 @@ STEPS = 6
 TRACED = range(2, 6)  # after DDP's bucket rebuild in the second step
 
 
-class _SyncGrad(torch.autograd.Function):
-    """Identity forward; its backward all-reduces the gradient (runs inside optimizer.step(closure))."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
-
-
-class _Sync(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SyncGrad.apply(x)
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 8)
-        self.sync = _Sync()
-        self.fc2 = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc2(self.sync(torch.relu(self.fc1(x))))
-        dist.all_reduce(y.detach().clone())  # a forward collective inside the closure
-        return y
-
-
 class TinyModule(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = _Net()
+        self.net = SyncNet()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -93,12 +54,7 @@ class RefereeCallback(pl.Callback):
 
 def main(out_dir: str) -> None:
     torch.manual_seed(0)
-    exporter = InMemorySpanExporter()
-    resource = Resource.create({"hp.rank": int(os.environ["RANK"])})  # torchrun's
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
+    exporter, tracer_provider, reader, meter_provider = in_memory_providers(int(os.environ["RANK"]))  # torchrun's
     callback = HpOtelCallback(
         steps=TRACED, tracer_provider=tracer_provider, meter_provider=meter_provider, metric_module_depth="full"
     )

@@ -11,13 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from callback_referee import RefereeWindows, write_result
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from callback_referee import RefereeWindows, in_memory_providers, write_result
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from hp_otel.integrations.transformers import HpOtelTrainerCallback
@@ -54,12 +48,7 @@ class RefereeCallback(TrainerCallback):
 def main(out_dir: str) -> None:
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
-    resource = Resource.create({"hp.rank": rank})
-    exporter = InMemorySpanExporter()
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
+    exporter, tracer_provider, reader, meter_provider = in_memory_providers(rank)
     callback = HpOtelTrainerCallback(
         steps=EVERY, tracer_provider=tracer_provider, meter_provider=meter_provider, metric_module_depth="full"
     )
