@@ -19,10 +19,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from referee import Referee
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from hp_otel import mode as mode_module
 from hp_otel.always_on.instrumentation import SessionSettings
 from hp_otel.integrations.lightning import HpOtelCallback
 from hp_otel.record import installation
@@ -130,3 +132,26 @@ def test_a_fault_in_the_callback_never_stops_training(fake_world, tmp_path, monk
     assert trainer.global_step == 3
     assert callback.faults == 3 * 2  # each micro-batch tries to open its step's window
     assert len([r for r in caplog.records if "HpOtelCallback: opening step" in r.getMessage()]) == 1
+
+
+class _FailsAtStep2(_Tiny):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == 2:
+            raise RuntimeError("step 2 failed")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_step_that_raises_is_closed_marked_failed(fake_world, tmp_path) -> None:
+    """Lightning's `on_exception` closes the open step: its `rank_step` span carries the error, and no
+    window or hook of hp_otel's is left behind; the error reaches the caller."""
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider(shutdown_on_exit=False)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    callback = HpOtelCallback(tracer_provider=tracer_provider, meter_provider=MeterProvider(shutdown_on_exit=False))
+    with pytest.raises(RuntimeError, match="step 2 failed"):
+        _trainer(tmp_path, [callback]).fit(_FailsAtStep2(), _data())
+    rank_steps = {s.attributes[schema.STEP]: s for s in exporter.get_finished_spans() if s.name == "rank_step"}
+    assert sorted(rank_steps) == [0, 1, 2]
+    statuses = [rank_steps[n].status.status_code for n in (0, 1, 2)]
+    assert statuses == [StatusCode.UNSET, StatusCode.UNSET, StatusCode.ERROR]
+    assert mode_module._current_mode.get() is None and not installation.keeping() and callback.faults == 0
