@@ -195,6 +195,7 @@ ALLOWED: dict[str, set[str]] = {
     "sources": BASE | {"spans", "record"},
     "mode": BASE | {"spans", "record", "sources", "render", "export"},
     "always_on": BASE | {"spans", "record", "sources", "export", "mode"},
+    "integrations": BASE | {"record", "always_on"},  # callbacks for training frameworks: no layer imports them
     "testing": BASE | {"spans", "record", "analysis", "mode", "hp_otel"},
     "torch": BASE | {"spans", "record", "sources", "render", "mode"},
     "workloads": BASE | {"sources"},
@@ -249,6 +250,25 @@ def test_frameworks_only_in_sources_and_telemetry_never_in_sources() -> None:
             wrong.append(f"{module} imports {sorted(names & set(FRAMEWORKS))}")
         if layer_of(module) == "sources" and "opentelemetry" in names:
             wrong.append(f"{module} imports opentelemetry")
+    assert wrong == [], "\n".join(wrong)
+
+
+# Training frameworks a callback is written for: each imported by its own module of integrations/ only,
+# so `import hp_otel` (and every other module) works without them.
+TRAINING_FRAMEWORKS = {
+    "lightning": "hp_otel.integrations.lightning",
+    "pytorch_lightning": "hp_otel.integrations.lightning",
+    "transformers": "hp_otel.integrations.transformers",
+}
+
+
+def test_training_frameworks_only_in_their_integration_module() -> None:
+    wrong = [
+        f"{module} imports {name}"
+        for module, names in sorted(external_imports().items())
+        for name in sorted(names & set(TRAINING_FRAMEWORKS))
+        if module != TRAINING_FRAMEWORKS[name]
+    ]
     assert wrong == [], "\n".join(wrong)
 
 

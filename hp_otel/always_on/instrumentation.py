@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -263,6 +264,79 @@ def _stack_depth(kwargs: dict[str, Any]) -> int:
         return 0
 
 
+# The settings `instrument(...)` takes besides the providers' defaults; the training callbacks
+# (hp_otel.integrations) take the same ones, checked by the same code.
+SETTING_NAMES = (
+    "tracer_provider",
+    "meter_provider",
+    "module",
+    "collective_hook",
+    "module_hook",
+    "op_hook",
+    "stack",
+    "metric_module_depth",
+    "collectives_dir",
+    "collectives_steps",
+    "configure_export",
+)
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """The instrumentor's settings, checked once (a bad one raises, naming it): what `instrument(...)`
+    takes, and what a training callback takes, so both record their steps the same way."""
+
+    tracer_provider: Any = None
+    meter_provider: Any = None
+    module: Any = None
+    hooks: UserHooks = NO_HOOKS
+    stack_depth: int = 0
+    metric_module_depth: int | None = metric_labels.ALWAYS_ON_DEFAULT
+    collectives: StepCollectives | None = None
+    configure_export: bool | None = None  # None: HP_OTEL_CONFIGURE_EXPORT, else yes
+
+    @classmethod
+    def checked(cls, kwargs: Mapping[str, Any], *, strict: bool = False) -> SessionSettings:
+        """From `instrument()`'s keyword arguments; `strict`: an unknown name is a TypeError (a
+        callback's typo), where `instrument()` ignores what it does not know, as contrib's do."""
+        unknown = sorted(set(kwargs) - set(SETTING_NAMES))
+        if strict and unknown:
+            raise TypeError(f"unknown setting(s) {', '.join(unknown)}; the settings are: {', '.join(SETTING_NAMES)}")
+        hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
+        stack_depth = _stack_depth(kwargs)
+        collectives = step_collectives(kwargs.get("collectives_dir"), kwargs.get("collectives_steps"))
+        depth = metric_labels.resolve_depth(kwargs.get("metric_module_depth"), metric_labels.ALWAYS_ON_DEFAULT)
+        configure_export = kwargs.get("configure_export")
+        if configure_export is not None:
+            _configure_export(configure_export)  # a bad one raises now, not at the first step
+        return cls(
+            kwargs.get("tracer_provider"),
+            kwargs.get("meter_provider"),
+            kwargs.get("module"),
+            hooks,
+            stack_depth,
+            depth,
+            collectives,
+            configure_export,
+        )
+
+    def session(self) -> StepSession:
+        """A step session with these settings (providers resolved now: `hp_otel.configure()` may run late)."""
+        tracer_provider, meter_provider = _resolve_providers(
+            self.tracer_provider, self.meter_provider, _configure_export(self.configure_export)
+        )
+        _warn_if_resource_lacks_rank(tracer_provider)
+        return StepSession(
+            tracer_provider,
+            meter_provider,
+            self.module,
+            self.hooks,
+            self.stack_depth,
+            self.metric_module_depth,
+            self.collectives,
+        )
+
+
 class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Always-on hp_otel: counts every collective of every step, spans for sampled steps.
 
@@ -298,24 +372,13 @@ class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _instrument(self, **kwargs: Any) -> None:
         global _session
-        hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
-        stack_depth = _stack_depth(kwargs)
-        collectives = step_collectives(kwargs.get("collectives_dir"), kwargs.get("collectives_steps"))
-        depth = metric_labels.resolve_depth(kwargs.get("metric_module_depth"), metric_labels.ALWAYS_ON_DEFAULT)
+        settings = SessionSettings.checked(kwargs)
         if launcher_env.is_launcher_process():
             # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
             # and configuring export there would take rank 0's Prometheus port.
             logger.debug("hp_otel: a launcher process (torchrun/msrun): not instrumented")
             return
-        tracer_provider, meter_provider = _resolve_providers(
-            kwargs.get("tracer_provider"),
-            kwargs.get("meter_provider"),
-            _configure_export(kwargs.get("configure_export")),
-        )
-        _warn_if_resource_lacks_rank(tracer_provider)
-        session = StepSession(
-            tracer_provider, meter_provider, kwargs.get("module"), hooks, stack_depth, depth, collectives
-        )
+        session = settings.session()
         installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
         session.start()
         _session = session

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from referee import Referee, _node_stack
 from span_counts import module_counts_from_spans
+from sync_net import SyncNet
 from torch import nn
 
 from hp_otel import CommDebugMode
@@ -31,38 +31,6 @@ class _StepReferee(Referee):
                 self.module_counts[fqn]["backward"][name] += 1
             return
         super()._count(name)
-
-
-class _SyncGrad(torch.autograd.Function):
-    """Identity forward; its backward all-reduces the gradient (a collective a dispatch mode sees)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
-
-
-class _Sync(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SyncGrad.apply(x)
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 8)
-        self.sync = _Sync()
-        self.fc2 = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc2(self.sync(torch.relu(self.fc1(x))))
-        dist.all_reduce(y.detach().clone())  # a forward collective, inside the closure too
-        return y
 
 
 def _eq(actual: object, expected: object) -> None:
@@ -92,7 +60,7 @@ def _worker(rank: int, port: int) -> None:
     try:
         torch.manual_seed(0)
         for wrap in (False, True):
-            model: nn.Module = _Net()
+            model: nn.Module = SyncNet()
             if wrap:  # DDP: its bucket all_reduce runs from the reducer, inside the closure's backward
                 model = nn.parallel.DistributedDataParallel(model)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
