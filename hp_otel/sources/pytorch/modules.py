@@ -561,14 +561,16 @@ class _ModuleHooks:
     def _register_again(self) -> bool:
         """The hooks an earlier window made on this unchanged tree, registered again; False (nothing
         registered) if a module it described is gone."""
-        modules = [(tracked.fqn, ref()) for tracked, ref in zip(self._tracked, self._modules, strict=True)]
         registered = [(ref(), tracked) for ref, tracked in self._registered]
-        if any(module is None for _fqn, module in modules) or any(module is None for module, _t in registered):
-            return False
+        for module, _tracked in registered:
+            if module is None:
+                return False
         for module, tracked in registered:
             self._register(module, tracked)  # type: ignore[arg-type]
         self._hooked = True
-        self._wrap_compiled(modules)  # type: ignore[arg-type]
+        if self._seen is not None and self._seen.compiled:  # stand-ins for their compiled calls again
+            modules = [(tracked.fqn, ref()) for tracked, ref in zip(self._tracked, self._modules, strict=True)]
+            self._wrap_compiled(modules)  # type: ignore[arg-type]
         return True
 
     def _register(self, module: nn.Module, tracked: _TrackedModule) -> None:
