@@ -47,7 +47,7 @@ def fake_group_timed(monkeypatch) -> None:
     (no bandwidth, out of the exposure figures), which tests of the timing itself cannot use."""
     from hp_otel.sources.pytorch import collectives
 
-    monkeypatch.setattr(collectives, "backend_name", lambda pg: "gloo")
+    monkeypatch.setattr(collectives, "torch_backend_name", lambda pg: "gloo")
     monkeypatch.setattr(collectives, "_groups", {})  # no group resolved as fake before
 
 

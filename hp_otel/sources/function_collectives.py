@@ -59,17 +59,25 @@ def nbytes_of(value: Any) -> int:
 # --- groups ---------------------------------------------------------------------------
 
 
-def _torch_group(pg: Any) -> GroupDetails:
-    ranks: tuple[int, ...] = ()
-    backend = ""
-    try:
-        import torch.distributed as dist
+def torch_backend_name(pg: Any) -> str:
+    """A torch group's communication library as torch names it ("gloo", "nccl", "fake"; "" if it cannot
+    say): the one rule for this module's groups and the torch source's (`sources.pytorch.collectives`)."""
+    import torch.distributed as dist
 
-        ranks = tuple(dist.get_process_group_ranks(pg))
-        backend = str(dist.get_backend(pg)).lower()
+    try:
+        return str(dist.get_backend(pg)).lower()
     except Exception:  # a group the default-group registry does not know
-        pass
-    return GroupDetails(int(pg.size()), str(getattr(pg, "group_name", "") or ""), ranks, backend)
+        return ""
+
+
+def _torch_group(pg: Any) -> GroupDetails:
+    import torch.distributed as dist
+
+    try:
+        ranks = tuple(dist.get_process_group_ranks(pg))
+    except Exception:  # a group the default-group registry does not know
+        ranks = ()
+    return GroupDetails(int(pg.size()), str(getattr(pg, "group_name", "") or ""), ranks, torch_backend_name(pg))
 
 
 def _mindspore_backend() -> str:

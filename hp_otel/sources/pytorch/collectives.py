@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hp_otel.sources.function_collectives import reduce_op_name
+from hp_otel.sources.function_collectives import reduce_op_name, torch_backend_name
 from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans.infos import NO_GROUP, CollectiveInfo, GroupDetails
@@ -118,18 +118,10 @@ def _group_info(group: Any) -> GroupDetails:
     except Exception:  # a group the default-group registry does not know
         ranks = ()
     info = GroupDetails(
-        size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks, backend=backend_name(pg)
+        size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks, backend=torch_backend_name(pg)
     )
     _groups[key] = (weakref.ref(pg, functools.partial(_forget_group, key)), info)
     return info
-
-
-def backend_name(pg: Any) -> str:
-    """The group's communication library as torch names it ("gloo", "nccl", "fake"; "" if it cannot say)."""
-    try:
-        return str(dist.get_backend(pg)).lower()
-    except Exception:  # a group the default-group registry does not know
-        return ""
 
 
 def _forget_group(key: int, reference: weakref.ref[Any]) -> None:

@@ -420,9 +420,10 @@ def _within(fqn: str, roots: list[str]) -> bool:
 
 
 class _SeenTree:
-    """The tree a hook set was made for, weakly: a window with kept hooks opening on the same tree takes
-    the hooks as they are, without walking it (`named_modules()` and describing every module were the
-    largest cost of opening such a window).
+    """The tree a hook set was made for, weakly: a window opening on the same tree takes the hooks as
+    they are (kept between windows) or registers them again (taken out when the last window closed),
+    without walking it (`named_modules()` and describing every module were the largest cost of opening
+    a window).
 
     "The same" is checked on everything the hooks are made from (`_compat.tree_state`): each module's
     type, children (names and ids: `ModuleList.insert`, `Sequential` and `setattr` all write the
@@ -484,7 +485,10 @@ class _ModuleHooks:
 
     One set per root is kept (`_hook_sets`): with hooks kept between windows
     (`hp_otel.install()`) the next window takes it over instead of hooking every module
-    again; a window nested on the same tree gets a set of its own.
+    again; a window nested on the same tree gets a set of its own. Without kept hooks a
+    closing window takes its hooks out but the set keeps what it described (each module's
+    `_TrackedModule`, the parameter owners): the next window on the same unchanged tree
+    (`_SeenTree`) only registers the hooks again, without walking and describing the tree.
     """
 
     def __init__(self) -> None:
@@ -494,6 +498,9 @@ class _ModuleHooks:
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
         self._handles: list[RemovableHandle] = []
+        self._hooked = False  # the hooks of `_registered` are in (False: described, taken out by `remove()`)
+        self._registered: list[tuple[weakref.ref[nn.Module], _TrackedModule]] = []  # what gets forward hooks
+        self._modules: list[weakref.ref[nn.Module]] = []  # the module of each of `_tracked`
         # (module, our stand-in for its call), weakly: a kept hook set (`hp_otel.install()`) must not keep
         # a compiled model alive (the stand-in holds the module's compiled call, and that the module)
         self._compiled: list[tuple[weakref.ref[nn.Module], weakref.ref[Callable[..., Any]]]] = []
@@ -542,11 +549,33 @@ class _ModuleHooks:
         _hide_hooks_from_dynamo()
         seen = self._seen
         if seen is not None and self._tracked and seen.unchanged(root, in_graph):
-            return
+            if self._hooked or self._register_again():  # (not hooked: described by an earlier window)
+                return
+        if not self._hooked:  # described for a tree that has changed since: described anew
+            self._detach()
         self._seen = None
         modules = self._hook_tree(root, in_graph)
-        if installation.keeping():  # hooks kept between windows: the next window may take them as they are
-            self._seen = _SeenTree.of(root, in_graph, modules)
+        self._hooked = True
+        self._seen = _SeenTree.of(root, in_graph, modules)  # the next window may take them as they are
+
+    def _register_again(self) -> bool:
+        """The hooks an earlier window made on this unchanged tree, registered again; False (nothing
+        registered) if a module it described is gone."""
+        registered = [(ref(), tracked) for ref, tracked in self._registered]
+        for module, _tracked in registered:
+            if module is None:
+                return False
+        for module, tracked in registered:
+            self._register(module, tracked)  # type: ignore[arg-type]
+        self._hooked = True
+        if self._seen is not None and self._seen.compiled:  # stand-ins for their compiled calls again
+            modules = [(tracked.fqn, ref()) for tracked, ref in zip(self._tracked, self._modules, strict=True)]
+            self._wrap_compiled(modules)  # type: ignore[arg-type]
+        return True
+
+    def _register(self, module: nn.Module, tracked: _TrackedModule) -> None:
+        self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
+        self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
 
     def _hook_tree(self, root: nn.Module, in_graph: bool) -> list[tuple[str, nn.Module]]:
         """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
@@ -592,8 +621,9 @@ class _ModuleHooks:
                     continue
                 if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
                     continue
-                self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
-                self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+                self._register(module, tracked)
+                self._registered.append((weakref.ref(module), tracked))
+            self._modules = [weakref.ref(module) for _fqn, module in modules]
             self._wrap_compiled(modules)
         self.param_owner = {}
         described = [(tracked.info, module) for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True)]
@@ -632,13 +662,23 @@ class _ModuleHooks:
                 _compat.set_compiled_call(module, call.__hp_otel_compiled__)  # type: ignore[attr-defined]
 
     def remove(self) -> None:
-        """Take every hook out (a window still using them removes them when it closes)."""
+        """Take every hook out (a window still using them removes them when it closes); what they
+        describe stays, for the next window on this tree (`_register_again`)."""
         if self.tracker is None:
-            self._detach()
+            if self._seen is None:  # nothing tells the next window the tree is unchanged: forget all
+                self._detach()
+            else:
+                self._take_out()
 
     def _detach(self) -> None:
-        handles, self._handles = self._handles, []
         self._tracked, self._structure, self._seen = [], [], None
+        self._registered, self._modules = [], []
+        self._take_out()
+
+    def _take_out(self) -> None:
+        """Every hook and stand-in of ours out of the tree, exactly as it was."""
+        handles, self._handles = self._handles, []
+        self._hooked = False
         try:
             self._unhook_wrapper()
             self._unwrap_compiled()

@@ -1,13 +1,16 @@
-"""Kept hooks (`hp_otel.install()`) take an unchanged model as it is: no walk of its tree per window.
+"""A window on an unchanged model takes its hooks as they are: no walk of its tree per window.
 
-A window on a model whose hooks are kept checks the tree against what the hooks were made
-from (`modules._SeenTree`) instead of walking it.  Checked here: an unchanged model is not
+A window on a model checks the tree against what its hooks were made from
+(`modules._SeenTree`) instead of walking it: with hooks kept (`hp_otel.install()`) it takes them
+as they are, without (a plain window took its hooks out when it closed) it registers the same
+hooks again. Each test runs both ways.  Checked here: an unchanged model is not
 walked at all (`named_modules` is never called on it); and after each way of changing a model
 between windows — `ModuleList.insert` / `pop` / `del` / `append` (which write `_modules`
 directly: no registration hook sees them), swapping two blocks, `setattr` of a new child, a
 new parameter, `nn.Module.compile()` of a block, `torch.compile(model)` run — the kept hook set
 is exactly what a fresh walk makes (names, parameter owners, compiled calls noted, hooks on
-each module), and the counts are the referee's.
+each module, checked inside the window), and the counts are the referee's; after a plain
+window no hook of ours is left on any module.
 """
 
 from __future__ import annotations
@@ -29,11 +32,20 @@ from hp_otel.workloads.tp_transformer import build_tp_transformer, demo_tokens
 _PACKAGE = os.path.join(os.path.dirname(hp_otel.__file__), "")  # not "hp_otel" in a path: a clone's folder is named so
 
 
-@pytest.fixture(autouse=True)
-def _kept():
-    hp_otel.install()
-    yield
-    hp_otel.uninstall()
+@pytest.fixture(autouse=True, params=["kept", "plain"])
+def keeping(request) -> bool:
+    kept = request.param == "kept"
+    if kept:
+        hp_otel.install()
+    yield kept
+    if kept:
+        hp_otel.uninstall()
+
+
+def _our_hooks_on(model: nn.Module) -> int:
+    """Forward hooks of ours on the model's modules (its own, e.g. tensor parallelism's, left out)."""
+    hooks = [h for m in model.modules() for h in (*m._forward_pre_hooks.values(), *m._forward_hooks.values())]
+    return sum(isinstance(getattr(h, "__self__", None), modules._TrackedModule) for h in hooks)
 
 
 def _step(model: nn.Module, tokens: torch.Tensor) -> None:
@@ -106,7 +118,7 @@ CHANGES: dict[str, Callable[[nn.Module], None]] = {
 }
 
 
-def test_an_unchanged_model_is_not_walked(fake_world, monkeypatch) -> None:
+def test_an_unchanged_model_is_not_walked(fake_world, monkeypatch, keeping: bool) -> None:
     model, tokens = build_tp_transformer(fake_world), demo_tokens()
     with CommDebugMode(module=model, record_spans=False):
         _step(model, tokens)
@@ -124,12 +136,15 @@ def test_an_unchanged_model_is_not_walked(fake_world, monkeypatch) -> None:
         with Referee(model) as referee, CommDebugMode(module=model, record_spans=False) as mode:
             _step(model, tokens)
         assert mode.get_comm_module_counts() == referee.module_counts_dict()
+        assert keeping or _our_hooks_on(model) == 0
     assert walked == []
-    _assert_as_a_walk_makes(model)
+    monkeypatch.undo()
+    with CommDebugMode(module=model, record_spans=False):
+        _assert_as_a_walk_makes(model)
 
 
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_a_model_changed_between_windows_is_hooked_as_a_walk_would(fake_world, change: str) -> None:
+def test_a_model_changed_between_windows_is_hooked_as_a_walk_would(fake_world, change: str, keeping: bool) -> None:
     model, tokens = build_tp_transformer(fake_world), demo_tokens()
     for _ in range(2):
         with CommDebugMode(module=model):
@@ -137,9 +152,13 @@ def test_a_model_changed_between_windows_is_hooked_as_a_walk_would(fake_world, c
     CHANGES[change](model)
     with Referee(model) as referee, CommDebugMode(module=model) as mode:
         _step(model, tokens)
-    _assert_as_a_walk_makes(model)
+        _assert_as_a_walk_makes(model)
+        noted = change == "compile" and hasattr(_compat.compiled_call(model.layers[1]), "__hp_otel_compiled__")
+    assert keeping or _our_hooks_on(model) == 0
     if change == "compile":  # its call is noted around its graph: no submodule of it counts
-        assert getattr(_compat.compiled_call(model.layers[1]), "__hp_otel_compiled__", None) is not None
+        assert noted
+        # a plain window gives the block its own compiled call back when it closes
+        assert keeping or not hasattr(_compat.compiled_call(model.layers[1]), "__hp_otel_compiled__")
         assert not any(fqn.startswith("layers.1.") for fqn in mode.get_comm_module_counts())
     else:
         assert mode.get_comm_module_counts() == referee.module_counts_dict()
@@ -157,13 +176,14 @@ class _Net(nn.Module):
 
 def test_a_model_torch_compiled_between_windows_loses_its_submodules_hooks(fake_world) -> None:
     """`torch.compile(model)` compiles the class's forward: the submodules' hooks would run in its graph."""
+    torch._dynamo.reset()  # the other run of this test compiled _Net.forward's code, for good
     model = _Net()
     with CommDebugMode(module=model):
         model(torch.randn(2, 4))
-    assert len(model.fc._forward_pre_hooks) == 1
+        assert len(model.fc._forward_pre_hooks) == 1
     compiled = torch.compile(model, backend="eager")
     compiled(torch.randn(2, 4))
     with CommDebugMode(module=model):
         compiled(torch.randn(2, 4))
-    assert len(model.fc._forward_pre_hooks) == 0  # as a walk makes them
-    _assert_as_a_walk_makes(model)
+        assert len(model.fc._forward_pre_hooks) == 0  # as a walk makes them
+        _assert_as_a_walk_makes(model)
