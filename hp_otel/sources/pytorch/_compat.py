@@ -450,11 +450,18 @@ def set_compiled_call(module: torch.nn.Module, call: Any) -> None:
     object.__setattr__(module, _COMPILED_CALL, call)
 
 
+def loaded_compiled_module_class() -> type | None:
+    """`torch.compile(model)`'s wrapper class if dynamo is imported, else None (never imports it)."""
+    symbol = SYMBOLS["OptimizedModule"]
+    wrapper = getattr(_loaded(symbol.module), symbol.attribute, None)
+    return wrapper if isinstance(wrapper, type) else None
+
+
 def compiled_module_original(module: torch.nn.Module) -> torch.nn.Module | None:
     """The model a `torch.compile(model)` wrapper wraps (`_orig_mod`), None for any other module
     (never imports dynamo: a wrapper exists only once it is imported)."""
-    wrapper = getattr(_loaded(SYMBOLS["OptimizedModule"].module), "OptimizedModule", None)
-    if not isinstance(wrapper, type) or not isinstance(module, wrapper):
+    wrapper = loaded_compiled_module_class()
+    if wrapper is None or not isinstance(module, wrapper):
         return None
     original = vars(module).get("_modules", {}).get("_orig_mod")
     return original if isinstance(original, torch.nn.Module) else None

@@ -42,7 +42,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hp_otel.record import installation
 from hp_otel.record.observer import Observer
-from hp_otel.sources.pytorch import _compat
+from hp_otel.sources.pytorch import _compat, compile_wrappers
 from hp_otel.sources.pytorch.fsdp import fsdp1_patches, param_group_modules
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema
@@ -337,6 +337,39 @@ def _compiled_call(tracked: _TrackedModule, module: nn.Module, compiled: Callabl
     return compiled_call
 
 
+class _WrapperHooks:
+    """Hooks on a `torch.compile(module)` wrapper that note the module's call around the compiled region.
+
+    The wrapper's own hooks run eagerly, before and after the region, for every class of module
+    (`compile_wrappers`); the module's hooks may run inside it (a torch class's whole call is
+    compiled), where they do nothing.  `compiled_calls` keeps the module's own hooks from noting
+    the call again where dynamo runs them eagerly (a user class: only its `forward` is compiled).
+    """
+
+    __slots__ = ("tracked",)
+
+    def __init__(self, tracked: _TrackedModule) -> None:
+        self.tracked = tracked
+
+    def register(self, wrapper: nn.Module) -> list[RemovableHandle]:
+        return [
+            wrapper.register_forward_pre_hook(self.pre, prepend=True),
+            wrapper.register_forward_hook(self.post, always_call=True),
+        ]
+
+    def pre(self, module: nn.Module, args: Any) -> None:
+        if _is_compiling():
+            return
+        self.tracked.forward_pre(module, args)
+        self.tracked.compiled_calls += 1
+
+    def post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _is_compiling():
+            return
+        self.tracked.compiled_calls = max(0, self.tracked.compiled_calls - 1)
+        self.tracked.forward_post(module, args, output)
+
+
 _hidden: list[bool] = []
 
 
@@ -347,7 +380,7 @@ def _hide_hooks_from_dynamo() -> None:
     if _hidden or "torch._dynamo" not in sys.modules:  # no dynamo yet: nothing compiles
         return
     _hidden.append(True)
-    for hook in (_TrackedModule.forward_pre, _TrackedModule.forward_post):
+    for hook in (_TrackedModule.forward_pre, _TrackedModule.forward_post, _WrapperHooks.pre, _WrapperHooks.post):
         _compat.hide_from_dynamo(hook)
 
 
@@ -419,6 +452,34 @@ def _within(fqn: str, roots: list[str]) -> bool:
     return any(not r or fqn == r or fqn.startswith(f"{r}.") for r in roots)
 
 
+def _region_root(fqn: str, regions: list[str]) -> str:
+    """The outermost of `regions` (modules whose call is noted around a compiled region) that `fqn` is
+    strictly inside, else `fqn` itself."""
+    outer = fqn
+    for region in regions:
+        if region != fqn and (not region or fqn.startswith(f"{region}.")) and len(region) < len(outer):
+            outer = region
+    return outer
+
+
+def _outermost_wrapped(
+    plain: list[tuple[str, nn.Module]], compiled: list[str], inside: list[str]
+) -> list[tuple[str, list[nn.Module]]]:
+    """(fqn, its `torch.compile(module)` wrappers) of each module of `plain` that has one and is not inside
+    another compiled region (whose graph holds its call)."""
+    found = compile_wrappers.wrappers_of(module for _fqn, module in plain)
+    if not found:
+        return []
+    wrapped = [(fqn, found[id(module)]) for fqn, module in plain if id(module) in found]
+    regions = compiled + [fqn for fqn, _wrappers in wrapped]
+    return [
+        (fqn, wrappers)
+        for fqn, wrappers in wrapped
+        if _region_root(fqn, regions) == fqn
+        and not (fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside))
+    ]
+
+
 class _SeenTree:
     """The tree a hook set was made for, weakly: a window with kept hooks opening on the same tree takes
     the hooks as they are, without walking it (`named_modules()` and describing every module were the
@@ -432,7 +493,7 @@ class _SeenTree:
     the tree is walked as before.
     """
 
-    __slots__ = ("compiled", "forwards", "in_graph", "modules", "root", "state")
+    __slots__ = ("compiled", "forwards", "in_graph", "modules", "root", "state", "wrappers")
 
     def __init__(
         self,
@@ -449,6 +510,7 @@ class _SeenTree:
         self.compiled = compiled  # alive while the modules hold them: their ids in `state` are theirs
         self.forwards = forwards  # (module type, its forward, whether dynamo compiled it as a frame)
         self.state = state
+        self.wrappers = compile_wrappers.generation()  # the `torch.compile(module)` wrappers alive (changes: walk)
 
     @classmethod
     def of(cls, root: nn.Module, in_graph: bool, modules: list[tuple[str, nn.Module]]) -> _SeenTree | None:
@@ -469,6 +531,8 @@ class _SeenTree:
 
     def unchanged(self, root: nn.Module, in_graph: bool) -> bool:
         if self.root() is not root or self.in_graph is not in_graph:
+            return False
+        if compile_wrappers.generation() != self.wrappers:
             return False
         for ref in self.compiled:
             if ref() is None:
@@ -516,21 +580,8 @@ class _ModuleHooks:
                 self._hook_wrapper(wrapper, self._tracked[0])
 
     def _hook_wrapper(self, wrapper: nn.Module, tracked: _TrackedModule) -> None:
-        def pre(module: nn.Module, args: Any) -> None:
-            if _is_compiling():
-                return
-            tracked.forward_pre(module, args)
-            tracked.compiled_calls += 1
-
-        def post(module: nn.Module, args: Any, output: Any) -> None:
-            if _is_compiling():
-                return
-            tracked.compiled_calls = max(0, tracked.compiled_calls - 1)
-            tracked.forward_post(module, args, output)
-
         self._wrapper = weakref.ref(wrapper)
-        self._wrapper_handles.append(wrapper.register_forward_pre_hook(pre, prepend=True))
-        self._wrapper_handles.append(wrapper.register_forward_hook(post, always_call=True))
+        self._wrapper_handles.extend(_WrapperHooks(tracked).register(wrapper))
 
     def _unhook_wrapper(self) -> None:
         handles, self._wrapper_handles, self._wrapper = self._wrapper_handles, [], None
@@ -557,9 +608,16 @@ class _ModuleHooks:
         scripted = _scripted(modules)
         plain = [(fqn, module) for fqn, module in modules if not _within(fqn, scripted)]
         compiled = [fqn for fqn, module in plain if _compat.compiled_call(module) is not None]
-        # `torch.compile(model)` compiles model.forward: the model's own hooks run eagerly, its submodules' in the graph
+        # `torch.compile(model)` of a user class compiles model.forward: the model's own hooks run eagerly,
+        # its submodules' in the graph (a class-wide sign, kept for a forward compiled without a wrapper)
         inside = [f"{fqn}." for fqn, module in plain if _compat.top_frame_compiled(type(module).forward)]
+        # `torch.compile(model)`, for any class: the wrapper's hooks note the model's call; the model's run in the graph
+        wrapped = [] if in_graph else _outermost_wrapped(plain, compiled, inside)
+        wrapped_fqns = [fqn for fqn, _wrappers in wrapped]
         structure = [(fqn, id(module)) for fqn, module in every] + [(fqn, 0) for fqn in compiled + inside]
+        if wrapped:  # (the generation: a wrapper made since, even one reusing a dead one's id)
+            structure += [(f"{fqn} wrapper", id(w)) for fqn, ws in wrapped for w in ws]
+            structure.append((" wrappers", compile_wrappers.generation()))
         if len(modules) < len(every):  # the parameters of the modules left unhooked, whose owner is their ancestor
             hooked = {id(module) for _fqn, module in modules}
             structure += [
@@ -584,24 +642,25 @@ class _ModuleHooks:
             for fqn, module in modules:
                 tracked = _TrackedModule(self, fqn, module)
                 self._tracked.append(tracked)
-                if (
-                    in_graph
-                    or _within(fqn, scripted)
-                    or any(fqn == c or fqn.startswith(f"{c}.") or not c for c in compiled)
-                ):
+                if in_graph or _within(fqn, scripted) or _within(fqn, compiled) or _within(fqn, wrapped_fqns):
                     continue
                 if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
                     continue
                 self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
                 self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+            tracked_at = {fqn: tracked for tracked, (fqn, _module) in zip(self._tracked, modules, strict=True)}
+            for fqn, wrappers in wrapped:
+                for wrapper in wrappers:
+                    self._handles.extend(_WrapperHooks(tracked_at[fqn]).register(wrapper))
             self._wrap_compiled(modules)
         self.param_owner = {}
-        described = [(tracked.info, module) for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True)]
-        if len(modules) < len(every):  # a module deeper than the hooks is described as its hooked ancestor: its
-            # parameters' gradients and its FSDP group's collectives count there, as its forward does
-            info_of = {fqn: info for (info, _m), (fqn, _module) in zip(described, modules, strict=True)}
-            names = set(info_of)
-            described = [(info_of[_ancestor_within(fqn, names)], module) for fqn, module in every]
+        # A module deeper than the hooks is described as its hooked ancestor, one inside a compiled region as
+        # the module whose call is noted around the region: its parameters' gradients (DDP's bucket all_reduce)
+        # and its FSDP group's collectives count there, as its forward does.
+        info_of = {fqn: tracked.info for tracked, (fqn, _module) in zip(self._tracked, modules, strict=True)}
+        names = set(info_of)
+        regions = compiled + wrapped_fqns + [prefix[:-1] for prefix in inside] + ([""] if in_graph else [])
+        described = [(info_of[_region_root(_ancestor_within(fqn, names), regions)], module) for fqn, module in every]
         self.module_info = {id(module): info for info, module in described}
         for info, module in described:
             for param in _compat.own_parameters(module):
