@@ -218,7 +218,8 @@ _TABLE: tuple[Symbol, ...] = (
     ),
     Symbol(
         "OptimizedModule", "torch._dynamo.eval_frame", "OptimizedModule", CLASS,
-        "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names",
+        "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names; "
+        "a window on the model notes its call on the wrapper's hooks (`compile_wrappers` lists the instances)",
         fallback="the wrapper is tracked as it is (names start with `_orig_mod.`)",
     ),
     # the dispatcher: Python kernels on collective ops, op records
@@ -303,7 +304,8 @@ _TABLE: tuple[Symbol, ...] = (
     ),
     Symbol(
         "cache_entries", "torch._dynamo.eval_frame", "_debug_get_cache_entry_list", CALLABLE,
-        "whether `torch.compile(model)` compiled a module's forward: its submodules' hooks then run in the graph",
+        "whether dynamo compiled a module class's forward (`torch.compile(model.forward)`, no wrapper to find): "
+        "its submodules' hooks then run in the graph",
         fallback="no module counts as compiled so: a window recompiles such a graph (its hooks' ids are guarded)",
     ),
     # torch.distributed: Work, process groups, functional collectives, DTensor, FSDP2

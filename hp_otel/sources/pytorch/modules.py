@@ -225,8 +225,8 @@ class _TrackedModule:
     Inside a compiled graph (`torch.compile`, `nn.Module.compile()`) dynamo traces the hooks:
     there they do nothing (anything more would break the graph, or fail it under
     `fullgraph=True`), and the call of the module that was compiled is noted eagerly around
-    its graph instead (`_compiled_call`; `torch.compile(model)` runs the model's own hooks
-    eagerly, and a window given that wrapper hooks the wrapper).
+    its graph instead (`_compiled_call`; for `torch.compile(model)`, by hooks on the wrapper:
+    `_WrapperHooks`, the wrapper given to the window or found from the model).
     """
 
     __slots__ = ("compiled_calls", "fqn", "hooks", "info")
@@ -488,8 +488,9 @@ class _SeenTree:
     "The same" is checked on everything the hooks are made from (`_compat.tree_state`): each module's
     type, children (names and ids: `ModuleList.insert`, `Sequential` and `setattr` all write the
     `_modules` dict, which is read, so no registration hook is relied on), own parameters and compiled
-    call, the modules themselves alive (so no id is reused), and whether dynamo compiled each module
-    type's `forward` (`torch.compile(model)`).  Anything else, or a `torch.jit.script` module in the tree:
+    call, the modules themselves alive (so no id is reused), whether dynamo compiled each module
+    type's `forward`, and the `torch.compile(model)` wrappers alive (`compile_wrappers.generation`).
+    Anything else, or a `torch.jit.script` module in the tree:
     the tree is walked as before.
     """
 
