@@ -48,6 +48,8 @@ _found: list[_Found] = []  # at most one: the last scan
 
 def _classes(base: type) -> list[type]:
     """The wrapper class and its subclasses (a subclass's instances refer to the subclass, not to `base`)."""
+    if not base.__subclasses__():  # the usual case
+        return [base]
     classes, todo = [], [base]
     while todo:
         kind = todo.pop()
@@ -63,7 +65,10 @@ def _signature(classes: list[type], wrappers: list[weakref.ref[nn.Module]]) -> i
     references = 0
     for kind in classes:
         references += sys.getrefcount(kind)
-    return references - sum(1 for ref in wrappers if ref() is not None)
+    for ref in wrappers:
+        if ref() is not None:
+            references -= 1
+    return references
 
 
 def _current() -> _Found | None:
