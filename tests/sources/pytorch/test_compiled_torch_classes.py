@@ -233,3 +233,32 @@ def test_a_compiled_ddp_model_counts_its_bucket_all_reduce_for_the_model() -> No
     import torch.multiprocessing as mp
 
     mp.spawn(_ddp_worker, args=(free_port(),), nprocs=2, join=True)
+
+
+class _WithCompiledPart(nn.Module):
+    """A model holding `torch.compile(nn.Sequential(...))` as a child (the wrapper is in the tree)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seq = torch.compile(_tp_model("sequential"), backend="aot_eager", fullgraph=True)
+        self.head = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.seq(x))
+
+
+@pytest.mark.usefixtures("fake_world")
+def test_a_compiled_sequential_held_as_a_child_recompiles_nothing() -> None:
+    """The wrapper is a module of the tree: it and the model it wraps count, the model's submodules
+    (in the graph) get no hooks, so no window recompiles (each did before: 2, 3, 4 graphs)."""
+    _reset_dynamo()
+    model = _WithCompiledPart()
+    _tp_step(model)
+    untraced = _dynamo_stats()
+    results, stats = _windows(model, model, _tp_step, model)
+    assert stats == [untraced] * len(stats)
+    both = {"forward": {"_c10d_functional.all_reduce": 1}, "backward": {"_c10d_functional.all_reduce": 1}}
+    for counts, module_counts, errors, profiled in results:
+        assert errors == {}
+        assert Counter(counts) == profiled
+        assert module_counts == {"(root)": both, "seq": both, "seq._orig_mod": both}
