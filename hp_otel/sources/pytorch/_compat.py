@@ -218,7 +218,8 @@ _TABLE: tuple[Symbol, ...] = (
     ),
     Symbol(
         "OptimizedModule", "torch._dynamo.eval_frame", "OptimizedModule", CLASS,
-        "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names",
+        "`torch.compile(model)`'s wrapper: a window on it tracks the model it wraps, under the model's names; "
+        "a window on the model notes its call on the wrapper's hooks (`compile_wrappers` lists the instances)",
         fallback="the wrapper is tracked as it is (names start with `_orig_mod.`)",
     ),
     # the dispatcher: Python kernels on collective ops, op records
@@ -303,7 +304,8 @@ _TABLE: tuple[Symbol, ...] = (
     ),
     Symbol(
         "cache_entries", "torch._dynamo.eval_frame", "_debug_get_cache_entry_list", CALLABLE,
-        "whether `torch.compile(model)` compiled a module's forward: its submodules' hooks then run in the graph",
+        "whether dynamo compiled a module class's forward (`torch.compile(model.forward)`, no wrapper to find): "
+        "its submodules' hooks then run in the graph",
         fallback="no module counts as compiled so: a window recompiles such a graph (its hooks' ids are guarded)",
     ),
     # torch.distributed: Work, process groups, functional collectives, DTensor, FSDP2
@@ -450,11 +452,18 @@ def set_compiled_call(module: torch.nn.Module, call: Any) -> None:
     object.__setattr__(module, _COMPILED_CALL, call)
 
 
+def loaded_compiled_module_class() -> type | None:
+    """`torch.compile(model)`'s wrapper class if dynamo is imported, else None (never imports it)."""
+    symbol = SYMBOLS["OptimizedModule"]
+    wrapper = getattr(_loaded(symbol.module), symbol.attribute, None)
+    return wrapper if isinstance(wrapper, type) else None
+
+
 def compiled_module_original(module: torch.nn.Module) -> torch.nn.Module | None:
     """The model a `torch.compile(model)` wrapper wraps (`_orig_mod`), None for any other module
     (never imports dynamo: a wrapper exists only once it is imported)."""
-    wrapper = getattr(_loaded(SYMBOLS["OptimizedModule"].module), "OptimizedModule", None)
-    if not isinstance(wrapper, type) or not isinstance(module, wrapper):
+    wrapper = loaded_compiled_module_class()
+    if wrapper is None or not isinstance(module, wrapper):
         return None
     original = vars(module).get("_modules", {}).get("_orig_mod")
     return original if isinstance(original, torch.nn.Module) else None

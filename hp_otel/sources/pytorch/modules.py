@@ -42,7 +42,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hp_otel.record import installation
 from hp_otel.record.observer import Observer
-from hp_otel.sources.pytorch import _compat
+from hp_otel.sources.pytorch import _compat, compile_wrappers
 from hp_otel.sources.pytorch.fsdp import fsdp1_patches, param_group_modules
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema
@@ -225,8 +225,8 @@ class _TrackedModule:
     Inside a compiled graph (`torch.compile`, `nn.Module.compile()`) dynamo traces the hooks:
     there they do nothing (anything more would break the graph, or fail it under
     `fullgraph=True`), and the call of the module that was compiled is noted eagerly around
-    its graph instead (`_compiled_call`; `torch.compile(model)` runs the model's own hooks
-    eagerly, and a window given that wrapper hooks the wrapper).
+    its graph instead (`_compiled_call`; for `torch.compile(model)`, by hooks on the wrapper:
+    `_WrapperHooks`, the wrapper given to the window or found from the model).
     """
 
     __slots__ = ("compiled_calls", "fqn", "hooks", "info")
@@ -337,6 +337,39 @@ def _compiled_call(tracked: _TrackedModule, module: nn.Module, compiled: Callabl
     return compiled_call
 
 
+class _WrapperHooks:
+    """Hooks on a `torch.compile(module)` wrapper that note the module's call around the compiled region.
+
+    The wrapper's own hooks run eagerly, before and after the region, for every class of module
+    (`compile_wrappers`); the module's hooks may run inside it (a torch class's whole call is
+    compiled), where they do nothing.  `compiled_calls` keeps the module's own hooks from noting
+    the call again where dynamo runs them eagerly (a user class: only its `forward` is compiled).
+    """
+
+    __slots__ = ("tracked",)
+
+    def __init__(self, tracked: _TrackedModule) -> None:
+        self.tracked = tracked
+
+    def register(self, wrapper: nn.Module) -> list[RemovableHandle]:
+        return [
+            wrapper.register_forward_pre_hook(self.pre, prepend=True),
+            wrapper.register_forward_hook(self.post, always_call=True),
+        ]
+
+    def pre(self, module: nn.Module, args: Any) -> None:
+        if _is_compiling():
+            return
+        self.tracked.forward_pre(module, args)
+        self.tracked.compiled_calls += 1
+
+    def post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _is_compiling():
+            return
+        self.tracked.compiled_calls = max(0, self.tracked.compiled_calls - 1)
+        self.tracked.forward_post(module, args, output)
+
+
 _hidden: list[bool] = []
 
 
@@ -347,7 +380,7 @@ def _hide_hooks_from_dynamo() -> None:
     if _hidden or "torch._dynamo" not in sys.modules:  # no dynamo yet: nothing compiles
         return
     _hidden.append(True)
-    for hook in (_TrackedModule.forward_pre, _TrackedModule.forward_post):
+    for hook in (_TrackedModule.forward_pre, _TrackedModule.forward_post, _WrapperHooks.pre, _WrapperHooks.post):
         _compat.hide_from_dynamo(hook)
 
 
@@ -419,6 +452,34 @@ def _within(fqn: str, roots: list[str]) -> bool:
     return any(not r or fqn == r or fqn.startswith(f"{r}.") for r in roots)
 
 
+def _region_root(fqn: str, regions: list[str]) -> str:
+    """The outermost of `regions` (modules whose call is noted around a compiled region) that `fqn` is
+    strictly inside, else `fqn` itself."""
+    outer = fqn
+    for region in regions:
+        if region != fqn and (not region or fqn.startswith(f"{region}.")) and len(region) < len(outer):
+            outer = region
+    return outer
+
+
+def _outermost_wrapped(
+    plain: list[tuple[str, nn.Module]], compiled: list[str], inside: list[str]
+) -> list[tuple[str, list[nn.Module]]]:
+    """(fqn, its `torch.compile(module)` wrappers) of each module of `plain` that has one and is not inside
+    another compiled region (whose graph holds its call)."""
+    found = compile_wrappers.wrappers_of(module for _fqn, module in plain)
+    if not found:
+        return []
+    wrapped = [(fqn, found[id(module)]) for fqn, module in plain if id(module) in found]
+    regions = compiled + [fqn for fqn, _wrappers in wrapped]
+    return [
+        (fqn, wrappers)
+        for fqn, wrappers in wrapped
+        if _region_root(fqn, regions) == fqn
+        and not (fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside))
+    ]
+
+
 class _SeenTree:
     """The tree a hook set was made for, weakly: a window opening on the same tree takes the hooks as
     they are (kept between windows) or registers them again (taken out when the last window closed),
@@ -428,12 +489,13 @@ class _SeenTree:
     "The same" is checked on everything the hooks are made from (`_compat.tree_state`): each module's
     type, children (names and ids: `ModuleList.insert`, `Sequential` and `setattr` all write the
     `_modules` dict, which is read, so no registration hook is relied on), own parameters and compiled
-    call, the modules themselves alive (so no id is reused), and whether dynamo compiled each module
-    type's `forward` (`torch.compile(model)`).  Anything else, or a `torch.jit.script` module in the tree:
+    call, the modules themselves alive (so no id is reused), whether dynamo compiled each module
+    type's `forward`, and the `torch.compile(model)` wrappers alive (`compile_wrappers.generation`).
+    Anything else, or a `torch.jit.script` module in the tree:
     the tree is walked as before.
     """
 
-    __slots__ = ("compiled", "forwards", "in_graph", "modules", "root", "state")
+    __slots__ = ("compiled", "forwards", "in_graph", "modules", "root", "state", "wrappers")
 
     def __init__(
         self,
@@ -450,6 +512,7 @@ class _SeenTree:
         self.compiled = compiled  # alive while the modules hold them: their ids in `state` are theirs
         self.forwards = forwards  # (module type, its forward, whether dynamo compiled it as a frame)
         self.state = state
+        self.wrappers = compile_wrappers.generation()  # the `torch.compile(module)` wrappers alive (changes: walk)
 
     @classmethod
     def of(cls, root: nn.Module, in_graph: bool, modules: list[tuple[str, nn.Module]]) -> _SeenTree | None:
@@ -470,6 +533,8 @@ class _SeenTree:
 
     def unchanged(self, root: nn.Module, in_graph: bool) -> bool:
         if self.root() is not root or self.in_graph is not in_graph:
+            return False
+        if compile_wrappers.generation() != self.wrappers:
             return False
         for ref in self.compiled:
             if ref() is None:
@@ -501,6 +566,8 @@ class _ModuleHooks:
         self._hooked = False  # the hooks of `_registered` are in (False: described, taken out by `remove()`)
         self._registered: list[tuple[weakref.ref[nn.Module], _TrackedModule]] = []  # what gets forward hooks
         self._modules: list[weakref.ref[nn.Module]] = []  # the module of each of `_tracked`
+        # the `torch.compile(module)` wrappers found for modules of the tree, whose hooks note those modules' calls
+        self._registered_wrappers: list[tuple[weakref.ref[nn.Module], _TrackedModule]] = []
         # (module, our stand-in for its call), weakly: a kept hook set (`hp_otel.install()`) must not keep
         # a compiled model alive (the stand-in holds the module's compiled call, and that the module)
         self._compiled: list[tuple[weakref.ref[nn.Module], weakref.ref[Callable[..., Any]]]] = []
@@ -523,21 +590,8 @@ class _ModuleHooks:
                 self._hook_wrapper(wrapper, self._tracked[0])
 
     def _hook_wrapper(self, wrapper: nn.Module, tracked: _TrackedModule) -> None:
-        def pre(module: nn.Module, args: Any) -> None:
-            if _is_compiling():
-                return
-            tracked.forward_pre(module, args)
-            tracked.compiled_calls += 1
-
-        def post(module: nn.Module, args: Any, output: Any) -> None:
-            if _is_compiling():
-                return
-            tracked.compiled_calls = max(0, tracked.compiled_calls - 1)
-            tracked.forward_post(module, args, output)
-
         self._wrapper = weakref.ref(wrapper)
-        self._wrapper_handles.append(wrapper.register_forward_pre_hook(pre, prepend=True))
-        self._wrapper_handles.append(wrapper.register_forward_hook(post, always_call=True))
+        self._wrapper_handles.extend(_WrapperHooks(tracked).register(wrapper))
 
     def _unhook_wrapper(self) -> None:
         handles, self._wrapper_handles, self._wrapper = self._wrapper_handles, [], None
@@ -562,11 +616,14 @@ class _ModuleHooks:
         """The hooks an earlier window made on this unchanged tree, registered again; False (nothing
         registered) if a module it described is gone."""
         registered = [(ref(), tracked) for ref, tracked in self._registered]
-        for module, _tracked in registered:
+        wrappers = [(ref(), tracked) for ref, tracked in self._registered_wrappers]
+        for module, _tracked in registered + wrappers:
             if module is None:
                 return False
         for module, tracked in registered:
             self._register(module, tracked)  # type: ignore[arg-type]
+        for wrapper, tracked in wrappers:
+            self._handles.extend(_WrapperHooks(tracked).register(wrapper))  # type: ignore[arg-type]
         self._hooked = True
         if self._seen is not None and self._seen.compiled:  # stand-ins for their compiled calls again
             modules = [(tracked.fqn, ref()) for tracked, ref in zip(self._tracked, self._modules, strict=True)]
@@ -586,9 +643,16 @@ class _ModuleHooks:
         scripted = _scripted(modules)
         plain = [(fqn, module) for fqn, module in modules if not _within(fqn, scripted)]
         compiled = [fqn for fqn, module in plain if _compat.compiled_call(module) is not None]
-        # `torch.compile(model)` compiles model.forward: the model's own hooks run eagerly, its submodules' in the graph
+        # `torch.compile(model)` of a user class compiles model.forward: the model's own hooks run eagerly,
+        # its submodules' in the graph (a class-wide sign, kept for a forward compiled without a wrapper)
         inside = [f"{fqn}." for fqn, module in plain if _compat.top_frame_compiled(type(module).forward)]
+        # `torch.compile(model)`, for any class: the wrapper's hooks note the model's call; the model's run in the graph
+        wrapped = [] if in_graph else _outermost_wrapped(plain, compiled, inside)
+        wrapped_fqns = [fqn for fqn, _wrappers in wrapped]
         structure = [(fqn, id(module)) for fqn, module in every] + [(fqn, 0) for fqn in compiled + inside]
+        if wrapped:  # (the generation: a wrapper made since, even one reusing a dead one's id)
+            structure += [(f"{fqn} wrapper", id(w)) for fqn, ws in wrapped for w in ws]
+            structure.append((" wrappers", compile_wrappers.generation()))
         if len(modules) < len(every):  # the parameters of the modules left unhooked, whose owner is their ancestor
             hooked = {id(module) for _fqn, module in modules}
             structure += [
@@ -613,25 +677,27 @@ class _ModuleHooks:
             for fqn, module in modules:
                 tracked = _TrackedModule(self, fqn, module)
                 self._tracked.append(tracked)
-                if (
-                    in_graph
-                    or _within(fqn, scripted)
-                    or any(fqn == c or fqn.startswith(f"{c}.") or not c for c in compiled)
-                ):
+                if in_graph or _within(fqn, scripted) or _within(fqn, compiled) or _within(fqn, wrapped_fqns):
                     continue
                 if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
                     continue
                 self._register(module, tracked)
                 self._registered.append((weakref.ref(module), tracked))
             self._modules = [weakref.ref(module) for _fqn, module in modules]
+            tracked_at = {fqn: tracked for tracked, (fqn, _module) in zip(self._tracked, modules, strict=True)}
+            for fqn, wrappers in wrapped:
+                for wrapper in wrappers:
+                    self._handles.extend(_WrapperHooks(tracked_at[fqn]).register(wrapper))
+                    self._registered_wrappers.append((weakref.ref(wrapper), tracked_at[fqn]))
             self._wrap_compiled(modules)
         self.param_owner = {}
-        described = [(tracked.info, module) for tracked, (_fqn, module) in zip(self._tracked, modules, strict=True)]
-        if len(modules) < len(every):  # a module deeper than the hooks is described as its hooked ancestor: its
-            # parameters' gradients and its FSDP group's collectives count there, as its forward does
-            info_of = {fqn: info for (info, _m), (fqn, _module) in zip(described, modules, strict=True)}
-            names = set(info_of)
-            described = [(info_of[_ancestor_within(fqn, names)], module) for fqn, module in every]
+        # A module deeper than the hooks is described as its hooked ancestor, one inside a compiled region as
+        # the module whose call is noted around the region: its parameters' gradients (DDP's bucket all_reduce)
+        # and its FSDP group's collectives count there, as its forward does.
+        info_of = {fqn: tracked.info for tracked, (fqn, _module) in zip(self._tracked, modules, strict=True)}
+        names = set(info_of)
+        regions = compiled + wrapped_fqns + [prefix[:-1] for prefix in inside] + ([""] if in_graph else [])
+        described = [(info_of[_region_root(_ancestor_within(fqn, names), regions)], module) for fqn, module in every]
         self.module_info = {id(module): info for info, module in described}
         for info, module in described:
             for param in _compat.own_parameters(module):
@@ -672,7 +738,7 @@ class _ModuleHooks:
 
     def _detach(self) -> None:
         self._tracked, self._structure, self._seen = [], [], None
-        self._registered, self._modules = [], []
+        self._registered, self._modules, self._registered_wrappers = [], [], []
         self._take_out()
 
     def _take_out(self) -> None:
