@@ -28,14 +28,28 @@ from hp_otel.testing import assert_comm_snapshot
 CHILD_MEMORY = 1_500_000_000  # bytes of address space a child CLI may map (torch alone maps ~1 GB)
 
 
+# The child's own peak is VmHWM (since its exec): Linux keeps ru_maxrss across exec, so the child
+# started by fork + exec would report the test process's size at the fork (the suite's, with every
+# library its earlier tests imported).
 _CHILD = """
 import os, resource, sys
 from hp_otel.cli import main
+
+def own_peak_kb():
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
 try:
     code = main(sys.argv[1:])
 finally:
     with open(os.environ["HP_OTEL_TEST_PEAK_FILE"], "w") as peak:
-        peak.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        peak.write(str(own_peak_kb()))
 sys.exit(code)
 """
 
