@@ -452,6 +452,12 @@ def _within(fqn: str, roots: list[str]) -> bool:
     return any(not r or fqn == r or fqn.startswith(f"{r}.") for r in roots)
 
 
+def _in_compiled_forward(fqn: str, inside: list[str]) -> bool:
+    """Whether `fqn` is a submodule of a module whose class's forward dynamo compiled (`inside`: their
+    fqns with a trailing "."; the root's is "."): its hooks would run in that graph."""
+    return bool(fqn) and any(prefix == "." or fqn.startswith(prefix) for prefix in inside)
+
+
 def _region_root(fqn: str, regions: list[str]) -> str:
     """The outermost of `regions` (modules whose call is noted around a compiled region) that `fqn` is
     strictly inside, else `fqn` itself."""
@@ -475,8 +481,7 @@ def _outermost_wrapped(
     return [
         (fqn, wrappers)
         for fqn, wrappers in wrapped
-        if _region_root(fqn, regions) == fqn
-        and not (fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside))
+        if _region_root(fqn, regions) == fqn and not _in_compiled_forward(fqn, inside)
     ]
 
 
@@ -565,7 +570,6 @@ class _ModuleHooks:
         self._handles: list[RemovableHandle] = []
         self._hooked = False  # the hooks of `_registered` are in (False: described, taken out by `remove()`)
         self._registered: list[tuple[weakref.ref[nn.Module], _TrackedModule]] = []  # what gets forward hooks
-        self._modules: list[weakref.ref[nn.Module]] = []  # the module of each of `_tracked`
         # the `torch.compile(module)` wrappers found for modules of the tree, whose hooks note those modules' calls
         self._registered_wrappers: list[tuple[weakref.ref[nn.Module], _TrackedModule]] = []
         # (module, our stand-in for its call), weakly: a kept hook set (`hp_otel.install()`) must not keep
@@ -624,10 +628,9 @@ class _ModuleHooks:
             self._register(module, tracked)  # type: ignore[arg-type]
         for wrapper, tracked in wrappers:
             self._handles.extend(_WrapperHooks(tracked).register(wrapper))  # type: ignore[arg-type]
+        # (no compiled stand-ins to remake: a tree with compiled calls is never "unchanged" once they are
+        # taken out, since `_SeenTree` noted the stand-ins, which die with the window; it is walked again)
         self._hooked = True
-        if self._seen is not None and self._seen.compiled:  # stand-ins for their compiled calls again
-            modules = [(tracked.fqn, ref()) for tracked, ref in zip(self._tracked, self._modules, strict=True)]
-            self._wrap_compiled(modules)  # type: ignore[arg-type]
         return True
 
     def _register(self, module: nn.Module, tracked: _TrackedModule) -> None:
@@ -679,11 +682,10 @@ class _ModuleHooks:
                 self._tracked.append(tracked)
                 if in_graph or _within(fqn, scripted) or _within(fqn, compiled) or _within(fqn, wrapped_fqns):
                     continue
-                if fqn and any(prefix == "." or fqn.startswith(prefix) for prefix in inside):
+                if _in_compiled_forward(fqn, inside):
                     continue
                 self._register(module, tracked)
                 self._registered.append((weakref.ref(module), tracked))
-            self._modules = [weakref.ref(module) for _fqn, module in modules]
             tracked_at = {fqn: tracked for tracked, (fqn, _module) in zip(self._tracked, modules, strict=True)}
             for fqn, wrappers in wrapped:
                 for wrapper in wrappers:
@@ -738,7 +740,7 @@ class _ModuleHooks:
 
     def _detach(self) -> None:
         self._tracked, self._structure, self._seen = [], [], None
-        self._registered, self._modules, self._registered_wrappers = [], [], []
+        self._registered, self._registered_wrappers = [], []
         self._take_out()
 
     def _take_out(self) -> None:
