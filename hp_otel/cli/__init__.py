@@ -2,7 +2,8 @@
 
 demo: a real 2-process CPU run; render: a table from a saved spans file; ranks: compare the
 ranks' files (divergence, hang, stragglers); diff: compare two runs' communication;
-plot / chrome-trace: pictures; bench: what tracing costs.
+plot / chrome-trace: pictures; bench: what tracing costs; build-native: the optional C++ gate
+in front of the collective kernels.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from hp_otel.cli import bench_command, demo, diff, pictures, ranks, render
+from hp_otel.cli import bench_command, build_native, demo, diff, pictures, ranks, render
 from hp_otel.cli.arguments import DefaultsFormatter
 from hp_otel.common.safe_text import printable
 from hp_otel.version import __version__
@@ -92,6 +93,15 @@ COMMANDS: tuple[Command, ...] = (
         description="Open the result in ui.perfetto.dev or chrome://tracing. With --merge, hp_otel's tracks are "
         "added to a torch.profiler chrome trace of the same run (same clock), next to its CPU ops and kernels.",
         deprecated_aliases=("export",),
+    ),
+    Command(
+        "build-native",
+        "compile the optional native gate that passes unrecorded collective calls on in C++ (once, ≈30 s)",
+        build_native.add_arguments,
+        build_native.run,
+        description="Builds hp_otel/sources/pytorch/native/passthrough.cpp with torch.utils.cpp_extension (a C++ "
+        "compiler and ninja) into ~/.cache/hp_otel/native; windows then use it (HP_OTEL_TORCH_NATIVE=off: not). "
+        "Exit 0 built or already there, 2 when it cannot be built (the message says what is missing).",
     ),
 )
 

@@ -153,7 +153,16 @@ def test_help_lists_every_registered_command(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert [c.name for c in COMMANDS] == ["demo", "bench", "render", "ranks", "diff", "plot", "chrome-trace"]
+    assert [c.name for c in COMMANDS] == [
+        "demo",
+        "bench",
+        "render",
+        "ranks",
+        "diff",
+        "plot",
+        "chrome-trace",
+        "build-native",
+    ]
     for command in COMMANDS:
         assert command.name in text and " ".join(command.help.split()) in text, command.name
     assert "chrome-trace (export)" in text and "(export: its old name, deprecated)" in text
@@ -227,3 +236,15 @@ def test_the_torchrun_example_writes_every_ranks_file_into_its_folder(tmp_path) 
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing in the working directory
     for rank in (0, 1):
         assert json.loads((out / f"comm_rank{rank}.json").read_text())["total_counts"] == 2
+
+
+def test_build_native_says_what_is_missing(monkeypatch, capsys) -> None:
+    """No C++ compiler (nor a build there): exit 2 with one line naming what to install."""
+    from hp_otel.sources.pytorch import native
+
+    monkeypatch.setattr(native, "_built_file", lambda name: None)
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert main(["build-native"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "C++ compiler" in err[0] and "apt-get install g++" in err[0]

@@ -32,7 +32,12 @@ Rules:
 - `_c10d_functional.wait_tensor` gets a kernel too: it completes functional collectives
   (one waited after its window closed is not seen: no window is there to record it);
 - kernels are hidden from dynamo (`_compat.hide_from_dynamo`): a compiled graph that
-  calls a collective must not try to compile our Python.
+  calls a collective must not try to compile our Python;
+- where the native gate is built (`native/`, `hp-otel build-native`), the kernels are
+  registered behind it: C++ on the key passes on the calls nothing records (no window
+  records, a meta tensor, a collective's inner call) without entering Python and hands the
+  rest to the same Python kernel; without a build, or with `HP_OTEL_TORCH_NATIVE=off`,
+  the Python kernels are on the key themselves.
 
 Every private torch symbol used here (dispatch keys, `redispatch_boxed`, the dispatcher's
 library object, ...) comes from `_compat`.
@@ -49,7 +54,7 @@ from typing import Any
 
 from hp_otel.record import installation
 from hp_otel.sources.patching import ObserverSlot
-from hp_otel.sources.pytorch import _compat
+from hp_otel.sources.pytorch import _compat, native
 from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec
 
@@ -77,6 +82,7 @@ _state: dict[str, Any] = {
     "back_to_back": False,  # plain windows came one after another: kept between them (REOPEN_WITHIN_S)
     "unregistered_at": (-1, float("-inf")),  # (installation.uninstalls(), time.monotonic()) of the last one
     "told": False,
+    "gate": None,  # the native gate the kernels are registered behind (native/), or None: on the key directly
 }
 
 
@@ -166,9 +172,9 @@ def _library(namespace: str) -> Any:
     return library
 
 
-def _planned(op: Any, make_kernel: Any) -> tuple[str, Any, str, Any]:
-    """(qualified name, library, name to register, kernel) for `op`; its kernel made once, so
-    registering again makes nothing and imports nothing."""
+def _planned(op: Any, make_kernel: Any, collective: bool = True) -> tuple[str, Any, str, Any, bool]:
+    """(qualified name, library, name to register, kernel, whether it is a collective's) for `op`;
+    its kernel made once, so registering again makes nothing and imports nothing."""
     qualified = _compat.op_schema(op).name
     namespace, name = qualified.split("::", 1)
     overload = _compat.overload_name(op)
@@ -177,40 +183,60 @@ def _planned(op: Any, make_kernel: Any) -> tuple[str, Any, str, Any]:
     kernel = _kernels.get(op)
     if kernel is None:
         kernel = _kernels[op] = make_kernel(op)
-    return qualified, _library(namespace), name, kernel
+    return qualified, _library(namespace), name, kernel, collective
 
 
-def _plan(specs: dict[Any, CollectiveSpec]) -> list[tuple[str, Any, str, Any]]:
+def _plan(specs: dict[Any, CollectiveSpec]) -> list[tuple[str, Any, str, Any, bool]]:
     """What registering does, worked out once for these specs (each window registers again)."""
     if _planned_for.get("specs") is not specs:
         plan = [_planned(op, functools.partial(_collective_kernel, spec)) for op, spec in specs.items()]
-        plan.append(_planned(_compat.WAIT_TENSOR, _wait_kernel))
+        plan.append(_planned(_compat.WAIT_TENSOR, _wait_kernel, collective=False))
         _planned_for.update(specs=specs, plan=plan)
-    plan: list[tuple[str, Any, str, Any]] = _planned_for["plan"]
+    plan: list[tuple[str, Any, str, Any, bool]] = _planned_for["plan"]
     return plan
 
 
 def _register(specs: dict[Any, CollectiveSpec]) -> bool:
     """Put every kernel on its op's `BackendSelect` key (collectives have none there) under
-    `_lock`; False, the reason kept, and torch as it was, if that failed."""
+    `_lock`, behind the native gate where it is built (where the gate fails, without it);
+    False, the reason kept, and torch as it was, if that failed too."""
+    gate = native.gate()
+    if gate is not None:
+        try:
+            return _register_all(specs, gate)
+        except Exception as exc:  # the Python kernels alone, as if it were not built
+            _drop_registered()
+            native.disable(exc)
     try:
-        plan = _plan(specs)
-        with warnings.catch_warnings():  # torch warns about Python kernels on some keys: not for users
-            warnings.simplefilter("ignore", UserWarning)
-            for qualified, library, name, kernel in plan:
-                if _compat.dispatch_has_kernel_for_dispatch_key(qualified, _BACKEND_SELECT):
-                    raise RuntimeError(f"{qualified} already has a {_KEY} kernel; hp_otel will not replace it")
-                # the key as the enum, not its name: pybind's conversion of a name costs more than the rest of `impl`
-                library.impl(name, _BACKEND_SELECT, kernel, True)  # True: the kernel gets the dispatch key set
+        return _register_all(specs, None)
     except Exception as exc:  # leave torch as it was: drop what was registered
         _state["error"] = exc
-        try:
-            _unregister()
-        except Exception:  # nothing more to do: the reason kept is the registration's
-            pass
+        _drop_registered()
         return False
+
+
+def _register_all(specs: dict[Any, CollectiveSpec], gate: Any) -> bool:
+    plan = _plan(specs)
+    _state["gate"] = gate
+    with warnings.catch_warnings():  # torch warns about Python kernels on some keys: not for users
+        warnings.simplefilter("ignore", UserWarning)
+        for qualified, library, name, kernel, collective in plan:
+            if _compat.dispatch_has_kernel_for_dispatch_key(qualified, _BACKEND_SELECT):
+                raise RuntimeError(f"{qualified} already has a {_KEY} kernel; hp_otel will not replace it")
+            if gate is not None:  # C++ passes on what nothing records; the same kernel gets the rest
+                gate.register(qualified.split("::", 1)[0], name, kernel, collective)
+            else:
+                # the key as the enum, not its name: pybind's conversion of a name costs more than the rest of `impl`
+                library.impl(name, _BACKEND_SELECT, kernel, True)  # True: the kernel gets the dispatch key set
     _state["registered"] = True
     return True
+
+
+def _drop_registered() -> None:
+    try:
+        _unregister()
+    except Exception:  # nothing more to do: the reason kept is the registration's
+        pass
 
 
 # Plain windows opened one after another (a window per step): once one opens within this long
@@ -225,6 +251,13 @@ def _unregister() -> None:
     _state["registered"] = False
     _state["unregistered_at"] = (installation.uninstalls(), time.monotonic())
     errors = []
+    gate = _state["gate"]
+    if gate is not None:
+        _state["gate"] = None
+        try:
+            gate.unregister_all()
+        except Exception as exc:
+            errors.append(exc)
     for library in _libraries.values():
         try:
             library.reset()
@@ -251,7 +284,15 @@ def acquire(specs: dict[Any, CollectiveSpec]) -> bool:
             if not _register(specs):
                 return False
         _state["users"] += 1
+        _set_recording(True)
         return True
+
+
+def _set_recording(on: bool) -> None:
+    """Tell the native gate whether a window records (when none does, it passes every call on)."""
+    gate = _state["gate"]
+    if gate is not None:
+        gate.set_recording(on)
 
 
 def _tell_back_to_back() -> None:
@@ -273,6 +314,7 @@ def release() -> None:
         _state["users"] -= 1
         if _state["users"] > 0:
             return
+        _set_recording(False)
         keep = installation.keeping() or _state["back_to_back"]
         if not keep:
             _unregister()

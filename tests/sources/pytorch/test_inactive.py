@@ -112,7 +112,9 @@ def test_kept_hooks_keep_the_kernels_until_uninstall(fake_world) -> None:
     with CommDebugMode():
         _collectives()
     between = _run_spied(_collectives)
-    assert between.count(_COLLECTIVE_KERNEL) == 3 and between.count(_WAIT_KERNEL) == 1  # and pass through
+    # they pass the calls on: in Python, or behind the native gate in C++ without entering Python
+    python = kernels._state["gate"] is None
+    assert between.count(_COLLECTIVE_KERNEL) == 3 * python and between.count(_WAIT_KERNEL) == 1 * python
     assert kernels.registered() and kernels.in_use() == 0
     with CommDebugMode() as mode:  # taken over, not registered again
         _collectives()

@@ -1,0 +1,136 @@
+// hp_otel's optional native collective kernels: the Python kernels of kernels.py behind a C++ gate.
+//
+// The Python kernels sit on each collective op's BackendSelect key. Every call into one is a round
+// trip into Python (boxing the arguments, a ProcessGroup crosses as a TorchScript object), paid even
+// when the kernel only passes the call on: by a functional collective's inner c10d op (recorded as
+// part of the outer one), and by every collective while hooks are kept but no window records. This
+// kernel takes the BackendSelect key instead and decides in C++: pass the call on (no window records,
+// a meta tensor, or an inner call of a collective already being recorded on this thread), or call the
+// Python kernel with the same (keyset, *args, **kwargs) torch's own Python kernels get. Python decides
+// everything else, so the two paths record the same collectives.
+//
+// Built on first need by native.py (torch.utils.cpp_extension) and cached; never required.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <pybind11/pybind11.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+// Exported by libtorch_python (torch/csrc/jit/python/pybind_utils.h); declared here rather than
+// including that header, whose build takes minutes.
+namespace torch::jit {
+py::object toPyObject(c10::IValue ivalue);
+c10::IValue toIValue(py::handle obj, const c10::TypePtr& type, std::optional<int32_t> N);
+}  // namespace torch::jit
+
+namespace {
+
+std::atomic<bool> recording{false};  // a window records through the kernels (kernels.acquire/release)
+thread_local int recording_depth = 0;  // this thread is inside a collective handed to Python
+
+// Python's (keyset, *args) and kwargs for the call: keyword-only arguments by name, the rest by position.
+std::pair<py::tuple, py::dict> to_python(
+    const c10::FunctionSchema& schema, c10::DispatchKeySet keyset, torch::jit::Stack& stack) {
+  const auto& arguments = schema.arguments();
+  const size_t n = arguments.size();
+  const size_t first = stack.size() - n;
+  size_t positional = 0;
+  while (positional < n && !arguments[positional].kwarg_only()) {
+    ++positional;
+  }
+  py::tuple args(positional + 1);
+  args[0] = py::cast(keyset);
+  py::dict kwargs;
+  for (size_t i = 0; i < n; ++i) {
+    py::object value = torch::jit::toPyObject(std::move(stack[first + i]));
+    if (i < positional) {
+      PyTuple_SET_ITEM(args.ptr(), i + 1, value.release().ptr());
+    } else {
+      kwargs[py::str(arguments[i].name())] = std::move(value);
+    }
+  }
+  stack.resize(first);
+  return {std::move(args), std::move(kwargs)};
+}
+
+void push_results(const c10::FunctionSchema& schema, torch::jit::Stack& stack, const py::object& out) {
+  const auto& returns = schema.returns();
+  if (returns.size() == 1) {
+    stack.push_back(torch::jit::toIValue(out, returns[0].real_type(), std::nullopt));
+  } else if (!returns.empty()) {
+    auto items = py::cast<py::sequence>(out);
+    TORCH_CHECK(items.size() == returns.size(), "hp_otel kernel: ", returns.size(), " results expected");
+    for (size_t i = 0; i < returns.size(); ++i) {
+      stack.push_back(torch::jit::toIValue(items[i], returns[i].real_type(), std::nullopt));
+    }
+  }
+}
+
+class Gate final : public c10::OperatorKernel {
+ public:
+  Gate(py::object kernel, bool collective) : kernel_(kernel.release().ptr()), collective_(collective) {}
+  ~Gate() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      Py_XDECREF(kernel_);
+    }  // else: the interpreter is gone, and the reference with it
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keyset, torch::jit::Stack* stack) {
+    c10::DispatchKeySet below = keyset.remove(c10::DispatchKey::BackendSelect);
+    if (!recording.load(std::memory_order_relaxed) || recording_depth > 0 || below.has(c10::DispatchKey::Meta)) {
+      op.redispatchBoxed(below, stack);  // not recorded: as if no kernel were there
+      return;
+    }
+    const auto& schema = op.schema();
+    struct Depth {  // restored however the call ends
+      bool counted;
+      explicit Depth(bool c) : counted(c) { recording_depth += counted; }
+      ~Depth() { recording_depth -= counted; }
+    } depth(collective_);
+    py::gil_scoped_acquire gil;
+    auto [args, kwargs] = to_python(schema, keyset, *stack);
+    PyObject* result = PyObject_Call(kernel_, args.ptr(), kwargs.empty() ? nullptr : kwargs.ptr());
+    if (result == nullptr) {
+      throw py::error_already_set();
+    }
+    py::object out = py::reinterpret_steal<py::object>(result);
+    push_results(schema, *stack, out);
+  }
+
+ private:
+  PyObject* kernel_;
+  bool collective_;  // an inner call of this one passes through (wait_tensor's do not nest)
+};
+
+// namespace -> the library its kernels are registered through; destroying it unregisters them.
+std::unordered_map<std::string, std::unique_ptr<torch::Library>> libraries;
+
+void register_kernel(const std::string& ns, const std::string& name, py::object kernel, bool collective) {
+  auto& library = libraries[ns];
+  if (!library) {
+    library = std::make_unique<torch::Library>(
+        torch::Library::IMPL, ns, c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
+  }
+  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Gate>(kernel, collective)));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "hp_otel's native gate in front of its Python collective kernels (sources/pytorch/native)";
+  m.def("register", &register_kernel, py::arg("namespace"), py::arg("name"), py::arg("kernel"), py::arg("collective"),
+        "Put `kernel` (keyset, *args, **kwargs) behind a C++ gate on the op's BackendSelect key");
+  m.def("unregister_all", [] { libraries.clear(); }, "Take every gate out: torch's own kernels again");
+  m.def("set_recording", [](bool on) { recording.store(on, std::memory_order_relaxed); },
+        "Whether a window records: when not, every call passes through in C++");
+  m.def("recording_depth", [] { return recording_depth; }, "This thread's collectives now in Python (tests)");
+}
