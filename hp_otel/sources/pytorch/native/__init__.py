@@ -90,7 +90,10 @@ def build(verbose: bool = False) -> Path:
     """Compile the gate into the cache folder (once: a build that is there is kept) and return its file."""
     import shutil
 
-    name = build_name()
+    try:
+        name = build_name()
+    except ImportError as exc:
+        raise NativeBuildError(f"torch is not importable here ({exc}): the gate is built against it") from None
     built = _built_file(name)
     if built is not None:
         return built
