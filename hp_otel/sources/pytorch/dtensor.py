@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 from hp_otel.common.env_read import getenv
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
-from hp_otel.sources.pytorch import _compat, kernels, op_hook, teardown
+from hp_otel.sources.pytorch import _compat, kernels, native, op_hook, teardown
 from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
@@ -208,6 +208,7 @@ def collective_hook() -> str:
     torch whose dispatcher lacks what the kernels need or where registering failed)."""
     if _requested_hook() == DISPATCH_MODE or not kernels.available():
         return DISPATCH_MODE
+    native.requested()  # a bad HP_OTEL_TORCH_NATIVE is refused here, as a bad hook is: before the kernels change
     if kernels.registration_error() is not None:
         return DISPATCH_MODE
     return KERNELS
