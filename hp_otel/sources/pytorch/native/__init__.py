@@ -115,8 +115,9 @@ def build(verbose: bool = False) -> Path:
             name=name, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"],
             verbose=verbose, is_python_module=True,
         )  # fmt: skip
-    except Exception as exc:
-        raise NativeBuildError(f"compiling {SOURCE.name} failed: {exc}") from exc
+    except Exception as exc:  # the compiler's output is long: its first line, and where to see the rest
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise NativeBuildError(f"compiling {SOURCE.name} failed: {first} (--verbose shows the rest)") from exc
     built = _built_file(name)
     if built is None:
         raise NativeBuildError(f"the build left no module in {folder}")
