@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hp_otel.cli.bench_variants import UNTRACED
+from hp_otel.common.cache_dir import cache_folder
 
 DEFAULT_STEPS = 10  # callgrind runs the step ≈50x slower: few counted steps (they repeat exactly)
 WARM_UP_STEPS = 12  # CPython specialises code after about 8 runs: count after that
@@ -74,12 +75,6 @@ def find_c_compiler() -> str:
         f"no C compiler ({' or '.join(names)}) on PATH to build callgrind's client requests "
         "(Debian/Ubuntu: apt-get install gcc)"
     )
-
-
-def cache_folder() -> Path:
-    """Where the built library is kept: $XDG_CACHE_HOME/hp_otel, else ~/.cache/hp_otel."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hp_otel"
 
 
 def client_library(compiler: str | None = None, folder: Path | None = None) -> Path:

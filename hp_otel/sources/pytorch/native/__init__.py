@@ -8,7 +8,7 @@ recorded does not change.
 
 It is compiled, so it is never required:
 - `hp-otel build-native` (or `build()`) compiles it once with `torch.utils.cpp_extension` (a C++
-  compiler and ninja; about a minute) into the cache folder, one build per source, torch and Python;
+  compiler and ninja; ≈30 s) into the cache folder, one build per source, torch and Python;
 - a window then uses the cached build when there is one (`HP_OTEL_TORCH_NATIVE=auto`, the default):
   nothing is compiled behind the user's back in the middle of training; without a build the
   Python kernels serve alone, said once in the log;
@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from hp_otel.common.cache_dir import cache_folder
 from hp_otel.common.env_read import getenv
 
 logger = logging.getLogger("hp_otel")
@@ -63,9 +64,8 @@ def build_name() -> str:
 
 
 def build_folder(name: str | None = None) -> Path:
-    """Where the build is kept: $XDG_CACHE_HOME/hp_otel/native/NAME, else ~/.cache/hp_otel/native/NAME."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hp_otel" / "native" / (name or build_name())
+    """Where the build is kept: the cache folder's native/NAME."""
+    return cache_folder() / "native" / (name or build_name())
 
 
 def _built_file(name: str) -> Path | None:
@@ -144,7 +144,7 @@ def _load() -> ModuleType | None:
         if path is None:
             _tell(
                 "hp_otel: collectives go through the Python kernels alone; `hp-otel build-native` compiles the "
-                "native gate once (a C++ compiler, about a minute), which passes the calls nothing records on "
+                "native gate once (a C++ compiler and ninja, ≈30 s), which passes the calls nothing records on "
                 "without entering Python"
             )
             return None
