@@ -118,7 +118,19 @@ def _module_tree(module: Any) -> list[Any]:
     return [module]
 
 
-def _check_module(module: Any, engine: str) -> None:
+def check_providers(tracer_provider: Any, meter_provider: Any) -> None:
+    """OpenTelemetry providers or None (the default); else a TypeError naming the argument."""
+    if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
+        raise TypeError(
+            f"tracer_provider must be an OpenTelemetry TracerProvider or None, got {type(tracer_provider).__name__}"
+        )
+    if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+        raise TypeError(
+            f"meter_provider must be an OpenTelemetry MeterProvider or None, got {type(meter_provider).__name__}"
+        )
+
+
+def check_module(module: Any, engine: str = "auto") -> None:
     """A torch `nn.Module` or a MindSpore `Cell`, matching an explicit engine."""
     if module is None:
         return
@@ -260,17 +272,10 @@ class CommDebugMode:
         module_depth: int | str | None = None,
     ) -> None:
         self.engine = check_engine(engine)
-        _check_module(module, self.engine)
+        check_module(module, self.engine)
         if isinstance(max_spans, bool) or not isinstance(max_spans, int) or max_spans < 0:
             raise ValueError(f"max_spans must be a non-negative int, got {max_spans!r}")
-        if tracer_provider is not None and not hasattr(tracer_provider, "get_tracer"):
-            raise TypeError(
-                f"tracer_provider must be an OpenTelemetry TracerProvider, got {type(tracer_provider).__name__}"
-            )
-        if meter_provider is not None and not hasattr(meter_provider, "get_meter"):
-            raise TypeError(
-                f"meter_provider must be an OpenTelemetry MeterProvider, got {type(meter_provider).__name__}"
-            )
+        check_providers(tracer_provider, meter_provider)
         if live_spans is not None and not isinstance(live_spans, bool):
             raise TypeError(f"live_spans must be True, False or None, got {live_spans!r}")
         live = live_spans if live_spans is not None else tracer_provider is not None
@@ -383,6 +388,9 @@ class CommDebugMode:
         self._claim_thread_and_module()
         self._recorder.reset()
         self._store.clear()
+        stale = _current_mode.get()
+        if stale is not None and not stale.active:  # closed on another thread, it stayed in this context
+            _current_mode.set(None)
         self._token = _current_mode.set(self)
         outer = self._token.old_value if self._token.old_value is not contextvars.Token.MISSING else None
         if outer is not None:
@@ -577,13 +585,24 @@ class CommDebugMode:
     def get_total_counts(self) -> int:
         return sum(self._recorder.comm_counts.values())
 
-    def get_comm_module_counts(self) -> dict[str, dict[str, dict[str, int]]]:
-        """`{fqn: {"forward": {name: n}, "backward": {name: n}}}`; a collective counts for every enclosing module."""
+    def get_comm_module_counts(self, normalized: bool = False) -> dict[str, dict[str, dict[str, int]]]:
+        """`{fqn: {"forward": {name: n}, "backward": {name: n}}}`; a collective counts for every enclosing module.
+
+        With `normalized=True`, by normalised op (`all_reduce`), as `get_comm_counts(normalized=True)`.
+        """
+        if not isinstance(normalized, bool):
+            raise TypeError(f"normalized must be True or False, got {normalized!r}")
         self._partial_view("get_comm_module_counts()")
-        return {
-            fqn: {phase: dict(counts) for phase, counts in phases.items()}
-            for fqn, phases in self._recorder.module_counts.items()
-        }
+        ops = self._recorder.comm_ops if normalized else {}
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for fqn, phases in self._recorder.module_counts.items():
+            shown = out[fqn] = {}
+            for phase, counts in phases.items():
+                by = shown[phase] = {}
+                for name, n in counts.items():
+                    op = ops.get(name, name)
+                    by[op] = by.get(op, 0) + n
+        return out
 
     @property
     def comm_module_counts(self) -> dict[str, dict[str, dict[str, int]]]:

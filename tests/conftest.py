@@ -51,6 +51,23 @@ def fake_group_timed(monkeypatch) -> None:
     monkeypatch.setattr(collectives, "_groups", {})  # no group resolved as fake before
 
 
+@pytest.fixture
+def fake_world_of_4():
+    """A 4-rank fake world (a 2 x 2 mesh has real sub-groups): the session's 2-rank one, if a test
+    made it, is set aside and put back after (the default group is one per process)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    had_world = dist.is_initialized()
+    if had_world:
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    yield 4
+    dist.destroy_process_group()
+    if had_world:
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+
+
 @pytest.fixture(scope="session")
 def fake_world():
     """A 2-rank world in this process over torch's fake process group (collectives return at once)."""

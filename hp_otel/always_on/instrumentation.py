@@ -22,17 +22,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Collection, Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import wrapt
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from hp_otel.always_on.model_tracker import ModelTracker
-from hp_otel.always_on.package import _instruments, _instruments_any
 from hp_otel.always_on.steps import StepCollectives, StepSpans, begin_step, running, set_step_handler, step_collectives
 from hp_otel.common import launcher_env
 from hp_otel.common.env_read import getenv
@@ -140,6 +140,8 @@ class StepSession:
         self._implicit: tuple[StepSpans, Any] | None = None
         self._lock = threading.Lock()
         self._hook: Any = None
+        self._stopped = False
+        self.op_counts: Counter[str] = Counter()  # collectives per normalised op of every window closed
 
     # --- windows ----------------------------------------------------------------
     def _model(self, optimizer: Any = None) -> Any:
@@ -192,6 +194,7 @@ class StepSession:
 
         def close_window(error: BaseException | None) -> None:
             mode.__exit__(type(error) if error else None, error, None)
+            self.op_counts.update(mode.get_comm_counts(normalized=True))
             if self.collectives is not None:
                 self.collectives.step_ended(spans, mode)
 
@@ -219,20 +222,28 @@ class StepSession:
         if current is not None:
             spans, mode = current
             mode.__exit__(None, None, None)
+            self.op_counts.update(mode.get_comm_counts(normalized=True))
             if self.collectives is not None:
                 self.collectives.step_ended(spans, mode)
             spans.end()
 
     def start(self) -> None:
-        try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-        except ImportError:  # no torch: only explicit hp_otel.step() marks steps
+        """Hook torch's optimizers when torch is imported (at once if it is): never import it here (without
+        torch, only explicit `hp_otel.step()` marks steps)."""
+        self._stopped = False
+        wrapt.register_post_import_hook(self._torch_imported, "torch")
+
+    def _torch_imported(self, torch: Any) -> None:
+        if self._stopped or self._hook is not None:
             return
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
         self._hook = register_optimizer_step_post_hook(self._after_optimizer_step)
         if self.module is None:
             self.tracker.start()
 
     def stop(self) -> None:
+        self._stopped = True
         self.tracker.stop()
         if self._hook is not None:
             self._hook.remove()
@@ -299,9 +310,16 @@ class SessionSettings:
     def checked(cls, kwargs: Mapping[str, Any], *, strict: bool = False) -> SessionSettings:
         """From `instrument()`'s keyword arguments; `strict`: an unknown name is a TypeError (a
         callback's typo), where `instrument()` ignores what it does not know, as contrib's do."""
+        from hp_otel.mode import check_module, check_providers
+        from hp_otel.sources import check_settings
+
         unknown = sorted(set(kwargs) - set(SETTING_NAMES))
         if strict and unknown:
             raise TypeError(f"unknown setting(s) {', '.join(unknown)}; the settings are: {', '.join(SETTING_NAMES)}")
+        # What every step's window is made from: a wrong one raises now, not at each step (as a lost step)
+        check_providers(kwargs.get("tracer_provider"), kwargs.get("meter_provider"))
+        check_module(kwargs.get("module"))
+        check_settings()
         hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
         stack_depth = _stack_depth(kwargs)
         collectives = step_collectives(kwargs.get("collectives_dir"), kwargs.get("collectives_steps"))
@@ -337,57 +355,25 @@ class SessionSettings:
         )
 
 
-class HpOtelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """Always-on hp_otel: counts every collective of every step, spans for sampled steps.
+def start(settings: Mapping[str, Any]) -> None:
+    """Start recording every step with `instrument()`'s settings (`HpOtelInstrumentor`, once a
+    framework is imported); a bad setting raises, naming it."""
+    global _session
+    checked = SessionSettings.checked(settings)
+    stop()  # a second start replaces the first session
+    session = checked.session()
+    installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
+    session.start()
+    _session = session
+    set_step_handler(session)  # hp_otel.step() now records through the session
 
-    `HpOtelInstrumentor().instrument(tracer_provider=tp, meter_provider=mp, module=model)`;
-    all arguments optional. `uninstrument()` closes the open step and removes the hook.
-    `collective_hook=`, `module_hook=`, `op_hook=`: your `fn(span, info)` for each span of a
-    sampled step, as in `CommDebugMode`; a step's spans are built when the step ends, so
-    the hooks run then. `stack=`: where each collective of a sampled step was called, as
-    `CommDebugMode(stack=...)` (True, or a depth 1..64); default: `HP_OTEL_STACK_DEPTH`
-    (a depth, 0 or unset: off). An unsampled step walks no frame. `metric_module_depth=`: module
-    levels the metrics keep (as in `CommDebugMode`; default $HP_OTEL_METRIC_MODULE_DEPTH, else 1:
-    the model's top-level children). `configure_export=`: with no providers passed and none set
-    globally, True (default; `HP_OTEL_CONFIGURE_EXPORT`) exports with `hp_otel.configure()`, False
-    uses OTel's global (proxy) providers as contrib instrumentors do, leaving export to you.
-    `collectives_dir=`: a folder where each rank keeps the collectives of its last sampled steps in
-    `collectives-rank<R>.json` (what `hp-otel ranks` compares), `collectives_steps=` of them (default 4);
-    default: `HP_OTEL_COLLECTIVES_DIR` / `HP_OTEL_COLLECTIVES_STEPS` (unset: no file).
-    """
 
-    def instrumentation_dependencies(self) -> Collection[str]:
-        """The installed framework it instruments (contrib's `instruments-any`: torch or MindSpore), as
-        `BaseInstrumentor.instrument()` checks them all: torch if installed, else MindSpore, else
-        torch's requirement (none installed: nothing to instrument, the SDK says so)."""
-        from importlib.metadata import PackageNotFoundError, distribution
-
-        for requirement in _instruments_any:
-            try:
-                distribution(requirement.split()[0])
-            except PackageNotFoundError:
-                continue
-            return (*_instruments, requirement)
-        return (*_instruments, _instruments_any[0])
-
-    def _instrument(self, **kwargs: Any) -> None:
-        global _session
-        settings = SessionSettings.checked(kwargs)
-        if launcher_env.is_launcher_process():
-            # `opentelemetry-instrument torchrun ...` instruments the launcher too: it runs no step,
-            # and configuring export there would take rank 0's Prometheus port.
-            logger.debug("hp_otel: a launcher process (torchrun/msrun): not instrumented")
-            return
-        session = settings.session()
-        installation.hold(_HOLDER)  # a window per step: hooks stay in between (see hp_otel.record.installation)
-        session.start()
-        _session = session
-        set_step_handler(session)  # hp_otel.step() now records through the session
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        global _session
-        session, _session = _session, None
-        set_step_handler(None)
-        if session is not None:
-            session.stop()
-        installation.release(_HOLDER)  # what the windows left installed is removed now
+def stop() -> None:
+    """Close the open step, remove the hooks, release what the windows left installed (`uninstrument()`)."""
+    global _session
+    session, _session = _session, None
+    if session is None:
+        return
+    set_step_handler(None)
+    session.stop()
+    installation.release(_HOLDER)  # what the windows left installed is removed now

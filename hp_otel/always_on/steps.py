@@ -1,12 +1,12 @@
 """One trace per training step across all ranks, without the ranks talking to each other.
 
 Every rank derives the same ids from the run id and the step (a SHA-256 hash):
-the trace id, and the span id of one root span `step`. Rank 0 emits that root span
+the trace id, and the span id of one root span `step N`. Rank 0 emits that root span
 (its SDK tracer is given exactly those ids); every rank, rank 0 included, emits a
-`rank_step` span whose parent is the root — on rank 0 the real span, elsewhere a
+`rank R` span whose parent is the root — on rank 0 the real span, elsewhere a
 remote parent with the derived ids — and everything hp_otel records in the step nests
-under its rank's `rank_step`. Jaeger and Tempo then show all ranks of step N in one
-trace: `step` → one `rank_step` per rank → modules, ops, collectives.
+under its rank's `rank R`. Jaeger, Tempo and MLflow then show all ranks of step N in one
+trace, listed as `step N`: `step N` → one `rank R` per rank → modules, ops, collectives.
 
 The sampling decision is the configured sampler's on the derived trace id, taken the
 same way on every rank, so ranks agree (ratio samplers decide from the trace id).
@@ -32,8 +32,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, TracerProvider
 
+from hp_otel.always_on import trace_list
 from hp_otel.common import launcher_env
-from hp_otel.common.env_read import getenv
+from hp_otel.common.env_read import getenv, sdk_disabled
 from hp_otel.common.int_range import check_attribute_count
 from hp_otel.record import matching
 from hp_otel.record.span_builder import mark_error
@@ -86,10 +87,12 @@ def _tracers(provider: TracerProvider) -> tuple[Any, Any]:
     """(tracer for rank spans, tracer for root spans whose ids we choose); the second is None without the SDK."""
     cached = _root_tracers.get(provider)
     if cached is None:
-        tracer = provider.get_tracer(_SCOPE, __version__)
+        tracer = provider.get_tracer(_SCOPE, __version__, schema.SCHEMA_URL)
         # A scope of its own (the SDK caches one tracer per scope), so this tracer object is
         # ours alone: giving it our id generator leaves the provider and its other tracers untouched.
-        root = provider.get_tracer(_SCOPE, __version__, None, {"hp.step.root_ids": "derived"})
+        root = provider.get_tracer(
+            _SCOPE, __version__, schema.SCHEMA_URL, {schema.STEP_ROOT_SCOPE_ATTRIBUTE: "derived"}
+        )
         if hasattr(root, "id_generator") and root is not tracer:
             root.id_generator = _ROOT_IDS
         else:
@@ -103,7 +106,8 @@ def _sampled(tracer: Any, trace_id: int, attributes: dict[str, Any]) -> bool:
     sampler = getattr(tracer, "sampler", None)
     if sampler is None:
         return True
-    result = sampler.should_sample(None, trace_id, schema.STEP_ROOT_SPAN_NAME, SpanKind.INTERNAL, attributes)
+    name = schema.step_span_name(attributes[schema.STEP])
+    result = sampler.should_sample(None, trace_id, name, SpanKind.INTERNAL, attributes)
     return bool(result.decision.is_sampled())
 
 
@@ -160,16 +164,18 @@ class StepSpans:
             attributes[schema.RESOURCE_WORLD_SIZE] = world_size
         self.sampled = _sampled(root_tracer or tracer, self.trace_id, attributes)
         if self.rank == 0 and root_tracer is not None:
+            if trace_list.exporting_to_mlflow():  # its trace list shows no span name: the step in its own keys
+                attributes.update(trace_list.mlflow_root_attributes(self.step, self.run_id, world_size))
             token = _ROOT_IDS.forced.set((self.trace_id, self.root_span_id))
             try:
                 self.root = root_tracer.start_span(
-                    schema.STEP_ROOT_SPAN_NAME, context=otel_context.Context(), attributes=attributes
+                    schema.step_span_name(self.step), context=otel_context.Context(), attributes=attributes
                 )
             finally:
                 _ROOT_IDS.forced.reset(token)
             parent = trace.set_span_in_context(self.root, otel_context.Context())
         else:
-            if self.rank == 0:
+            if self.rank == 0 and not sdk_disabled():  # disabled, the SDK's providers hand out no-ops
                 _warn_once(
                     "root", "hp_otel: the tracer provider is not the OTel SDK's; step root spans are not emitted"
                 )
@@ -177,7 +183,7 @@ class StepSpans:
             remote = SpanContext(self.trace_id, self.root_span_id, is_remote=True, trace_flags=flags)
             parent = trace.set_span_in_context(NonRecordingSpan(remote), otel_context.Context())
         self.rank_span = tracer.start_span(
-            schema.RANK_STEP_SPAN_NAME,
+            schema.rank_step_span_name(self.rank),
             context=parent,
             attributes={schema.STEP: self.step, schema.RESOURCE_RANK: self.rank},
         )

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hp_otel.analysis.listing import LISTED, more_line
+from hp_otel.analysis.rank_call import module_where
 from hp_otel.analysis.reading import RankFile
 from hp_otel.spans.bandwidth import format_rate
+from hp_otel.spans.schema import OUTSIDE_FQN
 
 
 @dataclass(frozen=True)
@@ -53,15 +55,22 @@ class BandwidthReport:
     collectives: list[CollectiveBandwidth]
     groups: list[BandwidthRow]  # slowest first
     ranks: list[BandwidthRow]  # slowest first
+    in_flight: int = 0  # ranks' calls left out: never completed
+    untimed: int = 0  # ranks' calls left out: no bandwidth recorded (a barrier, 0 bytes, a fake group, older files)
 
 
 def bandwidth_report(files: Sequence[RankFile]) -> BandwidthReport:
     """Line the ranks' bandwidths up by (window, group, seq)."""
     matched: dict[tuple[str, str, tuple[int, ...], int], tuple[str, str, dict[int, float]]] = {}
+    in_flight = untimed = 0
     for f in files:
         table = f.calls
         for i, busbw in enumerate(table.busbw):
-            if busbw > 0 and not table.in_flight[i]:
+            if table.in_flight[i]:
+                in_flight += 1
+            elif busbw <= 0:
+                untimed += 1
+            else:
                 kind = table.kinds[table.kind[i]]
                 key = (kind.window, kind.group, kind.group_ranks, table.seq[i])
                 found = matched.get(key)
@@ -84,6 +93,8 @@ def bandwidth_report(files: Sequence[RankFile]) -> BandwidthReport:
         collectives=collectives,
         groups=sorted(groups, key=lambda r: r.median_busbw),
         ranks=sorted(ranks, key=lambda r: r.median_busbw),
+        in_flight=in_flight,
+        untimed=untimed,
     )
 
 
@@ -111,7 +122,6 @@ def format_bandwidth(report: BandwidthReport, top: int = 5) -> list[str]:
         lines += more_line(len(rows) - LISTED, "rows")
     lines.append("  slowest collectives:")
     for c in slowest(report, top):
-        where = f"Module({c.module})" if c.module else "no module"
         listed = (
             sorted(c.per_rank.items())
             if len(c.per_rank) <= LISTED
@@ -119,8 +129,18 @@ def format_bandwidth(report: BandwidthReport, top: int = 5) -> list[str]:
         )
         ranks = ", ".join(f"rank {r} {format_rate(b)}" for r, b in listed)
         ranks += f", ... {len(c.per_rank) - LISTED} more ranks" if len(c.per_rank) > LISTED else ""
-        lines.append(f"    {c.op} #{c.seq} in {where}, {c.window}: {format_rate(c.skew_free)} ({ranks})")
-    return lines
+        lines.append(
+            f"    {c.op} #{c.seq} in {module_where(c.module)}, {c.window}: {format_rate(c.skew_free)} ({ranks})"
+        )
+    return lines + left_out_line(report)
+
+
+def left_out_line(report: BandwidthReport) -> list[str]:
+    """What the section did not count, and why (none: no line)."""
+    reasons = [f"{report.in_flight} in flight"] if report.in_flight else []
+    if report.untimed:
+        reasons.append(f"{report.untimed} with no bandwidth recorded (a barrier, 0 bytes, torch's fake group)")
+    return [f"  left out: {'; '.join(reasons)}"] if reasons else []
 
 
 def slowest(report: BandwidthReport, top: int) -> list[CollectiveBandwidth]:
@@ -146,7 +166,7 @@ def bandwidth_to_json(report: BandwidthReport, per_collective: bool = True, top:
             "group": c.group,
             "seq": c.seq,
             "op": c.op,
-            "module": c.module,
+            "module": c.module or OUTSIDE_FQN,
             "skew_free_busbw_bytes_per_s": c.skew_free,
             "busbw_bytes_per_s": {str(r): b for r, b in sorted(c.per_rank.items())},
         }

@@ -11,7 +11,7 @@ from typing import Any
 
 from hp_otel.analysis.call_table import CallKind
 from hp_otel.analysis.flight_recorder import align_buffers
-from hp_otel.analysis.reading import RankCall, RankFile, RankInputError
+from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, check_rank
 from hp_otel.analysis.reading_pool import read_rank_files
 
 
@@ -115,9 +115,15 @@ def compare_files(
         raise RankInputError("give at least one spans file")
     seen: dict[int, str] = {}
     for f in files:
+        check_rank(f)
         if f.rank in seen:
             raise RankInputError(f"{seen[f.rank]} and {f.path} are both rank {f.rank}; give one file per rank")
         seen[f.rank] = f.path
+    if not any(len(f.calls) for f in files):  # "agree" over no collectives would say nothing true
+        raise RankInputError(
+            f"nothing to compare: none of the {len(files)} files holds a collective "
+            "(were the spans recorded with hp_otel's collective tracing on, inside a window?)"
+        )
     files, notes = align_buffers(files)  # Flight Recorder rings: from the seq every rank still holds
     report = compare(files)
     report.notes[:0] = notes

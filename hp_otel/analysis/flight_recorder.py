@@ -37,10 +37,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hp_otel.analysis.rank_call import UNKNOWN_MODULE
 from hp_otel.analysis.rank_input import fast_collectives
 from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, rank_file_of_payload, rank_file_of_spans
 from hp_otel.common.input_files import InputFileError, checked_int, parse_json, parse_pickle, read_bytes
 from hp_otel.common.package_dirs import package_dirs
+from hp_otel.common.rank_set import EMPTY, RankSet
 
 WINDOW = "flight recorder"
 P2P_WINDOW = "flight recorder p2p"
@@ -204,29 +206,29 @@ class _Groups:
     """
 
     def __init__(self, pg_config: Any) -> None:
-        self.by_name: dict[str, tuple[int, ...]] = {}
-        self.by_desc: dict[str, tuple[int, ...]] = {}
+        self.by_name: dict[str, RankSet] = {}
+        self.by_desc: dict[str, RankSet] = {}
         for name, config in (pg_config or {}).items():
             if not isinstance(config, Mapping):
                 continue
             ranks = config.get("ranks", "")
             try:
                 listed = json.loads(ranks) if isinstance(ranks, str) else ranks
-                parsed = tuple(checked_int(r, "ranks") for r in listed)
+                parsed = RankSet.of(checked_int(r, "ranks") for r in listed)  # hashed per call in O(1)
             except (TypeError, ValueError, RecursionError):
-                parsed = ()
+                parsed = EMPTY
             self.by_name[str(config.get("name", name))] = parsed
             if config.get("desc"):
                 self.by_desc[str(config["desc"])] = parsed
 
-    def ranks(self, name: str, desc: str) -> tuple[int, ...]:
+    def ranks(self, name: str, desc: str) -> RankSet:
         if name in self.by_name:
             return self.by_name[name]
         if desc in self.by_desc:
             return self.by_desc[desc]
         if len(self.by_name) == 1 and "" in self.by_name:
             return self.by_name[""]
-        return ()
+        return EMPTY
 
 
 def _call(rank: int, entry: Mapping[str, Any], groups: _Groups) -> RankCall | None:
@@ -256,7 +258,7 @@ def _call(rank: int, entry: Mapping[str, Any], groups: _Groups) -> RankCall | No
         output_shape=_first_shape(entry.get("output_sizes")),
         dtype=_dtype(entry.get("input_dtypes") or entry.get("output_dtypes")),
         reduce_op="",
-        module="",
+        module=UNKNOWN_MODULE,  # a Flight Recorder entry names no module
         phase="",
         start_ns=start,
         end_ns=max(completed, start),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hp_otel.common.rank_set import ranks_with_exceptions
+
 
 def ranks_text(ranks: list[int]) -> str:
     """`0-3,6`: runs of ranks shortened (a 1024-rank job missing half its files stays one line)."""
@@ -23,10 +25,7 @@ def ranks_listed(ranks: list[int]) -> str:
     """`0,1,2` for a few ranks; runs shortened for many (`0-1023`); a long list cut (a DP group's 512 ranks)."""
     if len(ranks) <= LISTED:
         return ",".join(map(str, ranks))
-    text = ranks_text(ranks)
-    if text.count(",") < LISTED:
-        return text
-    return ",".join(map(str, ranks[:8])) + ",...," + ",".join(map(str, ranks[-4:])) + f" ({len(ranks)} ranks)"
+    return ranks_with_exceptions(ranks, LISTED)  # `0-4095 except 17`, `3-4091:8`; at most LISTED runs
 
 
 def more_line(hidden: int, what: str) -> list[str]:

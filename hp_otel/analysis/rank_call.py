@@ -6,9 +6,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.spans.schema import OUTSIDE_FQN
+
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
 SHAPE_FREE_OPS = frozenset({"all_to_all", "send", "recv", "gather", "scatter"})
 P2P_OPS = frozenset({"send", "recv"})
+# The module of a collective whose file cannot say (a Flight Recorder entry): not "outside every module".
+UNKNOWN_MODULE = "(unknown)"
+
+
+def module_where(module: str) -> str:
+    """Where a report says a collective was issued: Module(fqn); outside every module, OUTSIDE_FQN, the
+    one name for it everywhere (the module counts' key, the table, `hp-otel ranks`, `hp-otel diff`)."""
+    if module == UNKNOWN_MODULE:
+        return "an unknown module"
+    return f"Module({module})" if module else OUTSIDE_FQN
 
 
 def signature(
@@ -52,7 +64,7 @@ class RankCall:
         return signature(self.op, self.input_shape, self.output_shape, self.dtype, self.reduce_op)
 
     def where(self) -> str:
-        return f"Module({self.module})" if self.module else "no module"
+        return module_where(self.module)
 
     def describe(self) -> str:
         shapes = f"input {_shape(self.input_shape)} output {_shape(self.output_shape)}"
@@ -72,7 +84,7 @@ class RankCall:
             "output_shape": list(self.output_shape),
             "dtype": self.dtype,
             "reduce_op": self.reduce_op,
-            "module": self.module,
+            "module": self.module or OUTSIDE_FQN,
             "phase": self.phase,
             "start_ns": self.start_ns,
             "in_flight": self.in_flight,

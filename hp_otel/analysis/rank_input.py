@@ -114,6 +114,11 @@ def attribute_values(attributes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {kv["key"]: any_value(kv.get("value", {})) for kv in attributes}
 
 
+def span_attribute_values(attributes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A span's attributes, under today's names (`schema.normalise_attributes`: older files' too)."""
+    return schema.normalise_attributes(attribute_values(attributes))
+
+
 @dataclass(frozen=True, slots=True)
 class CollectiveSpan:
     """A collective span as `reading` and `exposure.by_window` see one (the ReadableSpan fields they use)."""
@@ -155,7 +160,7 @@ def _collectives(path: str, entries: list[Any]) -> Iterator[CollectiveSpan]:
                         continue
                     yield CollectiveSpan(
                         str(span.get("name", "")),
-                        attribute_values(attributes),
+                        span_attribute_values(attributes),
                         otlp_int(span.get("startTimeUnixNano", 0), "startTimeUnixNano"),
                         otlp_int(span.get("endTimeUnixNano", 0), "endTimeUnixNano"),
                     )
@@ -217,7 +222,7 @@ def fast_collectives(path: str, data: bytes) -> tuple[list[dict[str, Any]], list
                     spans.append(
                         CollectiveSpan(
                             str(span.name),
-                            attribute_values(attributes),
+                            span_attribute_values(attributes),
                             otlp_int(span.startTimeUnixNano, "startTimeUnixNano"),
                             otlp_int(span.endTimeUnixNano, "endTimeUnixNano"),
                         )

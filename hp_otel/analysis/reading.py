@@ -25,10 +25,12 @@ from hp_otel.analysis.rank_input import (
     resources_and_collectives,
 )
 from hp_otel.common.input_files import checked_int
+from hp_otel.common.rank_set import RankSet
 from hp_otel.spans import codec, collectives_file, exposure, schema
 from hp_otel.spans.call_tree import span_attributes
+from hp_otel.spans.groups import GroupTable
 
-__all__ = ["RankCall", "RankFile", "RankInputError", "calls_from_spans", "read_rank_file"]
+__all__ = ["RankCall", "RankFile", "RankInputError", "calls_from_spans", "check_rank", "read_rank_file"]
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
@@ -47,6 +49,21 @@ class RankFile:
     def __post_init__(self) -> None:
         if not isinstance(self.calls, CallTable):
             self.calls = CallTable.of(self.rank, self.calls)
+
+
+def check_rank(f: RankFile) -> None:
+    """A rank that cannot be one of its world (rank -1, rank 7 of 2, a world of 0) is refused, naming the field."""
+    if f.world_size is not None and f.world_size <= 0:
+        raise RankInputError(
+            f"{f.path}: {schema.RESOURCE_WORLD_SIZE} is {f.world_size}; a world size must be 1 or more"
+        )
+    if f.rank < 0:
+        raise RankInputError(f"{f.path}: {schema.RESOURCE_RANK} is {f.rank}; a rank must be 0 or more")
+    if f.world_size is not None and f.rank >= f.world_size:
+        raise RankInputError(
+            f"{f.path}: {schema.RESOURCE_RANK} {f.rank} is not below its {schema.RESOURCE_WORLD_SIZE} "
+            f"{f.world_size}; a rank must be 0-{f.world_size - 1}"
+        )
 
 
 def _rank_of(path: str, resources: Sequence[Mapping[str, Any]], default_rank: int | None = None) -> int:
@@ -150,8 +167,9 @@ def _collectives_file(path: str, payload: dict[str, Any]) -> tuple[list[dict[str
 # share their kind, so each kind is decoded and checked once per file, not once per call.
 _KIND_KEYS = (
     schema.COLLECTIVE_WINDOW,
+    schema.COLLECTIVE_GROUP_ID,
     schema.COLLECTIVE_GROUP,
-    schema.COLLECTIVE_GROUP_RANKS,
+    schema.COLLECTIVE_GROUP_RANKS,  # files of earlier versions: the members on every span
     schema.COLLECTIVE_GROUP_SIZE,
     schema.COLLECTIVE_OP,
     schema.COLLECTIVE_NAME,
@@ -169,6 +187,8 @@ def _add_calls(table: CallTable, spans: Iterable[Any], where: str) -> int:
     """Append the collectives among `spans` to `table`; how many had no seq."""
     unsequenced = 0
     kinds: dict[tuple[Any, ...], int] = {}  # (span name, the _KIND_KEYS' values) -> the kind's index
+    spans = list(spans)
+    groups = _groups_of(spans, where)
     for span in spans:
         attrs = span_attributes(span)
         if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE:
@@ -181,7 +201,7 @@ def _add_calls(table: CallTable, spans: Iterable[Any], where: str) -> int:
             key = kind = None
         try:
             if kind is None:
-                call = _call_from_span(table.rank, span, attrs)
+                call = _call_from_span(table.rank, span, attrs, groups)
                 if call is None:
                     unsequenced += 1
                     continue
@@ -212,12 +232,14 @@ def calls_from_spans(spans: Iterable[Any], rank: int, where: str = "spans") -> t
     """The collectives among finished spans (a file's, or a mode's own), and how many had no seq."""
     calls: list[RankCall] = []
     unsequenced = 0
+    spans = list(spans)
+    groups = _groups_of(spans, where)
     for span in spans:
         attrs = span_attributes(span)
         if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE:
             continue
         try:
-            call = _call_from_span(rank, span, attrs)
+            call = _call_from_span(rank, span, attrs, groups)
         except (TypeError, ValueError) as exc:  # attributes hp_otel did not write
             raise RankInputError(f"{where}: collective span {span.name!r} is malformed ({exc})") from exc
         if call is None:
@@ -227,16 +249,26 @@ def calls_from_spans(spans: Iterable[Any], rank: int, where: str = "spans") -> t
     return calls, unsequenced
 
 
-def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall | None:
+def _groups_of(spans: Sequence[Any], where: str) -> GroupTable:
+    """The groups the collective spans describe (each on one of its spans, or the file's table)."""
+    try:
+        return GroupTable.of(
+            attrs for attrs in map(span_attributes, spans) if attrs.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE
+        )
+    except (TypeError, ValueError) as exc:
+        raise RankInputError(f"{where}: a collective span's group is malformed ({exc})") from exc
+
+
+def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any], groups: GroupTable) -> RankCall | None:
     match = codec.decode_collective_match(attrs)
     if match.seq < 0:
         return None
-    info = codec.decode_collective(attrs, span.name)
+    info = codec.decode_collective(attrs, span.name, groups)
     return RankCall(
         rank=rank,
         window=match.window,
         group=info.group,
-        group_ranks=tuple(checked_int(r, schema.COLLECTIVE_GROUP_RANKS) for r in info.group_ranks),
+        group_ranks=RankSet.of(info.group_ranks),
         seq=match.seq,
         op=info.op or info.name,
         name=info.name,
@@ -266,6 +298,7 @@ def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None)
     unsequenced = 0
     stack = list(dump.get("records") or [])
     try:
+        dump_groups = GroupTable.from_json(dump.get("groups") or {})
         while stack:
             node = stack.pop()
             stack.extend(node.get("children") or [])
@@ -280,7 +313,7 @@ def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None)
                     rank=rank,
                     window=str(node.get("window", "")),
                     group=str(node.get("group", "")),
-                    group_ranks=tuple(checked_int(r, "group_ranks") for r in node.get("group_ranks", ())),
+                    group_ranks=_dump_members(node, dump_groups),
                     seq=checked_int(node["seq"], "seq"),
                     op=str(node.get("op") or node.get("collective_type", "")),
                     name=str(node.get("collective_type", "")),
@@ -302,3 +335,13 @@ def _read_dump(path: str, dump: dict[str, Any], default_rank: int | None = None)
     except (AttributeError, TypeError, ValueError, KeyError, RecursionError) as exc:
         raise RankInputError(f"{path}: not a JSON dump hp_otel wrote ({type(exc).__name__}: {exc})") from None
     return RankFile(path, rank, calls, unsequenced)
+
+
+def _dump_members(node: Mapping[str, Any], table: GroupTable) -> RankSet:
+    """A dump's collective's members: by its group id from the dump's table, or (dumps of earlier
+    versions) the list it carries."""
+    gid = node.get("group_id")
+    if gid is not None:
+        found = table.by_id.get(str(gid))
+        return found.members if found is not None else RankSet()
+    return RankSet.of(checked_int(r, "group_ranks") for r in node.get("group_ranks", ()))

@@ -7,13 +7,21 @@ strings and tuples of every file.  Workers are forked from a parent that runs on
 (the `hp-otel` command: nothing to import again); from one that runs more (a test, a
 notebook), where forking can deadlock, they come from a forkserver.  A pool whose workers
 die (a parent that cannot be re-imported) raises instead of starting new ones forever.
+
+There are never more workers than cores (`workers`: more only add memory, the reading is CPU
+work), and none outlives the reading: on an error or Ctrl-C they are stopped before it
+propagates, and each one ends with its parent however the parent ends (SIGKILL too: Linux's
+parent-death signal, `_end_with_parent`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import multiprocessing
 import os
+import signal
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -31,6 +39,35 @@ def default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+MAX_JOBS = 1024  # the most `--jobs` accepts; what runs is also capped at the cores (`workers`)
+
+
+def workers(jobs: int, files: int) -> int:
+    """How many processes read `files` files when `jobs` are asked for: never more than the cores."""
+    return max(1, min(jobs, default_jobs(), files))
+
+
+def _end_with_parent() -> None:
+    """A worker's initializer: SIGKILL it when its parent ends (Linux `PR_SET_PDEATHSIG`), so a parent
+    killed mid-read leaves no orphan. Elsewhere nothing: the pool's own shutdown then has to do."""
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent ended before the signal was asked for
+        os._exit(1)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stop the pool now (an error, Ctrl-C): drop the queued files and end the workers, reaped."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # stdlib-private: {pid: process}
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.join(5)
 
 
 def read_one(path: str, by_module: bool = True) -> RankFile:
@@ -55,7 +92,7 @@ def read_rank_files(
         if on_read is not None:
             on_read(len(out), total)
 
-    if jobs <= 1 or total <= _FILES_PER_TASK:  # a pool costs more than reading a few files here
+    if workers(jobs, total) <= 1 or total <= _FILES_PER_TASK:  # a pool costs more than reading a few files here
         for path in paths:
             keep(read_one(path, by_module))
         return out
@@ -64,7 +101,12 @@ def read_rank_files(
     else:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["hp_otel.analysis.reading_pool"])
-    with ProcessPoolExecutor(min(jobs, total), mp_context=context) as pool:
+    pool = ProcessPoolExecutor(workers(jobs, total), mp_context=context, initializer=_end_with_parent)
+    try:
         for f in pool.map(_read_task, [(p, by_module) for p in paths], chunksize=_FILES_PER_TASK):
             keep(f)
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
     return out

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from hp_otel.analysis.bandwidth import bandwidth_report, bandwidth_to_json, format_bandwidth
 from hp_otel.analysis.comparing import GroupReport, RanksReport, Skew
 from hp_otel.analysis.listing import LISTED, more_line, ranks_listed, ranks_text
+from hp_otel.analysis.rank_call import module_where
+from hp_otel.common.rank_set import RankSet
 from hp_otel.common.safe_text import printable
 from hp_otel.spans import exposure, schema
 
@@ -86,7 +89,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     if worst and worst[0][0].skew_ns > 0:
         lines.append("  largest skews:")
         for k, g in worst:
-            where = f"Module({k.module})" if k.module else "no module"
+            where = module_where(k.module)
             lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
     lines += exposure_lines(report)
     lines += format_bandwidth(bandwidth_report(report.files), top)
@@ -132,7 +135,13 @@ def _group_lines(g: GroupReport) -> list[str]:
 
 
 def _skew_json(k: Skew) -> dict[str, Any]:
-    return {"seq": k.seq, "op": k.op, "module": k.module, "skew_ns": k.skew_ns, "last_rank": k.last_rank}
+    return {
+        "seq": k.seq,
+        "op": k.op,
+        "module": k.module or schema.OUTSIDE_FQN,
+        "skew_ns": k.skew_ns,
+        "last_rank": k.last_rank,
+    }
 
 
 def report_to_json(report: RanksReport, per_collective: bool = True, top: int = 5) -> dict[str, Any]:
@@ -144,7 +153,7 @@ def report_to_json(report: RanksReport, per_collective: bool = True, top: int = 
         "complete": report.complete,
         "exit_status": exit_status(report),
         "ranks": report.ranks,
-        "missing_ranks": report.missing_ranks,
+        "missing_ranks": runs(report.missing_ranks),
         "notes": report.notes,
         "per_collective": per_collective,
         "files": [
@@ -177,6 +186,12 @@ def report_to_json(report: RanksReport, per_collective: bool = True, top: int = 
     return out
 
 
+def runs(ranks: Iterable[int]) -> str:
+    """A rank list in the JSON report: strided runs (`0-4095`, `0-16,18-4095`; `RankSet.parse` reads it),
+    so no field grows with a group's size."""
+    return str(RankSet.of(ranks))
+
+
 def _exposure_json(e: exposure.ExposureReport, by_module: bool) -> dict[str, Any]:
     shown = e.to_json()
     if not by_module:
@@ -188,11 +203,11 @@ def _group_json(g: GroupReport, per_collective: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "window": g.window,
         "group": g.group,
-        "group_ranks": list(g.group_ranks),
-        "ranks": g.ranks,
+        "group_ranks": runs(g.group_ranks),
+        "ranks": runs(g.ranks),
         "compared": g.compared,
         "agree": g.agree,
-        "absent_ranks": g.absent_ranks,
+        "absent_ranks": runs(g.absent_ranks),
         "divergence": None
         if g.divergence is None
         else {"seq": g.divergence.seq, "calls": [c.to_json() for _, c in sorted(g.divergence.calls.items())]},
@@ -201,9 +216,9 @@ def _group_json(g: GroupReport, per_collective: bool) -> dict[str, Any]:
                 "rank": m.rank,
                 "seq": m.seq,
                 "op": m.reference.op,
-                "module": m.reference.module,
-                "issued_by": m.issued_by,
-                "in_flight_on": m.in_flight_on,
+                "module": m.reference.module or schema.OUTSIDE_FQN,
+                "issued_by": runs(m.issued_by),
+                "in_flight_on": runs(m.in_flight_on),
             }
             for m in g.missing
         ],

@@ -18,13 +18,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hp_otel.analysis.reading import RankCall, RankInputError, calls_from_spans, read_rank_file
+from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, calls_from_spans, read_rank_file
 from hp_otel.common.input_files import InputFileError, checked_int, read_json
 from hp_otel.spans import schema
 
 SNAPSHOT_FORMAT = "hp_otel.comm_snapshot"
 SNAPSHOT_VERSION = 1
-NO_MODULE = "(no module)"
 _PHASE_ORDER = {schema.PHASE_FORWARD: 0, schema.PHASE_BACKWARD: 1, schema.PHASE_RECOMPUTE: 2}
 _TOLERANCE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")
 
@@ -45,7 +44,7 @@ class CellKey:
         return (self.module, _PHASE_ORDER.get(self.phase, len(_PHASE_ORDER)), self.phase, self.op)
 
     def where(self) -> str:
-        return f"{self.module or NO_MODULE} {self.phase}"
+        return f"{self.module or schema.OUTSIDE_FQN} {self.phase}"
 
 
 @dataclass
@@ -199,25 +198,37 @@ def read_run(path: str | os.PathLike[str]) -> RunSummary:
 
 
 def _read_folder(folder: str) -> RunSummary:
+    """Every .json file a rank's; a rank with both a spans file and a JSON dump (what `hp-otel demo`
+    writes) is read from its spans file, which holds the same collectives and more."""
     files = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
     if not files:
         raise DiffInputError(f"{folder}: a folder with no per-rank .json files")
-    summary = RunSummary(folder)
-    seen: dict[int, str] = {}
+    chosen: dict[int, tuple[str, bool, RankFile]] = {}  # rank -> (path, a JSON dump?, its collectives)
     for path in files:
         try:
-            rank_file = read_rank_file(path)
-        except RankInputError as exc:
+            payload = read_json(path, "spans file")
+            rank_file = read_rank_file(path, payload=payload)
+        except (InputFileError, RankInputError) as exc:
             raise DiffInputError(f"{exc} (in folder {folder}: every .json file there is read as one rank's)") from exc
-        if rank_file.rank in seen:
+        dump = _is_dump(payload)
+        seen = chosen.get(rank_file.rank)
+        if seen is not None and seen[1] == dump:
             raise DiffInputError(
-                f"{folder}: rank {rank_file.rank} twice ({os.path.basename(seen[rank_file.rank])} and "
-                f"{os.path.basename(path)}); keep one file per rank (a spans file or a JSON dump, not both)"
+                f"{folder}: rank {rank_file.rank} twice ({os.path.basename(seen[0])} and "
+                f"{os.path.basename(path)}); keep one file per rank (or one spans file and one JSON dump)"
             )
-        seen[rank_file.rank] = path
-        summary.windows[rank_file.rank] = _add_calls(summary.ranks.setdefault(rank_file.rank, {}), rank_file.calls)
+        if seen is None or seen[1]:  # the first file of this rank, or a spans file after its dump
+            chosen[rank_file.rank] = (path, dump, rank_file)
+    summary = RunSummary(folder)
+    for rank, (_, _, rank_file) in sorted(chosen.items()):
+        summary.windows[rank] = _add_calls(summary.ranks.setdefault(rank, {}), rank_file.calls)
         summary.unsequenced += rank_file.unsequenced
     return summary
+
+
+def _is_dump(payload: Any) -> bool:
+    """A JSON dump (`generate_json_dump`), as `read_rank_file` tells it from a spans file."""
+    return isinstance(payload, dict) and "records" in payload and "resourceSpans" not in payload
 
 
 # --- comparing ------------------------------------------------------------------------------
@@ -432,7 +443,7 @@ def diff_to_json(diff: RunDiff) -> dict[str, Any]:
         "ranks_only_in_b": diff.ranks_only_in_b,
         "changes": [
             {
-                "module": c.key.module,
+                "module": c.key.module or schema.OUTSIDE_FQN,
                 "phase": c.key.phase,
                 "op": c.key.op,
                 "status": c.status,

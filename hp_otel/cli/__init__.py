@@ -9,6 +9,7 @@ in front of the collective kernels.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -35,7 +36,7 @@ class Command(NamedTuple):
 COMMANDS: tuple[Command, ...] = (
     Command(
         "demo",
-        "2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode (15-45 s on 2 cores)",
+        "2-process CPU tensor-parallel step (MLP or transformer) under CommDebugMode",
         demo.add_arguments,
         demo.run,
         description="A real 2-process CPU (gloo) tensor-parallel forward+backward under CommDebugMode "
@@ -67,6 +68,10 @@ COMMANDS: tuple[Command, ...] = (
         "(exit 0 agree, 3 not, 4 ranks without a file, 2 bad input)",
         ranks.add_arguments,
         ranks.run,
+        description="Lines up the ranks' collectives (spans files, JSON dumps or torch Flight Recorder dumps, one "
+        "per rank) by group and sequence number: where they first diverge, which rank never reached a collective "
+        "(a hang), who arrives last (stragglers), each rank's exposed communication, and the bandwidth per group, "
+        "op and rank.",
     ),
     Command(
         "diff",
@@ -96,7 +101,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "build-native",
-        "compile the optional native gate that passes unrecorded collective calls on in C++ (once, ≈30 s)",
+        "compile the optional native gate that passes unrecorded collective calls on in C++ (once per machine)",
         build_native.add_arguments,
         build_native.run,
         description="Builds hp_otel/sources/pytorch/native/passthrough.cpp with torch.utils.cpp_extension (a C++ "
@@ -131,9 +136,11 @@ EXIT_BROKEN_PIPE = 128 + 13
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    name = "hp-otel"
     try:
         args = build_parser().parse_args(argv)
         command = next(c for c in COMMANDS if args.command in (c.name, *c.deprecated_aliases))
+        name = f"hp-otel {command.name}"
         if args.command != command.name:
             print(printable(f"hp-otel: `{args.command}` is deprecated, use `hp-otel {command.name}`"), file=sys.stderr)
         status = command.run(args)
@@ -142,6 +149,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as exc:
+        line = _write_error(exc)
+        if line is None:
+            raise
+        print(printable(f"{name}: {line}"), file=sys.stderr)
+        return EXIT_BAD_OUTPUT
+
+
+# A disk full, a quota or an I/O error while writing: one line, not a traceback.
+EXIT_BAD_OUTPUT = 2
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+
+
+def _write_error(exc: OSError) -> str | None:
+    """The line to say for an output that could not be written, or None for any other error (raised).
+
+    A file hp_otel writes names its argument already (`common/files.py`); a write to stdout
+    names none: then stdout is silenced (its unwritten buffer would fail again at exit)."""
+    if getattr(exc, "hp_otel_argument", None) is not None:
+        return str(exc)
+    if exc.errno in _WRITE_ERRORS and exc.filename is None:
+        _quiet_stdout()
+        return f"cannot write to stdout ({exc.strerror})"
+    return None
 
 
 def _quiet_stdout() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+# `hp-otel demo` and `hp-otel render` show the same table by default: the demo's, the level with everything.
+DEFAULT_NOISE_LEVEL = 3
 NOISE_LEVEL_HELP = (
     "table detail, 0-3: 0 collectives only; 1 + DTensor ops; 2 + module boundaries (forward, backward, "
     "recompute, optimizer); 3 + redistributes, dtype/bytes/reduce op/bandwidth on collectives, exposed time"

@@ -109,6 +109,13 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
         help="--ranks: the files made: spans files (write_spans) or collectives files (write_collectives)",
     )
     bench.add_argument(
+        "--layout",
+        choices=("mesh", "world"),
+        default="mesh",
+        help="--ranks: the groups: mesh (TP groups of --tp ranks and DP groups across them) or world (every "
+        "collective on one group of all N ranks, as FSDP over the world)",
+    )
+    bench.add_argument(
         "--telemetry",
         action="store_true",
         help="instead: what one rank sends with the always-on instrumentor's defaults on the llama step (2 and 8 "
@@ -128,7 +135,7 @@ def _bench_ranks(args: argparse.Namespace) -> int:
 
     try:
         result = run_ranks_bench(
-            args.ranks, args.tp, args.jobs, args.keep_files, to_stderr("bench --ranks"), args.evidence
+            args.ranks, args.tp, args.jobs, args.keep_files, to_stderr("bench --ranks"), args.evidence, args.layout
         )
     except ValueError as exc:
         print(f"hp-otel bench: {exc}", file=sys.stderr)

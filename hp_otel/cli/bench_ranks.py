@@ -38,6 +38,7 @@ class RanksBenchResult:
     ranks: int
     tp: int
     evidence: str  # the files read: "spans" or "collectives"
+    layout: str  # "mesh" (TP x DP groups) or "world" (one group of every rank)
     file_bytes: int  # rank 0's file
     make_s: float
     wall_s: float
@@ -125,6 +126,7 @@ def run_ranks_bench(
     out_dir: str | None = None,
     progress: Progress = quiet,
     evidence: str = "spans",
+    layout: str = "mesh",
 ) -> RanksBenchResult:
     """Make the files under `out_dir` (default: a temporary folder, removed after) and time `hp-otel ranks`."""
     check_mesh(ranks, tp)
@@ -132,7 +134,7 @@ def run_ranks_bench(
         folder = out_dir or scratch
         progress(f"recording the llama step (tp {tp})")
         started = time.perf_counter()
-        template = split_template(record_template(tp), tp)
+        template = split_template(record_template(tp), tp, layout)
         faults = plant_faults(ranks, tp, template.tp_seqs)
         progress(f"writing {ranks} ranks' files to {folder}")
         paths = write_rank_files(template, folder, ranks, faults, jobs or os.cpu_count() or 1, evidence)
@@ -145,6 +147,7 @@ def run_ranks_bench(
             ranks=ranks,
             tp=tp,
             evidence=evidence,
+            layout=layout,
             file_bytes=os.path.getsize(paths[0]),
             make_s=made,
             wall_s=wall,
@@ -161,14 +164,20 @@ def format_ranks_bench(result: RanksBenchResult) -> list[str]:
     f = result.faults
     named = ", ".join(f"{fault} {'named' if ok else 'NOT NAMED'}" for fault, ok in result.found.items())
     return [
-        f"hp-otel ranks on {result.ranks} ranks' {result.evidence} files ({result.ranks // result.tp} x {result.tp} "
-        f"mesh, llama step, {result.file_bytes / 1e6:.3f} MB a rank; files made in {result.make_s:.1f} s)",
+        f"hp-otel ranks on {result.ranks} ranks' {result.evidence} files ({_layout(result)}, llama step, "
+        f"{result.file_bytes / 1e6:.3f} MB a rank; files made in {result.make_s:.1f} s)",
         f"  wall {result.wall_s:.1f} s, CPU {result.cpu_s:.1f} s ({result.cpu_per_rank_ms:.1f} ms a rank), "
         f"peak RSS {result.peak_rss_bytes / 2**20:.0f} MiB (all its processes), exit status {result.exit_status}, "
         f"JSON report {result.report_bytes / 1e3:.0f} kB",
         f"  planted: hang rank {f.hang_rank}, desync rank {f.desync_rank} at seq {f.desync_seq}, straggler rank "
         f"{f.straggler_rank} ({f.late_ns / 1e6:.0f} ms late): {named}",
     ]
+
+
+def _layout(result: RanksBenchResult) -> str:
+    if result.layout == "world":
+        return f"every collective on one group of {result.ranks} ranks"
+    return f"{result.ranks // result.tp} x {result.tp} mesh"
 
 
 def ranks_bench_json(result: RanksBenchResult) -> dict[str, Any]:

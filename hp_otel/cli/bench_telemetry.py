@@ -129,7 +129,7 @@ def rank_volume(rank: int, world_size: int, port: int, tp: int, layers: int, ste
         HP_OTEL_RUN_ID=RUN_ID,
     )
     import hp_otel
-    from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+    from hp_otel.always_on.instrumentor import HpOtelInstrumentor
     from hp_otel.export.telemetry import configured
     from hp_otel.export.telemetry import shutdown as shutdown_export
     from hp_otel.workloads.llama import LlamaShape, build_llama_step

@@ -189,7 +189,7 @@ def _instrumentor_variant(model: Any) -> Variant:
 def _instrumented(model: Any) -> Iterator[None]:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+    from hp_otel.always_on.instrumentor import HpOtelInstrumentor
     from hp_otel.export.config import SAMPLERS
     from hp_otel.export.providers import build_resource, default_meter_provider
 

@@ -18,7 +18,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hp_otel.spans import schema
+from hp_otel.common.rank_set import RankSet
+from hp_otel.spans import groups, schema
+from hp_otel.spans.groups import GroupTable
 
 TEMPLATE_DP = 2  # the recorded world: (TEMPLATE_DP x tp) ranks, recorded as rank 0
 JITTER_NS = 1_000_000  # each rank issues each collective up to 1 ms after the template
@@ -98,12 +100,16 @@ class _Template:
     resource: dict[str, Any]
     collectives: list[dict[str, Any]]
     tp: int
-    tp_seqs: int  # collectives per window on the TP group
-    tp_group: tuple[int, ...] = field(default=())
+    tp_seqs: int  # collectives per window on the TP group (the world layout: on the world group)
+    tp_group: str = ""  # the TP group's id in the template
+    # The world layout: every collective on one world-sized group (as FSDP over all ranks), numbered
+    # in issue order (template index -> seq); empty: the (N / tp) x tp mesh layout.
+    world_seq: dict[int, int] = field(default_factory=dict)
 
 
-def split_template(payload: dict[str, Any], tp: int) -> _Template:
-    """Mark the resource and every collective span as slots; everything else is dumped once."""
+def split_template(payload: dict[str, Any], tp: int, layout: str = "mesh") -> _Template:
+    """Mark the resource and every collective span as slots; everything else is dumped once.
+    `layout`: "mesh" (TP and DP groups) or "world" (every collective on the world group)."""
     collectives: list[dict[str, Any]] = []
     resource: dict[str, Any] = {}
     entries = payload.get("resourceSpans", [])
@@ -119,14 +125,18 @@ def split_template(payload: dict[str, Any], tp: int) -> _Template:
     text = json.dumps(payload).replace(f'"{_SLOT.format("r")}"', '"@@hp-slot-999999999@@"')
     parts = _SLOT_RE.split(text)
     texts, slots = parts[0::2], [(-1 if p == "999999999" else int(p)) for p in parts[1::2]]
-    tp_group = tuple(range(tp))
-    tp_seqs = sum(1 for c in collectives if _group_ranks(c) == tp_group)
+    groups = GroupTable.of({k: v.get("stringValue") for k, v in _attrs(c).items()} for c in collectives)
+    tp_group = next(gid for gid, g in groups.by_id.items() if g.members == RankSet.of(range(tp)))
+    tp_seqs = sum(1 for c in collectives if _group_id(c) == tp_group)
+    if layout == "world":
+        order = sorted(range(len(collectives)), key=lambda i: int(collectives[i]["startTimeUnixNano"]))
+        world_seq = {i: seq for seq, i in enumerate(order)}
+        return _Template(texts, slots, resource, collectives, tp, len(collectives), tp_group, world_seq)
     return _Template(texts, slots, resource, collectives, tp, tp_seqs, tp_group)
 
 
-def _group_ranks(span: dict[str, Any]) -> tuple[int, ...]:
-    value = _attrs(span).get(schema.COLLECTIVE_GROUP_RANKS, {})
-    return tuple(int(v["intValue"]) for v in value.get("arrayValue", {}).get("values", ()))
+def _group_id(span: dict[str, Any]) -> str:
+    return str(_attrs(span)[schema.COLLECTIVE_GROUP_ID]["stringValue"])
 
 
 def _int_attr(span: dict[str, Any], key: str) -> int:
@@ -177,20 +187,23 @@ def _rank_collectives(
     """Each template collective re-keyed for `rank` (None: a collective the rank never issued)."""
     tp = template.tp
     tp_index, dp_index = divmod(rank, tp)
-    tp_ranks = tuple(range(tp_index * tp, tp_index * tp + tp))
-    dp_ranks = tuple(range(dp_index, ranks, tp))
+    tp_ranks = RankSet(((tp_index * tp, tp_index * tp + tp - 1, 1),))
+    dp_ranks = RankSet(((dp_index, dp_index + ranks - tp, tp),))
     groups = {  # torch names groups by creation order, the same on every rank: the TP groups first
         "tp": (str(1 + tp_index), tp_ranks),
         "dp": (str(1 + ranks // tp + dp_index), dp_ranks),
     }
+    world = bool(template.world_seq)
+    if world:  # one group of every rank: "tp" below is the world group
+        groups["tp"] = ("0", RankSet(((0, ranks - 1, 1),)))
     jitter = random.Random(rank)
-    hang_group = faults.hang_rank // tp == tp_index
+    hang_group = world or faults.hang_rank // tp == tp_index
     cut = template.tp_seqs - faults.hang_from_end  # the first seq the hanging rank never reaches
     cut_ns: int | None = None
     out: dict[int, dict[str, Any] | None] = {}
     for i, span in enumerate(template.collectives):
-        kind = "tp" if _group_ranks(span) == template.tp_group else "dp"
-        seq = _int_attr(span, schema.COLLECTIVE_SEQ)
+        kind = "tp" if world or _group_id(span) == template.tp_group else "dp"
+        seq = template.world_seq[i] if world else _int_attr(span, schema.COLLECTIVE_SEQ)
         if hang_group and kind == "tp" and seq == cut:
             cut_ns = int(span["startTimeUnixNano"])
         in_flight = False
@@ -202,7 +215,7 @@ def _rank_collectives(
             in_flight = True
         late = jitter.randrange(JITTER_NS) + (faults.late_ns if rank == faults.straggler_rank else 0)
         desync = rank == faults.desync_rank and kind == "tp" and seq == faults.desync_seq
-        out[i] = _rekeyed(span, groups[kind], late, in_flight, desync)
+        out[i] = _rekeyed(span, groups[kind], late, in_flight, desync, seq)
     return out
 
 
@@ -225,21 +238,26 @@ def _pieces(template: _Template, spans: dict[int, str], resource: str) -> list[s
 
 
 def _rekeyed(
-    span: dict[str, Any], group: tuple[str, tuple[int, ...]], late_ns: int, in_flight: bool, desync: bool
+    span: dict[str, Any], group: tuple[str, RankSet], late_ns: int, in_flight: bool, desync: bool, seq: int
 ) -> dict[str, Any]:
     name, members = group
+    described = groups.group(name, members)
     attributes = []
     for kv in span["attributes"]:
         key, value = kv["key"], kv["value"]
         if key == schema.COLLECTIVE_GROUP:
             value = {"stringValue": name}
-        elif key == schema.COLLECTIVE_GROUP_RANKS:
-            value = _ints(members)
+        elif key == schema.COLLECTIVE_GROUP_ID:
+            value = {"stringValue": described.id}
+        elif key == schema.COLLECTIVE_GROUP_MEMBERS:
+            value = {"stringValue": str(described.members)}
         elif key == schema.COLLECTIVE_GROUP_SIZE:
             value = {"intValue": str(len(members))}
         elif key == schema.COLLECTIVE_INPUT_SHAPE and desync:
             dims = [int(v["intValue"]) for v in value["arrayValue"]["values"]]
             value = _ints([dims[0] + 1, *dims[1:]])
+        elif key == schema.COLLECTIVE_SEQ:
+            value = {"intValue": str(seq)}
         elif key == schema.COLLECTIVE_IN_FLIGHT:
             continue
         attributes.append({"key": key, "value": value})

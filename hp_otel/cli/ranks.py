@@ -2,7 +2,8 @@
 
 Exit status: 0 the ranks agree, 3 they diverge or one misses collectives, 4 the ranks given
 agree but the files name ranks that have no file (not compared), 2 bad input (one line on
-stderr, no traceback).
+stderr, no traceback; also a rank outside its world size, and files with no collective: nothing
+to compare).
 """
 
 from __future__ import annotations
@@ -35,11 +36,21 @@ def add_arguments(ranks: argparse.ArgumentParser) -> None:
     )
     ranks.add_argument(
         "--jobs",
-        type=positive,
+        type=_jobs,
         default=None,
         metavar="N",
-        help="processes reading the files (default: the cores this process may use)",
+        help="processes reading the files, 1-1024, never more than the cores this process may use "
+        "(default: those cores)",
     )
+
+
+def _jobs(text: str) -> int:
+    from hp_otel.analysis.reading_pool import MAX_JOBS
+
+    value = positive(text)
+    if value > MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"must be 1-{MAX_JOBS} (and no more than the cores are used)")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

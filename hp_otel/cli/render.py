@@ -6,14 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from hp_otel.cli.arguments import NOISE_LEVEL_HELP, noise_level, positive
+from hp_otel.cli.arguments import DEFAULT_NOISE_LEVEL, NOISE_LEVEL_HELP, noise_level, positive
 from hp_otel.common.safe_text import printable
 
 
 def add_arguments(render: argparse.ArgumentParser) -> None:
     """`hp-otel render`'s options."""
     render.add_argument("file", type=Path, help="an OTLP/JSON spans file")
-    render.add_argument("--noise-level", type=noise_level, default=1, metavar="0-3", help=NOISE_LEVEL_HELP)
+    render.add_argument(
+        "--noise-level", type=noise_level, default=DEFAULT_NOISE_LEVEL, metavar="0-3", help=NOISE_LEVEL_HELP
+    )
     render.add_argument(
         "--max-bytes",
         type=positive,

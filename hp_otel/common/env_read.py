@@ -35,3 +35,12 @@ def getenv(name: str) -> str | None:
         if len(_values) < 256:
             _values[raw] = text
     return text
+
+
+SDK_DISABLED_VARIABLE = "OTEL_SDK_DISABLED"
+
+
+def sdk_disabled() -> bool:
+    """`OTEL_SDK_DISABLED=true`, read as the OpenTelemetry SDK reads it (its providers then hand out no-ops):
+    hp_otel then opens and exports nothing either."""
+    return (getenv(SDK_DISABLED_VARIABLE) or "").strip().lower() == "true"

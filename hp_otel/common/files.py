@@ -13,6 +13,10 @@ at the path is respected:
 - a read-only file is refused with an error naming the argument, not overwritten;
 - the temporary file is removed on any failure, on Ctrl-C, and on SIGTERM (the process
   then still ends by SIGTERM, as it would have).
+
+A folder other users may write too (a shared `HP_OTEL_COLLECTIVES_DIR` or
+`HP_OTEL_PROMETHEUS_SD_DIR`) is written with `write_in_folder` instead: nothing planted there is
+followed or written in place (see its doc).
 """
 
 from __future__ import annotations
@@ -231,3 +235,76 @@ def _sigterm_cleans_up() -> Iterator[None]:
         raise  # pragma: no cover - not reached
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _open_folder(folder: str, argument: str) -> int:
+    """The folder's descriptor. A symlink as its last part is followed only when it is this user's or
+    root's (what Linux's fs.protected_symlinks allows in a sticky folder): another user's link is refused."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(folder, flags | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        try:
+            link = os.lstat(folder)
+        except OSError:
+            link = None
+        if link is None or not stat.S_ISLNK(link.st_mode):
+            raise _error(exc, argument, folder) from exc
+        if link.st_uid not in (os.geteuid(), 0):
+            raise PermissionError(
+                errno.EPERM, f"{argument}: {folder!r} is a symlink owned by uid {link.st_uid}, not followed"
+            ) from None
+    try:
+        fd = os.open(folder, flags)
+    except OSError as exc:
+        raise _error(exc, argument, folder) from exc
+    if os.lstat(folder).st_ino != link.st_ino:  # swapped for another link meanwhile
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"{argument}: {folder!r} changed while it was opened")
+    return fd
+
+
+def write_in_folder(folder: str | os.PathLike[str], name: str, write: Callable[[IO[str]], Any], argument: str) -> str:
+    """Write the text `write(handle)` produces as `folder/name`, where other users may write `folder`.
+
+    The folder is opened once (`_open_folder`) and everything after is relative to it (`dir_fd`):
+    a new file is created (`O_EXCL | O_NOFOLLOW`, 0644 less the umask: only its owner can write
+    it), written, and renamed over `name`, which replaces whatever is there (a symlink, a FIFO,
+    another user's file) rather than following or opening it. So a link planted at `name` never
+    makes this write a file elsewhere, and a FIFO never blocks it. Returns the path written; an
+    OSError names `argument`.
+    """
+    if not name or os.sep in name or name in (".", ".."):
+        raise ValueError(f"{argument}: {name!r} is not a file name")
+    path = os.path.join(os.fspath(folder), name)
+    dir_fd = _open_folder(os.fspath(folder), argument)
+    try:
+        with _sigterm_cleans_up():
+            tmp = None
+            try:
+                for _ in range(100):
+                    candidate = f".{name}.hp_otel-{secrets.token_hex(4)}.tmp"
+                    try:
+                        fd = os.open(candidate, _EXCLUSIVE, 0o644, dir_fd=dir_fd)
+                    except FileExistsError:
+                        continue
+                    tmp = candidate
+                    break
+                else:
+                    raise FileExistsError(errno.EEXIST, f"no free temporary name in {path!r}")
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    write(handle)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                tmp = None
+            except OSError as exc:
+                raise _error(exc, argument, path) from exc
+            finally:
+                if tmp is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)

@@ -99,7 +99,12 @@ def read_bytes(path: str | os.PathLike[str], what: str = "file", max_bytes: int 
         if info.st_size > limit:
             raise InputFileError(_too_large(what, name, info.st_size, limit))
         with open(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)
+            data = handle.read(min(limit, info.st_size) + 1)  # never a buffer of the limit's size: it may be huge
+            while len(data) <= limit:  # the file grew since fstat: the rest, up to the limit
+                more = handle.read(min(limit + 1 - len(data), 1 << 26))
+                if not more:
+                    break
+                data += more
     except OSError as exc:
         raise InputFileError(f"{what} {name!r} cannot be read: {exc.strerror}") from None
     finally:

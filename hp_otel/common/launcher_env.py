@@ -138,3 +138,16 @@ def current_rank() -> int:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
     return 0
+
+
+def is_multiprocessing_child() -> bool:
+    """True in a process `multiprocessing` started (spawn, forkserver, fork), also while it still
+    imports its parent's main module, before `parent_process()` is set (`_inheriting`, the flag the
+    standard library's own "bootstrapping phase" check reads). Such a process is not one of the job's
+    ranks in its own right: a DataLoader worker, or a helper of the rank that started it."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None:  # nothing imported it: not a child it started
+        return False
+    if multiprocessing.parent_process() is not None:
+        return True
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))

@@ -5,7 +5,8 @@ hp_otel hands the SDK what it reads on its own: the exporters read
 (per-signal winning, headers percent-decoded), the `BatchSpanProcessor` `OTEL_BSP_*`,
 the periodic metric reader `OTEL_METRIC_EXPORT_INTERVAL/TIMEOUT`, the `TracerProvider`
 `OTEL_TRACES_SAMPLER(_ARG)`, `Resource.create` `OTEL_SERVICE_NAME`/`OTEL_RESOURCE_ATTRIBUTES`.
-Their values are checked here (`SDK_NUMBERS`, the sampler, headers, endpoints), so a bad one is a
+Their values are checked here (`SDK_NUMBERS`, the sampler, headers, endpoints, compression and
+TLS files), so a bad one is a
 `ConfigError` naming the variable rather than the SDK's bare ValueError or its silent default.
 What is decided here: whether and where to export (`OTEL_TRACES_EXPORTER` /
 `OTEL_METRICS_EXPORTER` names, looked up in the SDK's exporter entry points; OTLP only
@@ -222,6 +223,9 @@ class ExportConfig:
                 signal_endpoint(signal, protocols[signal], endpoint, specific_arg) if endpoint or specific_arg else None
             )
         metrics_names = _exporter_names("OTEL_METRICS_EXPORTER", environ)
+        for signal in ("traces", "metrics"):
+            if OTLP in exporters[signal]:
+                _check_tls_and_compression(signal, environ)
 
         port_value: Any = prometheus_port
         port_source = "prometheus_port"
@@ -366,6 +370,34 @@ SDK_NUMBERS = (
     _SdkNumber("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", False, "seconds", "export_timeout_s"),
     _SdkNumber("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", False, "seconds", "export_timeout_s"),
 )
+
+
+COMPRESSIONS = ("gzip", "deflate", "none")  # the OTLP exporters' `Compression` values
+TLS_FILES = ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY")
+
+
+def _check_tls_and_compression(signal: str, environ: Mapping[str, str]) -> None:
+    """The OTLP exporter's compression and TLS file variables, checked now: the exporters find a
+    bad value only at their first export (a raw ValueError, or a missing file), in the middle of training."""
+    for middle in ("", f"{signal.upper()}_"):
+        variable = f"OTEL_EXPORTER_OTLP_{middle}COMPRESSION"
+        value = env_value(variable, environ)
+        if value is not None and value.strip().lower() not in COMPRESSIONS:
+            raise ConfigError(f"{variable} must be one of {', '.join(COMPRESSIONS)}, got {value!r}")
+        for name in TLS_FILES:
+            variable = f"OTEL_EXPORTER_OTLP_{middle}{name}"
+            path = env_value(variable, environ)
+            if not path:
+                continue
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise ConfigError(
+                    f"{variable} must name a readable PEM file, got {path!r} ({exc.strerror or type(exc).__name__})"
+                ) from None
+            if os.path.isdir(path):  # pragma: no cover - open() refuses a folder on Linux
+                raise ConfigError(f"{variable} must name a readable PEM file, got the folder {path!r}")
 
 
 def _check_sdk_numbers(environ: Mapping[str, str], given: set[str]) -> None:

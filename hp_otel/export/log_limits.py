@@ -3,7 +3,7 @@
 Against a dead endpoint the OTLP exporters log every retry and every failed batch, and
 the batch processor every full queue: tens of lines a minute that bury the training
 log. While telemetry is configured, a filter on those loggers lets the first record of
-each kind (logger and message template) through per interval; the next one that passes
+each kind (logger, and message with its numbers left out) through per interval; the next one that passes
 says how many were held back meanwhile. hp_otel's own counters (`Telemetry.failed_spans`,
 `dropped_spans`) still count every event.
 """
@@ -11,6 +11,7 @@ says how many were held back meanwhile. hp_otel's own counters (`Telemetry.faile
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -30,10 +31,13 @@ NOISY_LOGGERS = (
     *PRIVATE_LOGGER_MODULES,
 )
 DEFAULT_INTERVAL_S = 60.0
+# A kind is the message with its numbers left out: the OTLP exporters format theirs before logging
+# ("retrying in 1.10s", "... 1.78s", a port, a batch size), so each retry's text differs.
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 
 
 class RateLimitFilter(logging.Filter):
-    """Pass the first record of each (logger, message template) per `interval_s`; count the rest."""
+    """Pass the first record of each kind (logger, message without its numbers) per `interval_s`; count the rest."""
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
@@ -43,7 +47,7 @@ class RateLimitFilter(logging.Filter):
         self._kinds: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (when it last passed, held back since)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        kind = (record.name, str(record.msg))
+        kind = (record.name, _NUMBERS.sub("#", str(record.msg)))
         now = self.clock()
         with self._lock:
             last, held = self._kinds.get(kind, (None, 0))

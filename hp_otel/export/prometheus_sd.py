@@ -2,20 +2,29 @@
 
 With `HP_OTEL_PROMETHEUS_SD_DIR` set, each rank that serves /metrics writes
 `<run id>-rank<r>.json` there — `[{"targets": ["host:port"], "labels": {...}}]`, the
-format of Prometheus' `file_sd_configs` — and removes it when export shuts down.
+format of Prometheus' `file_sd_configs` — and removes it when export shuts down, at exit, and on
+SIGTERM when nobody else handles that signal (`remove_at_termination`): Prometheus stops scraping a
+rank that is gone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import threading
 from pathlib import Path
 
 from hp_otel.common import launcher_env
-from hp_otel.common.files import write_text_atomically
+from hp_otel.common.files import write_in_folder
 
 SD_DIR_VARIABLE = "HP_OTEL_PROMETHEUS_SD_DIR"
+# The target's labels, on every series scraped from it (`up` too, which tells a rank that is down):
+# not the resource's hp_run_id / hp_rank, which target_info carries (Prometheus would rename those
+# to exported_hp_run_id / exported_hp_rank on it).
+TARGET_RUN_ID_LABEL = "hp_target_run_id"
+TARGET_RANK_LABEL = "hp_target_rank"
 
 
 def target_file(directory: str | os.PathLike[str], run_id: str | None, rank: int | None) -> Path:
@@ -31,9 +40,37 @@ def write_target(host: str, port: int, run_id: str | None, environ: dict[str, st
         return None
     rank = launcher_env.global_rank(env)
     address = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
-    labels = {"hp_run_id": run_id or "", "hp_rank": "" if rank is None else str(rank)}
+    labels = {TARGET_RUN_ID_LABEL: run_id or "", TARGET_RANK_LABEL: "" if rank is None else str(rank)}
     path = target_file(directory, run_id, rank)
     Path(directory).mkdir(parents=True, exist_ok=True)
     payload = [{"targets": [f"{address}:{port}"], "labels": labels}]
-    write_text_atomically(path, lambda handle: json.dump(payload, handle), argument=SD_DIR_VARIABLE)
+    # a shared folder: a link or FIFO planted at the name is replaced, never followed (write_in_folder)
+    write_in_folder(directory, path.name, lambda handle: json.dump(payload, handle), argument=SD_DIR_VARIABLE)
     return path
+
+
+_written: dict[Path, int] = {}  # this process's targets -> the pid that wrote them (a forked child's are not its own)
+
+
+def remove_at_termination(path: Path) -> None:
+    """Remove `path` if the process is killed by SIGTERM (atexit covers a normal exit and Ctrl-C's
+    KeyboardInterrupt). Only where SIGTERM has its default action and on the main thread: another
+    handler (the user's, Lightning's) decides what SIGTERM does, and the exit then removes the file."""
+    _written[path] = os.getpid()
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def forget(path: Path) -> None:
+    """`path` was removed (export shut down)."""
+    _written.pop(path, None)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    for path, pid in list(_written.items()):
+        if pid == os.getpid():
+            path.unlink(missing_ok=True)
+    signal.signal(signum, signal.SIG_DFL)  # then die of the signal, as without this handler
+    os.kill(os.getpid(), signum)

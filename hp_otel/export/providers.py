@@ -20,7 +20,12 @@ from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import Tracer, TracerProvider
 
 from hp_otel.common.per_provider import PerProvider
-from hp_otel.export.resource_detector import SERVICE_INSTANCE_ID, RankResourceDetector, service_instance_id
+from hp_otel.export.resource_detector import (
+    SERVICE_INSTANCE_ID,
+    SERVICE_NAME,
+    RankResourceDetector,
+    service_instance_id,
+)
 from hp_otel.spans import schema
 from hp_otel.version import __version__
 
@@ -39,8 +44,8 @@ def build_resource(extra: dict[str, Any] | None = None) -> Resource:
     The service is `hp_otel` unless one of them names it.
     """
     resource = RankResourceDetector().detect().merge(Resource.create())
-    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({"service.name": "hp_otel"}))
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "hp_otel"}))
     resource = resource.merge(Resource(dict(extra or {})))
     # service.instance.id: stable per run and rank, over the SDK's random UUID (Resource.create() puts
     # it last), unless the user names one (OTEL_RESOURCE_ATTRIBUTES, configure()'s resource attributes).

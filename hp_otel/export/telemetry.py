@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -36,12 +37,14 @@ from opentelemetry.sdk.trace import sampling as otel_sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from hp_otel.common import _otel_compat
+from hp_otel.common.env_read import SDK_DISABLED_VARIABLE, sdk_disabled
 from hp_otel.common.launcher_env import local_rank
 from hp_otel.export import providers
 from hp_otel.export.config import OTLP, SAMPLERS, ExportConfig, known_secrets
 from hp_otel.export.log_limits import NOISY_LOGGERS, limit_sdk_logs, unlimit_sdk_logs
-from hp_otel.export.prometheus_sd import write_target
+from hp_otel.export.prometheus_sd import forget, remove_at_termination, write_target
 from hp_otel.export.providers import build_resource
+from hp_otel.export.resource_detector import SERVICE_NAME
 from hp_otel.export.secrets import mask_sdk_logs, redact_url
 from hp_otel.spans import schema
 
@@ -281,17 +284,25 @@ class PrometheusPortError(OSError):
 
 
 def start_prometheus(host: str, base_port: int, source: str = "prometheus_port") -> tuple[MetricReader, Any, int]:
-    """A PrometheusMetricReader and the prometheus_client HTTP server exposing it; returns (reader, server, port).
+    """A PrometheusMetricReader and the HTTP server exposing it (`metrics_server`); returns (reader, server, port).
 
     A port that cannot be bound raises PrometheusPortError naming the port, the rule
     (base + local rank) and the setting `source` the base came from.
     """
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import start_http_server
+
+    from hp_otel.export.metrics_server import start_metrics_server
 
     port = prometheus_port_for_this_rank(base_port)
+    if port > 65535:  # the socket would raise a bare OverflowError deep in the server's setup
+        rank = local_rank() or 0
+        raise PrometheusPortError(
+            errno.EINVAL,
+            f"Prometheus port {port} is above 65535 (the port is {source}={base_port} + local rank {rank}); "
+            f"set {source} to at most {65535 - rank}, or 0 for any free port",
+        )
     try:
-        server, _thread = start_http_server(port, addr=host)
+        server, _thread = start_metrics_server(port, host)  # threads bounded, unlike start_http_server's
     except OSError as exc:
         rank = local_rank()
         rule = f"{source}={base_port} + local rank {rank}" if rank else f"{source}={base_port}"
@@ -353,16 +364,21 @@ class Telemetry:
             "flush",
         )
 
-    def shutdown(self, timeout_s: float | None = None) -> bool:
-        """Flush and stop exporting within `timeout_s`; True if everything finished in time."""
+    def shutdown(self, timeout_s: float | None = None, then: Any = None) -> bool:
+        """Flush and stop exporting within `timeout_s`; True if everything finished in time. `then()`
+        runs when the flush has ended, on its thread, even past the deadline (it may still be logging)."""
         if self._shut_down:
             return True
         self._shut_down = True
         budget = timeout_s or self.config.shutdown_timeout_s
 
         def stop() -> bool:
-            self.tracer_provider.shutdown()
-            self.meter_provider.shutdown(timeout_millis=budget * 1000)
+            try:
+                self.tracer_provider.shutdown()
+                self.meter_provider.shutdown(timeout_millis=budget * 1000)
+            finally:
+                if then is not None:
+                    then()
             return True
 
         done = _bounded(stop, budget, "shutdown")
@@ -371,6 +387,7 @@ class Telemetry:
             self._prometheus_server.server_close()
         if self.prometheus_sd_file is not None:
             self.prometheus_sd_file.unlink(missing_ok=True)  # Prometheus stops scraping a rank that is gone
+            forget(self.prometheus_sd_file)
         return done
 
 
@@ -426,7 +443,7 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
     """SDK tracer and meter providers wired as the config says (no global state touched)."""
     extra = dict(config.resource_attributes)
     if config.service_name:
-        extra["service.name"] = config.service_name
+        extra[SERVICE_NAME] = config.service_name
     if config.run_id:
         extra.setdefault(schema.RESOURCE_RUN_ID, config.run_id)
     resource = build_resource(extra)
@@ -454,6 +471,8 @@ def build_telemetry(config: ExportConfig) -> Telemetry:
         if prometheus_reader is not None:
             readers.append(prometheus_reader)
             sd_file = write_target(config.prometheus_host, prometheus_port, config.run_id)
+            if sd_file is not None:
+                remove_at_termination(sd_file)
         meter_provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
     except BaseException:
         for stop in (
@@ -501,15 +520,18 @@ def configure(
     """
     global _configured
     config = ExportConfig.resolve(**settings)
+    if sdk_disabled():  # the SDK's providers hand out no-ops: open no port, make no exporter
+        config = dataclasses.replace(config, traces_exporters=(), metrics_exporters=(), prometheus_port=None)
+        logger.info("hp_otel: %s=true: configure() opens and exports nothing", SDK_DISABLED_VARIABLE)
     with _lock:
         previous, _configured = _configured, None
     if previous is not None:
         previous.shutdown()
     result = build_telemetry(config)
-    limit_sdk_logs()  # a dead endpoint's retry and queue lines: one per kind per minute
     mask_sdk_logs(NOISY_LOGGERS, known_secrets(config))  # their lines name endpoints and headers
     with _lock:
         _configured = result
+        limit_sdk_logs()  # a dead endpoint's retry and queue lines: one per kind per minute (see shutdown())
     providers.set_default_providers(result.tracer_provider, result.meter_provider)
     if set_global:
         from opentelemetry import metrics, trace
@@ -532,8 +554,15 @@ def shutdown(timeout_s: float | None = None) -> bool:
     if current is None:
         return True
     providers.set_default_providers(None, None)
-    unlimit_sdk_logs()
-    return current.shutdown(timeout_s)
+    # The SDK's log lines stay limited until the flush has ended: a dead endpoint's retries are logged
+    # during it (and after the deadline, by the thread left behind); a newer configure() keeps its own.
+    return current.shutdown(timeout_s, then=_unlimit_unless_configured)
+
+
+def _unlimit_unless_configured() -> None:
+    with _lock:
+        if _configured is None:
+            unlimit_sdk_logs()
 
 
 atexit.register(shutdown)

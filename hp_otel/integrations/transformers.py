@@ -32,10 +32,13 @@ class HpOtelTrainerCallback(TrainerCallback):  # type: ignore[misc]
     The other keyword arguments are `HpOtelInstrumentor.instrument()`'s settings (`tracer_provider`,
     `meter_provider`, `collective_hook`, `stack`, `metric_module_depth`, `collectives_dir`, ...);
     with the instrumentor active its own settings apply. `faults`: faults caught (training went on).
+    `summary`: at the end of training rank 0 prints the traced steps' collectives per op and where the
+    data went (`StepTracer`; the `Trainer` has no exception callback: a run that dies prints it at exit);
+    False turns it off.
     """
 
-    def __init__(self, steps: int | range | None = None, **settings: Any) -> None:
-        self.tracer = StepTracer(steps, owner=type(self).__name__, **settings)
+    def __init__(self, steps: int | range | None = None, *, summary: bool = True, **settings: Any) -> None:
+        self.tracer = StepTracer(steps, owner=type(self).__name__, summary=summary, **settings)
 
     @property
     def faults(self) -> int:

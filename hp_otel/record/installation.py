@@ -63,9 +63,25 @@ def release(holder: str) -> None:
 def install() -> None:
     """Keep hp_otel's hooks installed between windows, so a window per step pays no install.
 
-    Between windows the hooks pass calls straight through; `uninstall()` removes them.
+    Between windows the hooks pass calls straight through; `uninstall()` removes them. Says what it
+    did in one INFO line: hooks a closed window already removed are not brought back, the next
+    window installs them (and they then stay).
     """
-    hold(USER)
+    with _lock:
+        if USER in _holders:
+            logger.info("hp_otel.install(): already keeping hooks between windows; nothing changed")
+            return
+        hold(USER)
+        kept = len(_lingering)
+    if kept:
+        now = f"the {kept} hook set(s) installed now stay"
+    else:
+        now = "none is installed now (a window removes its own when it closes), the next window installs them"
+    logger.info(
+        "hp_otel.install(): the hooks windows install now stay installed between windows, passing calls "
+        "through, until hp_otel.uninstall(); %s",
+        now,
+    )
 
 
 def uninstall() -> None:

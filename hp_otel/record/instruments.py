@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Meter, MeterProvider, Observation
 
 from hp_otel.common.per_provider import PerProvider
@@ -85,14 +85,20 @@ class DeferredDurations:
     The SDK's `Histogram.record` costs ≈30 µs (it cleans and hashes the attributes each
     time); a window that ends hands its durations over here instead, and the calls
     counter's callback — which every collection runs before it reads the instruments —
-    records them.  Without collections (a provider with no reader) they are recorded
-    once `max_pending` wait, so memory stays bounded.
+    records them.  Without collections (a provider with no reader: traces only) they are
+    recorded once `max_pending` values or `max_labels` (attributes, step) pairs wait, so memory
+    stays bounded.  Of the context each was measured in only the span's ids are kept (what an
+    exemplar reads): not the step's span itself, which a step a window would otherwise keep
+    alive until then.
     """
 
-    def __init__(self, histogram: Histogram, max_pending: int = 8192, scale: float = 1e-9) -> None:
+    def __init__(
+        self, histogram: Histogram, max_pending: int = 8192, scale: float = 1e-9, max_labels: int = 256
+    ) -> None:
         self._histogram = histogram
         self._scale = scale  # what one value added is in the histogram's unit (ns -> s by default)
         self._max_pending = max_pending
+        self._max_labels = max_labels
         # Every waiting value in one float array, and per `add` the index past its last value and its
         # (attributes, context) as an index into `_labels`: no tuple and float per value, which, waiting
         # for the next collection, stayed scattered among a long window's freed blocks (see WindowRows).
@@ -100,7 +106,8 @@ class DeferredDurations:
         self._ends = array("I")
         self._label_of_add = array("I")
         self._labels: list[tuple[dict[str, Any], Any]] = []
-        self._label_index: dict[tuple[int, int], int] = {}  # by id: `_labels` keeps both alive
+        # (id(attributes), the span's ids) -> index: `_labels` keeps the attributes alive
+        self._label_index: dict[tuple[int, int, int], int] = {}
         self._lock = threading.Lock()
 
     def add(self, attributes: dict[str, Any], durations_ns: Iterable[float], context: Any = None) -> None:
@@ -113,14 +120,16 @@ class DeferredDurations:
                 del values[n:]  # nothing of a failed add is recorded
                 raise
             if len(values) > n:
-                key = (id(attributes), id(context))
+                span = trace.get_current_span(context).get_span_context()
+                key = (id(attributes), span.trace_id, span.span_id)
                 label = self._label_index.get(key)
                 if label is None:
                     label = self._label_index[key] = len(self._labels)
-                    self._labels.append((attributes, context))
+                    light = trace.set_span_in_context(trace.NonRecordingSpan(span)) if span.is_valid else None
+                    self._labels.append((attributes, light))
                 self._ends.append(len(values))
                 self._label_of_add.append(label)
-            full = len(values) >= self._max_pending
+            full = len(values) >= self._max_pending or len(self._labels) >= self._max_labels
         if full:
             self.flush()
 

@@ -6,14 +6,22 @@ rank issued on that process group (name and ranks) since the window began, and
 instrumentor's steps too), else `window N`, the N-th CommDebugMode window this process
 opened — ranks running the same program open them in the same order.
 
-From (window, group, ranks, seq) every rank derives the same ids without talking to the
-others, the way `hp_otel.always_on.steps` derives a step's trace id: the span carries them as
-`hp.collective.match_id` and as an OpenTelemetry link, so a trace backend finds the
-spans of one collective on every rank by searching either.
+From (window, group id, seq) every rank derives the same ids without talking to the
+others, the way `hp_otel.always_on.steps` derives a step's trace id: the span carries the
+span id as `hp.collective.match_id`, so a trace backend finds the spans of one collective on
+every rank by searching it.
+
+A link must point at a span someone exports.  In a step's window every rank's spans are in
+the step's trace, so the group's first member (its group rank 0) gives its own collective
+span the derived span id, and every other member links to it: the link opens that rank's
+span of the same collective.  A window outside a step is a trace of each rank's own, which
+no other rank can name: its spans carry the match id and no link.
 """
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import functools
 import hashlib
 import itertools
@@ -22,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 from hp_otel.common import launcher_env
@@ -64,16 +73,55 @@ class Window:
             return self.step_trace_id
         return int.from_bytes(hashlib.sha256(f"hp_otel/window/{self.key}".encode()).digest()[:16], "big") or 1
 
-    def match_ids(self, group: str, ranks: tuple[int, ...], seq: int) -> tuple[int, int]:
-        """(trace id, span id) every rank derives for collective `seq` of this group in this window."""
-        digest = hashlib.sha256(f"hp_otel/collective/{self.key}/{group}/{ranks}/{seq}".encode()).digest()
+    def match_ids(self, group_id: str, seq: int) -> tuple[int, int]:
+        """(trace id, span id) every rank derives for collective `seq` of the group `group_id` (its name
+        and members, `spans/groups.py`) in this window."""
+        digest = hashlib.sha256(f"hp_otel/collective/{self.key}/{group_id}/{seq}".encode()).digest()
         return self.trace_id, int.from_bytes(digest[:8], "big") or 1
 
-    def link(self, group: str, ranks: tuple[int, ...], seq: int) -> tuple[str, Link]:
-        """The match id (hex) and the span link to the derived span context."""
-        trace_id, span_id = self.match_ids(group, ranks, seq)
-        context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-        return f"{span_id:016x}", Link(context)
+
+class _DerivedSpanIds(IdGenerator):
+    """Random ids, except the span id a collective's span is given while `forced` holds one."""
+
+    def __init__(self) -> None:
+        self.forced: contextvars.ContextVar[int | None] = contextvars.ContextVar("hp_otel_span_id", default=None)
+        self._random = RandomIdGenerator()
+
+    def generate_trace_id(self) -> int:
+        return self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        forced = self.forced.get()
+        return forced if forced is not None else self._random.generate_span_id()
+
+
+DERIVED_IDS = _DerivedSpanIds()
+
+
+def tracer_with_derived_ids(tracer: Any) -> Any:
+    """A copy of the SDK tracer `tracer` (same provider, scope, sampler and processors) whose span ids
+    `DERIVED_IDS.forced` can choose; None for a tracer that is not the SDK's.  A copy, so the
+    tracer and its provider are left as they were."""
+    if not hasattr(tracer, "id_generator"):
+        return None
+    twin = copy.copy(tracer)
+    twin.id_generator = DERIVED_IDS
+    return twin
+
+
+def link_target(window: Window, group_id: str, members: Any, seq: int, rank: int) -> tuple[str, int | None, Any]:
+    """(match id, the span id this rank's span must have, the link it carries) of collective `seq`.
+
+    In a step's window: the group's first member's span is the target (its span id derived), every
+    other member's links to it.  Elsewhere: the match id alone."""
+    trace_id, span_id = window.match_ids(group_id, seq)
+    match_id = f"{span_id:016x}"
+    if not window.step_trace_id or not members:
+        return match_id, None, None
+    if members[0] == rank:
+        return match_id, span_id, None
+    context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return match_id, None, Link(context)
 
 
 def window_for(parent_ctx: Any) -> Window:

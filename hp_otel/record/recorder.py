@@ -31,7 +31,7 @@ from opentelemetry.trace import Tracer
 
 from hp_otel.record import events as ev
 from hp_otel.record import matching
-from hp_otel.record.attribution import Attribution, Attributor, Resolver
+from hp_otel.record.attribution import Attribution, Attributor, ParamResolver, Resolver
 from hp_otel.record.collective_metrics import CollectiveMetrics, call_bandwidth
 from hp_otel.record.exposure_metrics import WindowRows, report_of
 from hp_otel.record.instruments import Instruments
@@ -44,6 +44,7 @@ from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorIn
 
 logger = logging.getLogger("hp_otel")
 _now = time.time_ns
+_get_ident = threading.get_ident
 _MAX_IN_FLIGHT = 4096
 _MAX_WINDOW_COLLECTIVES = 65536  # what the exposure figures of one window are computed from
 _EXPOSURE_BATCH = 4096  # finished collectives held as events before their exposure rows are written
@@ -75,9 +76,10 @@ class WindowRecorder:
         # spans built so far instead of building again inside the build.
         self._build_lock = threading.RLock()
         self._building = 0
-        self._modules: list[tuple[str, str]] = []  # open (fqn, phase), innermost last
-        # Where each collective belongs, decided once (attribution.py); it reads `_modules`, the same list.
-        self._attribution = Attributor(self._modules, self.on_fault)
+        # The open module calls of each thread, (fqn, phase) innermost last (a thread with none: no entry).
+        self._stacks: dict[int, list[tuple[str, str]]] = {}
+        # Where each collective belongs, decided once (attribution.py); it reads `_stacks`, the same dict.
+        self._attribution = Attributor(self._stacks, self.on_fault)
         # Backward by autograd node (torch): the module calls whose backward spans are open, outermost
         # first, are the attributor's `backward_calls` (a recompute counts for them too).
         self._backward_moved_ns = 0  # when the open backward spans last changed
@@ -141,14 +143,14 @@ class WindowRecorder:
         # A counts-only window builds no span: its builder is made only if one is asked for (in_flight_spans)
         self._builder = self._new_builder() if self.spans_enabled else None
         self._instruments.totals.set_fault_sink(self.on_fault)  # faults in the metric callbacks count here
-        self._modules.clear()
+        self._stacks.clear()
         self._attribution.backward_calls = ()
         self._window_rows = WindowRows()
         self._window_collectives = []
         self._window_awaited = []
         self._awaited_limit = _EXPOSURE_BATCH
         self._exposure_room = _MAX_WINDOW_COLLECTIVES
-        self._thread = threading.get_ident()
+        self._thread = self._attribution.thread = threading.get_ident()
         self.active = True
 
     def _new_builder(self) -> SpanBuilder:
@@ -170,7 +172,7 @@ class WindowRecorder:
             self._emit(ev.WindowEnd(_now(), error))
         except Exception as exc:
             self.on_fault("window_end", exc)
-        self._modules.clear()
+        self._stacks.clear()
         self._attribution.backward_calls = ()
         self.metrics.stop()
         self._measure_exposure()
@@ -314,7 +316,10 @@ class WindowRecorder:
         if not self.accepting:
             return
         try:
-            modules = self._modules
+            thread = _get_ident()
+            modules = self._stacks.get(thread)
+            if modules is None:
+                modules = self._stacks[thread] = []
             if phase == schema.PHASE_RECOMPUTE and (not modules or modules[-1][1] != phase):
                 # a recompute starts: the backward spans follow the node that asked for it first, so
                 # it nests (and counts) inside their calls (attribution.py)
@@ -331,22 +336,34 @@ class WindowRecorder:
         if not self.accepting:
             return
         try:
-            modules = self._modules
-            key = (fqn, phase)
-            for i in range(len(modules) - 1, -1, -1):
-                if modules[i] == key:
-                    del modules[i]
-                    break
+            self._close_module_call(fqn, phase)
             if self.spans_enabled:
                 self._emit(ev.ModuleExit(_now(), fqn, phase, error))
         except Exception as exc:
             self.on_fault("module_exit", exc)
 
+    def _close_module_call(self, fqn: str, phase: str) -> None:
+        """Forget the innermost open call of `fqn` in `phase`: this thread's, else another's."""
+        key = (fqn, phase)
+        thread = _get_ident()
+        stacks = self._stacks
+        mine = stacks.get(thread)
+        for ident, modules in [(thread, mine)] if mine is not None and key in mine else list(stacks.items()):
+            for i in range(len(modules) - 1, -1, -1):
+                if modules[i] == key:
+                    del modules[i]
+                    if not modules:  # a thread with no open call has no entry: the dict stays small
+                        del stacks[ident]
+                    return
+
     def on_backward_end(self) -> None:
         if not self.accepting:
             return
         try:
-            self._modules[:] = [m for m in self._modules if m[1] != schema.PHASE_BACKWARD]  # the attributor's list too
+            for ident, modules in list(self._stacks.items()):  # the attributor's lists too
+                modules[:] = [m for m in modules if m[1] != schema.PHASE_BACKWARD]
+                if not modules:
+                    del self._stacks[ident]
             self._attribution.backward_calls = ()
             if self.spans_enabled:
                 self._emit(ev.BackwardEnd(_now()))
@@ -370,7 +387,7 @@ class WindowRecorder:
     def set_node_attribution(self, resolve: Resolver | None) -> None:
         self._attribution.node = resolve
 
-    def set_param_attribution(self, resolve: Resolver | None) -> None:
+    def set_param_attribution(self, resolve: ParamResolver | None) -> None:
         """A module source says which module calls own the parameters a collective moves (FSDP's
         parameter group issuing it): it counts, and nests, under those (attribution.py)."""
         self._attribution.param = resolve
@@ -432,7 +449,7 @@ class WindowRecorder:
             return
         try:
             now = _now()
-            modules = self._modules  # backward (also inside an optimizer's step): its node's modules first
+            modules = self._stacks.get(_get_ident())  # backward (also inside an optimizer's step): its node's first
             if (not modules or modules[-1][1] == schema.PHASE_OPTIMIZER) and self._attribution.node is not None:
                 chain = self._attribution.running_chain()
                 if chain is not None:
@@ -465,7 +482,7 @@ class WindowRecorder:
             place = self._attribution.attribute(phase)
             if place.chain is not None:  # backward: its node's modules, before the span finds its parent
                 self._follow_backward(place.chain, start_ns)
-            elif place.opened:  # FSDP prefetching another module's parameters
+            if place.opened:  # FSDP: the modules of the group whose parameters move, not running
                 self._open_owner(place, start_ns)
             issue = ev.CollectiveIssue(start_ns, info, self._next_seq(info), place)
             call_stack = self.call_stack

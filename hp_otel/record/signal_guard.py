@@ -13,7 +13,10 @@ so the body of a window is interrupted exactly as before.
 When the last window closes your handlers are put back (unless you set others
 meanwhile: then those stay). Only handlers set from Python are guarded (a signal at the
 OS default kills the process anyway), and only from the main thread (the only one
-Python runs handlers on).
+Python runs handlers on). A window entered on the main thread may be closed on another,
+where Python sets no handler: the guard then stays in place, passing each signal straight
+to your handler, and puts your handlers back itself at the first signal it handles (or the
+next window on the main thread does).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class _Guard:
         if self._must_hold(frame):
             self.held.append(signum)
             return
+        if self.windows == 0:  # the last window closed on another thread: yours go back now (main thread)
+            _put_back()
         handler = self.originals.get(signum)
         if callable(handler):
             handler(signum, frame)
@@ -101,10 +106,15 @@ def acquire() -> bool:
 
 
 def release() -> None:
-    """One window that `acquire()`d closed; the last one puts the handlers back."""
+    """One window that `acquire()`d closed; the last one puts the handlers back (from another
+    thread, where Python sets none, the guard does at the next signal: see `_Guard.__call__`)."""
     _guard.windows -= 1
-    if _guard.windows > 0:
+    if _guard.windows > 0 or threading.current_thread() is not threading.main_thread():
         return
+    _put_back()
+
+
+def _put_back() -> None:
     for signum, handler in _guard.originals.items():
         if _c_signal.getsignal(signum) is _guard:  # a handler you set meanwhile stays
             _c_signal.signal(signum, handler)

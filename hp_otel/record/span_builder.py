@@ -20,8 +20,10 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 
-from hp_otel.common import _otel_compat
+from hp_otel.common import _otel_compat, launcher_env
 from hp_otel.record import events as ev
+from hp_otel.record import matching
+from hp_otel.record.attribution import Attribution, is_elsewhere
 from hp_otel.record.call_stack import module_of
 from hp_otel.record.collective_metrics import bandwidth_of
 from hp_otel.record.faults import weak_method
@@ -101,12 +103,28 @@ class SpanBuilder:
         self._awaiting: dict[int, tuple[Span, ev.Collective]] = {}
         # Encodings that repeat every step, made once per window.
         self._collective_attrs: dict[CollectiveInfo, dict[str, Any]] = {}
+        self._described: set[str] = set()  # group ids whose name and members a span of this window carries
+        self._rank: int | None = None  # this process's global rank (the first use: after the group exists)
+        self._derived_tracer: Any = None  # the tracer's copy that gives link targets their derived ids
         self._module_attrs: dict[tuple[ModuleInfo, str], dict[str, Any]] = {}
+        # A user's hook interrupted (Ctrl-C, SystemExit): its span ended all the same, and the event
+        # that ended it is fed again by the recorder (which puts back what a build did not finish).
+        self._hook_interrupted = False
+        self._ended: ev.Event | None = None  # that event: its span is done, nothing more to do
 
     def feed(self, event: ev.Event) -> None:
+        if event is self._ended:
+            self._ended = None
+            return
         if self._store_only and (self._skipped or self._store.full) and self._skip(event):
             return
-        _HANDLERS[type(event)](self, event)
+        try:
+            _HANDLERS[type(event)](self, event)
+        except BaseException:
+            if self._hook_interrupted and type(event) in _ONE_SPAN_EVENTS:
+                self._ended = event
+            self._hook_interrupted = False
+            raise
 
     def _skip(self, event: ev.Event) -> bool:
         """With the store full: True for an event whose span would only be dropped (counted as dropped)."""
@@ -202,13 +220,15 @@ class SpanBuilder:
     def _end(self, frame: _Frame, time_ns: int, error: Any = None, outputs: Any = ()) -> None:
         if error is not None:
             mark_error(frame.span, error)
-        if frame.kind == schema.KIND_MODULE:
-            if self._module_hook is not None:
-                self._run_hook(self._module_hook, frame.span, frame.info, MODULE_HOOK_FAULT)
-        elif frame.kind == schema.KIND_OP and self._op_hook is not None:
-            info = OpInfo(frame.key, tuple(frame.info or ()), tuple(outputs))
-            self._run_hook(self._op_hook, frame.span, info, OP_HOOK_FAULT)
-        self._end_span(frame.span, time_ns)
+        try:
+            if frame.kind == schema.KIND_MODULE:
+                if self._module_hook is not None:
+                    self._run_hook(self._module_hook, frame.span, frame.info, MODULE_HOOK_FAULT)
+            elif frame.kind == schema.KIND_OP and self._op_hook is not None:
+                info = OpInfo(frame.key, tuple(frame.info or ()), tuple(outputs))
+                self._run_hook(self._op_hook, frame.span, info, OP_HOOK_FAULT)
+        finally:  # a hook interrupted by Ctrl-C: the span is still ended and kept
+            self._end_span(frame.span, time_ns)
 
     def _run_hook(self, hook: Callable[[Span, Any], Any], span: Span, info: Any, fault: str) -> None:
         """The user's hook on a span about to end; what it raises is counted, never propagated."""
@@ -218,6 +238,9 @@ class SpanBuilder:
             hook(span, info)
         except Exception as exc:
             self._on_fault(fault, exc)
+        except BaseException:  # Ctrl-C, SystemExit: raised, once its span has ended (see feed)
+            self._hook_interrupted = True
+            raise
 
     def _end_span(self, span: Span, time_ns: int) -> None:
         try:
@@ -226,12 +249,25 @@ class SpanBuilder:
             self._on_fault("span_processor", exc)
         self._export(span)
 
-    def _start_span(self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None) -> Span:
+    def _start_span(
+        self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None, span_id: Any = None
+    ) -> Span:
+        """The SDK span; with `span_id`, that id (a link target other ranks derive, matching.py)."""
+        tracer = self._tracer
+        token = None
+        if span_id is not None:
+            if self._derived_tracer is None:
+                self._derived_tracer = matching.tracer_with_derived_ids(tracer) or tracer
+            tracer = self._derived_tracer
+            token = matching.DERIVED_IDS.forced.set(span_id)
         try:
-            return self._tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns, links=links)
+            return tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns, links=links)
         except Exception as exc:  # a span processor's on_start raised: the SDK span is lost to us
             self._on_fault("span_processor", exc)
             return _LOST_SPAN
+        finally:
+            if token is not None:
+                matching.DERIVED_IDS.forced.reset(token)
 
     def _export(self, span: Span) -> None:
         if isinstance(span, ReadableSpan):  # sampled out spans record nothing
@@ -251,9 +287,8 @@ class SpanBuilder:
         if attrs is None:
             attrs = self._module_attrs[key] = codec.encode_module(module, e.phase)
         parent_ctx = self._module_ctx(e.under) if e.under is not None else None
-        self._push(
-            schema.KIND_MODULE, (module.fqn, e.phase), module.span_name, attrs, e.phase, e.time_ns, module, parent_ctx
-        )
+        name = schema.module_span_name(module.span_name, e.phase)
+        self._push(schema.KIND_MODULE, (module.fqn, e.phase), name, attrs, e.phase, e.time_ns, module, parent_ctx)
 
     def _module_ctx(self, key: tuple[str, str]) -> Any:
         """The context of the innermost open module span of `key` (the window's root if none is open)."""
@@ -299,7 +334,12 @@ class SpanBuilder:
             self._end(frame, e.time_ns, e.error)
 
     def _collective_issue(self, e: ev.CollectiveIssue) -> None:
-        self._issued[e] = self._stack[-1].ctx if self._stack else self._parent_ctx
+        self._issued[e] = self._parent_for(e.place)
+
+    def _parent_for(self, place: Attribution) -> Any:
+        """The innermost open span's context; the window's root for another thread's collective in no
+        module call of its own (the open spans are the window thread's: attribution.py)."""
+        return self._stack[-1].ctx if self._stack and not is_elsewhere(place) else self._parent_ctx
 
     def _collective(self, e: ev.Collective) -> None:
         info = e.info
@@ -307,9 +347,12 @@ class SpanBuilder:
         if attrs is None:
             attrs = self._collective_attrs[info] = codec.encode_collective(info)
         issued_under = self._issued.pop(e.issue, None) if e.issue is not None else None
-        parent_ctx = issued_under or (self._stack[-1].ctx if self._stack else self._parent_ctx)
         place = e.place  # what its counts were made from (attribution.py)
-        attrs, links = self._matching(attrs, e.seq, place.fqn, place.phase)
+        parent_ctx = issued_under or self._parent_for(place)
+        attrs, links, span_id = self._matching(attrs, info, e.seq, place.fqn, place.phase)
+        if attrs[schema.COLLECTIVE_GROUP_ID] not in self._described:  # the group's first span: it describes it
+            self._described.add(attrs[schema.COLLECTIVE_GROUP_ID])
+            attrs.update(codec.group_of(info).attributes())
         if place.issued_by is not None:
             attrs[schema.COLLECTIVE_ISSUED_BY] = place.issued_by
         if e.stack:
@@ -317,7 +360,7 @@ class SpanBuilder:
         finished = e.error is None and e.completion != schema.COMPLETION_LAUNCH and not info.fake_group
         if finished:  # its end is known: the bandwidth goes in with the start's attributes (one SDK call less)
             attrs.update(attributes_of(bandwidth_of(e, e.end_ns - e.start_ns)))  # the metrics' own, computed once
-        span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links)
+        span = self._start_span(info.op, parent_ctx, attrs, e.start_ns, links, span_id)
         if e.issue is not None and e.issue.dumped_to:
             span.add_event(
                 schema.WATCHDOG_EVENT,
@@ -339,13 +382,15 @@ class SpanBuilder:
                 completion, end_ns = schema.COMPLETION_DEVICE, e.start_ns + device_ns
         span.set_attribute(schema.COLLECTIVE_COMPLETION, completion)
         if completion != schema.COMPLETION_CALL and e.returned_ns:  # what the exposure figures need (exposure.py)
-            span.set_attribute(schema.COLLECTIVE_CALL_NS, max(e.returned_ns - e.start_ns, 0))
-            span.set_attribute(schema.COLLECTIVE_WAITED_NS, e.waited_ns)
+            span.set_attribute(schema.COLLECTIVE_CALL_DURATION, max(e.returned_ns - e.start_ns, 0) / 1e9)
+            span.set_attribute(schema.COLLECTIVE_WAIT_DURATION, e.waited_ns / 1e9)
         if with_bandwidth and e.error is None and completion != schema.COMPLETION_LAUNCH and not e.info.fake_group:
             span.set_attributes(attributes_of(bandwidth_of(e, end_ns - e.start_ns)))
-        if self._collective_hook is not None:
-            self._run_hook(self._collective_hook, span, e.info, COLLECTIVE_HOOK_FAULT)
-        self._end_span(span, end_ns)
+        try:
+            if self._collective_hook is not None:
+                self._run_hook(self._collective_hook, span, e.info, COLLECTIVE_HOOK_FAULT)
+        finally:
+            self._end_span(span, end_ns)
 
     def _device_ns(self, e: ev.Collective) -> int | None:
         try:
@@ -359,25 +404,36 @@ class SpanBuilder:
         """An awaited collective completed (live spans: it ends now)."""
         pending = self._awaiting.pop(id(e), None)
         if pending is not None:
-            self._end_collective(*pending)
+            try:
+                self._end_collective(*pending)
+            finally:
+                self._hook_interrupted = False  # not fed: nothing to feed again
 
-    def _matching(self, attrs: dict[str, Any], seq: int, fqn: str, phase: str) -> tuple[dict[str, Any], Any]:
-        """A collective's attributes with its phase and cross-rank identity; its link to the shared context."""
+    def _matching(
+        self, attrs: dict[str, Any], info: CollectiveInfo, seq: int, fqn: str, phase: str
+    ) -> tuple[dict[str, Any], Any, int | None]:
+        """A collective's attributes with its phase and cross-rank identity; its link to the group's
+        first member's span of it, or (on that member) the span id the others' links name."""
         attrs = codec.encode_collective_place(attrs, phase, fqn)
         if seq < 0 or self._window is None:
-            return attrs, None
-        match_id, link = self._window.link(attrs[schema.COLLECTIVE_GROUP], attrs[schema.COLLECTIVE_GROUP_RANKS], seq)
+            return attrs, None, None
+        if self._rank is None:
+            self._rank = launcher_env.current_rank()
+        group = codec.group_of(info)
+        match_id, span_id, link = matching.link_target(self._window, group.id, group.members, seq, self._rank)
         attrs.update(codec.encode_collective_match(seq, self._window.label, match_id))
-        return attrs, (link,)
+        return attrs, (link,) if link is not None else None, span_id
 
     def in_flight_span(self, issue: ev.CollectiveIssue, now_ns: int) -> ReadableSpan:
         """A finished span for a collective that has not returned: start = issue time, end = now,
         `hp.collective.in_flight` true. Made directly, not by the tracer: it goes to a file, never
         to your processors (the real span follows if the call ever returns)."""
-        parent_ctx = self._issued.get(issue) or (self._stack[-1].ctx if self._stack else self._parent_ctx)
+        parent_ctx = self._issued.get(issue) or self._parent_for(issue.place)
         parent = trace.get_current_span(parent_ctx).get_span_context()
         place = issue.place
-        attrs, links = self._matching(codec.encode_collective(issue.info), issue.seq, place.fqn, place.phase)
+        # no link: the span its link would name is exported only if the call returns
+        attrs, _, _ = self._matching(codec.encode_collective(issue.info), issue.info, issue.seq, place.fqn, place.phase)
+        attrs.update(codec.group_of(issue.info).attributes())  # a span of its own file: described on it
         attrs[schema.COLLECTIVE_IN_FLIGHT] = True
         if issue.stack:
             codec.encode_call_stack(attrs, issue.stack, module_of)
@@ -400,7 +456,6 @@ class SpanBuilder:
             instrumentation_scope=_otel_compat.instrumentation_scope(self._tracer),
             attributes=attrs,
             events=events,
-            links=links or (),
             kind=SpanKind.INTERNAL,
             start_time=issue.start_ns,
             end_time=max(now_ns, issue.start_ns),
@@ -408,15 +463,17 @@ class SpanBuilder:
 
     def _window_end(self, e: ev.WindowEnd) -> None:
         """Close every span still open, with error status if the window raised."""
-        stack, self._stack = self._stack, []
-        awaiting, self._awaiting = self._awaiting, {}
-        for span, collective in awaiting.values():  # completed since, or never: then its launch is all we saw
-            try:
-                self._end_collective(span, collective)
-            except Exception as exc:
-                self._on_fault("span_build", exc)
+        # One at a time: an interrupted hook leaves the rest for this event fed again.
+        awaiting, stack = self._awaiting, self._stack
         try:
-            for frame in reversed(stack):
+            while awaiting:  # completed since, or never: then its launch is all we saw
+                span, collective = awaiting.pop(next(iter(awaiting)))
+                try:
+                    self._end_collective(span, collective)
+                except Exception as exc:
+                    self._on_fault("span_build", exc)
+            while stack:
+                frame = stack.pop()
                 try:
                     self._end(frame, e.time_ns, e.error)
                 except Exception as exc:  # one span failing must not leave the others open
@@ -426,6 +483,8 @@ class SpanBuilder:
                 otel_context.attach(self._parent_ctx)
 
 
+# The events that end one span: fed again after a hook's interruption, they have nothing left to do.
+_ONE_SPAN_EVENTS = (ev.ModuleExit, ev.OpExit, ev.Collective)
 # Event type -> handler, at class level: a per-instance table of bound methods is a reference
 # cycle that only the garbage collector frees (and with it the window's whole store).
 _HANDLERS: dict[type, Callable[[SpanBuilder, Any], None]] = {

@@ -8,7 +8,9 @@ read for deferred ones (then from the event log, after the training step moved o
 A hook that raises is isolated like hp_otel's own callbacks: counted under
 `user_collective_hook` / `user_module_hook` / `user_op_hook` in
 `get_callback_error_counts()`, logged once, never raised into training; the span still ends
-and is exported.
+and is exported. A Ctrl-C (or `SystemExit`) inside a hook is raised, as the user asked, once the
+span it ran on has ended: that span is kept too (deferred spans not built yet are built at the
+next read).
 """
 
 from __future__ import annotations

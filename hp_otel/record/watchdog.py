@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from hp_otel.common.rank_set import RankSet
 from hp_otel.record.events import CollectiveIssue
 
 logger = logging.getLogger("hp_otel")
@@ -77,12 +78,28 @@ def _is_seconds(value: Any) -> bool:
 EVIDENCE = ("spans", "collectives")  # what the watchdog's file holds (CommDebugMode writes either)
 
 
+def _check_folder(path: Any) -> None:
+    """`path` (with `{rank}` filled in) as a file in an existing, writable folder, or an error naming it."""
+    from hp_otel.common.files import check_path
+    from hp_otel.common.launcher_env import current_rank
+
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
+    if not isinstance(os.fspath(path), str):
+        raise TypeError(f"path must be a text path, got bytes {os.fspath(path)!r}")
+    target = check_path(os.fspath(path).replace("{rank}", str(current_rank())), "path")
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"path: folder {folder!r} is not writable: the hang evidence could not be written")
+
+
 class HangWatchdog:
     """Writes every rank's spans so far when one of its collectives has not completed in `timeout_s`.
 
     Args:
         timeout_s: how long a collective may take before the file is written (> 0).
-        path: the file; `{rank}` becomes this process's rank. Its folder must exist.
+        path: the file; `{rank}` becomes this process's rank. Its folder must exist and be writable
+            (checked here: a missing one is refused now, not found out when a collective hangs).
         on_signals: signals that also write the file (e.g. `(signal.SIGTERM, signal.SIGINT)`);
             installed only when the window is entered on the main thread.
         poll_s: how often the thread looks (default: a quarter of the timeout, at most 1 s).
@@ -104,8 +121,7 @@ class HangWatchdog:
             raise ValueError(
                 f"timeout_s must be a positive number of seconds, at most {MAX_SECONDS}, got {timeout_s!r}"
             )
-        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-            raise TypeError(f"path must be a non-empty path (str or os.PathLike), got {path!r}")
+        _check_folder(path)  # now, not when a collective hangs and the evidence cannot be written
         if poll_s is not None and not _is_seconds(poll_s):
             raise ValueError(
                 f"poll_s must be a positive number of seconds, at most {MAX_SECONDS}, or None, got {poll_s!r}"
@@ -211,7 +227,7 @@ class HangWatchdog:
                 info.op,
                 issue.seq,
                 info.group or "?",
-                ",".join(map(str, info.group_ranks)) or "?",
+                str(RankSet.of(info.group_ranks)) or "?",
                 where,
                 issue.waited_s,
                 path,

@@ -15,6 +15,10 @@ before it ends), so Perfetto draws an arrow from each rank's collective to the n
 traces put `ts` in µs after `baseTimeNanoseconds` (Unix epoch); hp_otel's spans carry
 Unix-epoch nanoseconds, so merged events line up on the profiler's clock: hp_otel's
 collectives sit next to the kernels and CPU ops they launched.
+
+Each collective event also carries the args torch.profiler's Kineto writer puts on one
+(`render/kineto.py`), and `chrome_traces_per_rank` writes a file per rank with its
+`distributedInfo`, the layout Holistic Trace Analysis reads a run's folder in.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 
 from hp_otel.common.input_files import InputFileError, read_json
+from hp_otel.render import kineto
 from hp_otel.render.cross_rank import CollectiveKeys
 from hp_otel.spans import schema
-from hp_otel.spans.call_tree import CallRecord, build_call_tree
+from hp_otel.spans.call_tree import CallRecord, build_call_tree, span_attributes
 
 PID_BASE = 1_000_000  # hp_otel's process tracks: PID_BASE + rank, apart from real pids
 
@@ -39,17 +44,23 @@ class ProfilerTraceError(ValueError):
 
 
 def _args(record: CallRecord) -> dict[str, Any]:
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in record.attributes.items()}
+    args = {key: list(value) if isinstance(value, tuple) else value for key, value in record.attributes.items()}
+    if record.kind == schema.KIND_COLLECTIVE:
+        args.update(kineto.collective_args(record.attributes, record.group))
+    return args
 
 
 CALLS_TID = 1
 COLLECTIVES_TID = 100  # the first collectives track of a rank; groups (and their overflow tracks) count up
 
 
-def _group_track(attrs: Any) -> str:
-    ranks = attrs.get(schema.COLLECTIVE_GROUP_RANKS)
-    members = f" [{','.join(map(str, ranks))}]" if isinstance(ranks, (tuple, list)) else ""
-    return f"collectives {attrs.get(schema.COLLECTIVE_GROUP, '') or '?'}{members}"
+def _group_track(record: CallRecord) -> str:
+    return f"collectives {record.group.label()}"
+
+
+def _groups_of(records: Sequence[CallRecord]) -> Any:
+    """The group table the rank's collective records share (build_call_tree made one per rank)."""
+    return next((r.groups for r in records if r.groups is not None), None)
 
 
 def nesting_lanes(intervals: Sequence[tuple[int, int]]) -> list[int]:
@@ -84,7 +95,7 @@ def trace_events(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], base_ns: i
         for name, args in track:
             events.append({"ph": "M", "name": name, "pid": pid, "tid": 0, "args": args})
         records = [record for root in build_call_tree(spans_by_rank[rank]) for record in root.walk()]
-        keys = CollectiveKeys()  # fed in call order, as the timeline feeds it
+        keys = CollectiveKeys(_groups_of(records))  # fed in call order, as the timeline feeds it
         key_of = {
             id(r): keys.key(r.attributes, str(r.attributes.get(schema.COLLECTIVE_OP, "")) or r.name)[0]
             for r in records
@@ -92,7 +103,7 @@ def trace_events(spans_by_rank: Mapping[int, Sequence[ReadableSpan]], base_ns: i
         }
         by_track: dict[str, list[CallRecord]] = {}
         for record in records:
-            kind = _group_track(record.attributes) if record.kind == schema.KIND_COLLECTIVE else "calls"
+            kind = _group_track(record) if record.kind == schema.KIND_COLLECTIVE else "calls"
             by_track.setdefault(kind, []).append(record)
         next_tid = COLLECTIVES_TID
         for kind in sorted(by_track, key=lambda k: (k != "calls", k)):
@@ -174,6 +185,13 @@ def read_profiler_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     return trace
 
 
+def profiler_rank(trace: Mapping[str, Any]) -> int | None:
+    """The rank a torch.profiler trace says it is of (its `distributedInfo`), None if it does not say."""
+    info = trace.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
 def chrome_trace(
     spans_by_rank: Mapping[int, Sequence[ReadableSpan]], profiler_trace: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -187,3 +205,32 @@ def chrome_trace(
     base_ns = (min(starts) // 1_000_000_000) * 1_000_000_000 if starts else 0
     events = trace_events(spans_by_rank, base_ns)
     return {"traceEvents": events, "displayTimeUnit": "ms", "baseTimeNanoseconds": base_ns}
+
+
+def chrome_traces_per_rank(
+    spans_by_rank: Mapping[int, Sequence[ReadableSpan]],
+    profiler_traces: Mapping[int, Mapping[str, Any]] | None = None,
+) -> dict[int, dict[str, Any]]:
+    """{rank: that rank's document, with `distributedInfo`}: merged into that rank's profiler trace if given.
+
+    A profiler trace has a `distributedInfo` of its own (torch.profiler writes it when a process group
+    exists): that one is kept, ours written only where there is none."""
+    world = _world_size(spans_by_rank)
+    documents: dict[int, dict[str, Any]] = {}
+    for rank, spans in spans_by_rank.items():
+        document = chrome_trace({rank: spans}, (profiler_traces or {}).get(rank))
+        attributes = (span_attributes(span) for span in spans)
+        collectives = [attrs for attrs in attributes if attrs.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE]
+        document.setdefault("distributedInfo", kineto.distributed_info(rank, world, collectives))
+        documents[rank] = document
+    return documents
+
+
+def _world_size(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> int:
+    """The world size the ranks' resources say (hp.world_size), else the number of ranks given."""
+    for spans in spans_by_rank.values():
+        for span in spans:
+            size = span.resource.attributes.get(schema.RESOURCE_WORLD_SIZE) if span.resource else None
+            if isinstance(size, int) and size > 0:
+                return size
+    return len(spans_by_rank)

@@ -56,7 +56,7 @@ def record_to_json(record: CallRecord) -> dict[str, Any]:
             "op": c.op,
             "group_size": c.group_size,
             "group": c.group,
-            "group_ranks": list(c.group_ranks),
+            "group_id": record.group.id,  # its members: in the dump's "groups" table
             "input_shape": list(c.input_shape),
             "output_shape": list(c.output_shape),
             "dtype": c.dtype,
@@ -124,7 +124,17 @@ def _summary(
         "parameter_info": parameters,
         "noise_level": level.level,
         "dropped_records": dropped_records,
+        "groups": _groups_table(roots),
     }
+
+
+def _groups_table(roots: list[CallRecord]) -> dict[str, Any]:
+    """The process groups the collectives ran on, by id: each group's members once (strided runs)."""
+    for root in roots:
+        for record in root.walk():
+            if record.groups is not None:
+                return record.groups.to_json()
+    return {}
 
 
 def build_json_dump(

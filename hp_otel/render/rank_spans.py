@@ -47,9 +47,10 @@ def _steps(by_rank: dict[int, list[ReadableSpan]]) -> dict[str, set[int]]:
     found: dict[str, tuple[int, set[int]]] = {}
     for spans in by_rank.values():
         for span in spans:
-            if span.name != schema.RANK_STEP_SPAN_NAME:
+            attrs = span_attributes(span)
+            if not schema.is_rank_step_span(span.name, attrs):
                 continue
-            step = str(span_attributes(span).get(schema.STEP))
+            step = str(attrs.get(schema.STEP))
             start, traces = found.get(step, (span.start_time or 0, set()))
             traces.add(span.context.trace_id)
             found[step] = (min(start, span.start_time or 0), traces)

@@ -148,8 +148,8 @@ def bars(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> list[Bar]:
             attrs = record.attributes
             if record.kind == schema.KIND_COLLECTIVE:
                 op = str(attrs.get(schema.COLLECTIVE_OP, "")) or record.name
-                match, index = keys.key(attrs, op)
-                group = group_label(attrs)
+                match, index = keys.key(attrs, op, record.groups)
+                group = group_label(attrs, record.groups)
                 mine.append(
                     Bar(rank, -1, record.kind, _label(record), record.start_ns, record.end_ns, colour_of(record),
                         _detail(record), op, index, group=group, match=match, attributes=attrs)

@@ -101,6 +101,14 @@ def module_tracker(module: Any) -> Source:
     return TorchModuleTracker(module)
 
 
+def check_settings() -> None:
+    """The engines' settings from the environment (torch's: `hp_otel.sources.pytorch.settings`):
+    a bad value raises a ValueError naming the variable. Imports no framework."""
+    from hp_otel.sources.pytorch import settings
+
+    settings.check()
+
+
 def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
     """The engine's sources (see `resolve_engine`), module tracking when a module is given, graph-mode watch."""
     from hp_otel.sources.graph_mode import GraphModeWatch

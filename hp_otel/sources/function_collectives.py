@@ -21,6 +21,7 @@ from typing import Any
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import ObserverSlot
+from hp_otel.spans.groups import mesh_dim_of
 from hp_otel.spans.infos import NO_GROUP, CollectiveInfo, GroupDetails
 
 _INPUT_NAMES = ("data", "input_data", "input_tensor", "input", "tensor", "x")
@@ -77,7 +78,9 @@ def _torch_group(pg: Any) -> GroupDetails:
         ranks = tuple(dist.get_process_group_ranks(pg))
     except Exception:  # a group the default-group registry does not know
         ranks = ()
-    return GroupDetails(int(pg.size()), str(getattr(pg, "group_name", "") or ""), ranks, torch_backend_name(pg))
+    desc = str(getattr(pg, "group_desc", "") or "")
+    return GroupDetails(int(pg.size()), str(getattr(pg, "group_name", "") or ""), ranks, torch_backend_name(pg),
+                        mesh_dim_of(desc))  # fmt: skip
 
 
 def _mindspore_backend() -> str:
@@ -105,7 +108,7 @@ def _named_group(name: str) -> GroupDetails:
         from hp_otel.sources.pytorch._compat import resolve_process_group
 
         details = _torch_group(resolve_process_group(name))
-        return GroupDetails(details.size, name, details.ranks, details.backend)
+        return GroupDetails(details.size, name, details.ranks, details.backend, details.mesh_dim)
     return GroupDetails(0, name, ())
 
 
@@ -209,6 +212,7 @@ class CallReader:
             group_size=group.size,
             group=group.name,
             group_ranks=group.ranks,
+            mesh_dim=group.mesh_dim,
             input_shape=shape_of(first_in) if first_in is not None else (),
             output_shape=shape_of(first_out) if first_out is not None else (),
             dtype=str(first_in.dtype) if first_in is not None else "",

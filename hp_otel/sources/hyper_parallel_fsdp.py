@@ -48,8 +48,8 @@ def _plan() -> list[AttributePatch]:
         return []
     from hp_otel.sources.pytorch.fsdp import group_method_wrapper
 
-    def wrap_for(_name: str) -> Any:
-        return lambda original: group_method_wrapper(original, _describe)
+    def wrap_for(name: str) -> Any:
+        return lambda original: group_method_wrapper(original, _describe, name)
 
     with all_or_nothing() as patches:
         for module_name, class_name, methods in STATE_METHODS:

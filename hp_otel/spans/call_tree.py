@@ -15,6 +15,7 @@ from opentelemetry.trace import StatusCode
 
 from hp_otel.common._otel_compat import span_attribute_dict as _attribute_dict
 from hp_otel.spans import codec, schema
+from hp_otel.spans.groups import Group, GroupTable
 from hp_otel.spans.infos import CollectiveInfo, ParameterInfo, TensorInfo
 
 
@@ -29,6 +30,12 @@ class CallRecord:
     end_ns: int
     error: str | None = None
     children: list[CallRecord] = field(default_factory=list)
+    groups: GroupTable | None = None  # collectives: the groups the spans read with this one describe
+
+    @property
+    def group(self) -> Group:
+        """A collective's process group (name, members, mesh dimension), from the groups its spans describe."""
+        return (self.groups or GroupTable()).group_of(self.attributes)
 
     @property
     def phase(self) -> str:
@@ -56,7 +63,7 @@ class CallRecord:
 
     @property
     def collective(self) -> CollectiveInfo:
-        return codec.decode_collective(self.attributes, self.name)
+        return codec.decode_collective(self.attributes, self.name, self.groups)
 
     @property
     def parameters(self) -> list[ParameterInfo]:
@@ -114,12 +121,16 @@ def build_call_tree(spans: Iterable[ReadableSpan], problems: list[str] | None = 
     links: list[tuple[CallRecord, int | None]] = []
     kinds = schema.CALL_KINDS
     duplicates = 0
+    table = GroupTable()  # each group is described on one of its spans: every collective record resolves by it
     for span in spans:
         attrs = span_attributes(span)
         context = span.context
         if attrs.get(schema.CALL_KIND) not in kinds or context is None:
             continue
         record = _record_from_span(span, attrs)
+        if record.kind == schema.KIND_COLLECTIVE:
+            table.note(attrs)
+            record.groups = table
         if context.span_id in nodes:
             duplicates += 1
         else:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from hp_otel.common.input_files import checked_int
-from hp_otel.spans import schema
+from hp_otel.spans import groups, schema
+from hp_otel.spans.groups import Group
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
 
 # Attribute keys of op inputs / outputs: TensorInfo's fields in order, then the dims per shape.
@@ -125,8 +126,7 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
         schema.COLLECTIVE_NAME: info.name,
         schema.COLLECTIVE_OP: info.op,
         schema.COLLECTIVE_GROUP_SIZE: info.group_size,
-        schema.COLLECTIVE_GROUP: info.group,
-        schema.COLLECTIVE_GROUP_RANKS: info.group_ranks,
+        schema.COLLECTIVE_GROUP_ID: group_of(info).id,  # name and members: once per group (group_of(info))
         schema.COLLECTIVE_INPUT_SHAPE: info.input_shape,
         schema.COLLECTIVE_OUTPUT_SHAPE: info.output_shape,
         schema.COLLECTIVE_DTYPE: info.dtype,
@@ -141,7 +141,15 @@ def encode_collective(info: CollectiveInfo) -> dict[str, Any]:
     if info.peers:
         attrs[schema.COLLECTIVE_PEERS] = info.peers
         attrs[schema.COLLECTIVE_TAGS] = info.tags
+    if info.input_split_sizes or info.output_split_sizes:
+        attrs[schema.COLLECTIVE_INPUT_SPLIT_SIZES] = info.input_split_sizes
+        attrs[schema.COLLECTIVE_OUTPUT_SPLIT_SIZES] = info.output_split_sizes
     return attrs
+
+
+def group_of(info: CollectiveInfo) -> Group:
+    """The group a collective ran on, with its id: what `Group.attributes()` describes once per window."""
+    return groups.group(info.group, info.group_ranks, info.mesh_dim)
 
 
 def encode_collective_place(attrs: Mapping[str, Any], phase: str, fqn: str) -> dict[str, Any]:
@@ -297,15 +305,20 @@ def decode_parameters(attrs: Mapping[str, Any]) -> list[ParameterInfo]:
     ]
 
 
-def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> CollectiveInfo:
-    """A collective span's attributes as the source reported them (missing ones as defaults)."""
+def decode_collective(
+    attrs: Mapping[str, Any], span_name: str = "", table: groups.GroupTable | None = None
+) -> CollectiveInfo:
+    """A collective span's attributes as the source reported them (missing ones as defaults); its
+    group from `table` (the groups its file or trace describes; None: only what the span itself says)."""
     get = attrs.get
+    group = (table or groups.GroupTable()).group_of(attrs)
     return CollectiveInfo(
         name=str(get(schema.COLLECTIVE_NAME, span_name)),
         op=str(get(schema.COLLECTIVE_OP, "")),
         group_size=checked_int(get(schema.COLLECTIVE_GROUP_SIZE, 0), schema.COLLECTIVE_GROUP_SIZE),
-        group=str(get(schema.COLLECTIVE_GROUP, "")),
-        group_ranks=tuple(get(schema.COLLECTIVE_GROUP_RANKS, ())),
+        group=group.name,
+        group_ranks=group.members,
+        mesh_dim=group.mesh_dim,
         input_shape=tuple(get(schema.COLLECTIVE_INPUT_SHAPE, ())),
         output_shape=tuple(get(schema.COLLECTIVE_OUTPUT_SHAPE, ())),
         dtype=str(get(schema.COLLECTIVE_DTYPE, "")),
@@ -316,6 +329,8 @@ def decode_collective(attrs: Mapping[str, Any], span_name: str = "") -> Collecti
         peers=tuple(get(schema.COLLECTIVE_PEERS, ())),
         tags=tuple(get(schema.COLLECTIVE_TAGS, ())),
         backend=str(get(schema.COLLECTIVE_BACKEND, "")),
+        input_split_sizes=tuple(get(schema.COLLECTIVE_INPUT_SPLIT_SIZES, ())),
+        output_split_sizes=tuple(get(schema.COLLECTIVE_OUTPUT_SPLIT_SIZES, ())),
     )
 
 

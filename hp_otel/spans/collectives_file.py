@@ -4,19 +4,23 @@ The cross-rank analysis reads, of each collective span, its attributes of `KEPT`
 seq, op, shapes, dtype, bytes, module, phase, waits, bandwidths, call site) and its times;
 nothing of the module and op spans around it.  This file holds exactly that, as JSON:
 
-    {"format": "hp_otel.collectives", "version": 1, "resource": {"hp.rank": 3, ...},
-     "kinds": [{attribute: value, ...}, ...],        # what calls share (op, group, shapes, module, ...)
+    {"format": "hp_otel.collectives", "version": 2, "resource": {"hp.rank": 3, ...},
+     "groups": {id: {"name": "1", "members": "0-4095", "mesh_dim": "dp"}, ...},   # each group once
+     "kinds": [{attribute: value, ...}, ...],        # what calls share (op, group id, shapes, module, ...)
      "calls": [[kind, name, start_ns, end_ns, {attribute: value, ...}], ...]}   # what each call has of its own
 
-A step repeats a few kinds of call, so each kind is written once.  Reading it back gives
+A step repeats a few kinds of call, so each kind is written once, and a kind names its group by
+id (`spans/groups.py`): the members are in the table, so no part of the file grows with a group's
+size but the table's runs.  Version 1 (hp_otel before the table) carried the member list in every kind;
+it is read as well.  Reading it back gives
 the same (name, attributes, start, end) a spans file gives for its collective spans, so
 `hp-otel ranks` compares both the same way (`collective_spans`).
 
 A step loop's file (`CollectivesRing`: the always-on instrumentor's steps) holds the last
 few steps instead, one window each, so its size stays bounded however long the run:
 
-    {"format": "hp_otel.collectives", "version": 1, "resource": {...}, "keep": 4,
-     "windows": [{"kinds": [...], "calls": [...]}, ...]}        # oldest step first
+    {"format": "hp_otel.collectives", "version": 2, "resource": {...}, "keep": 4,
+     "windows": [{"groups": {...}, "kinds": [...], "calls": [...]}, ...]}        # oldest step first
 
 Each step is encoded once, when it ends; rewriting the file joins the kept steps' text.
 """
@@ -29,17 +33,19 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hp_otel.common.files import write_text_atomically
+from hp_otel.common.files import write_in_folder, write_text_atomically
 from hp_otel.spans import schema
+from hp_otel.spans.groups import GroupTable
 
 FORMAT = "hp_otel.collectives"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)  # 1: every kind carries its group's name and member list (no group table)
 # Per call: what differs between calls of one kind.
 PER_CALL = (
     schema.COLLECTIVE_SEQ,
     schema.COLLECTIVE_IN_FLIGHT,
-    schema.COLLECTIVE_CALL_NS,
-    schema.COLLECTIVE_WAITED_NS,
+    schema.COLLECTIVE_CALL_DURATION,
+    schema.COLLECTIVE_WAIT_DURATION,
     schema.COLLECTIVE_ALGBW,
     schema.COLLECTIVE_BUSBW,
 )
@@ -48,8 +54,7 @@ SHARED = (
     schema.CALL_KIND,
     schema.COLLECTIVE_NAME,
     schema.COLLECTIVE_OP,
-    schema.COLLECTIVE_GROUP,
-    schema.COLLECTIVE_GROUP_RANKS,
+    schema.COLLECTIVE_GROUP_ID,  # its name and members: in the window's group table
     schema.COLLECTIVE_GROUP_SIZE,
     schema.COLLECTIVE_BACKEND,
     schema.COLLECTIVE_INPUT_SHAPE,
@@ -73,7 +78,8 @@ def _plain(value: Any) -> Any:
 
 
 def _window(spans: Iterable[Any]) -> dict[str, Any]:
-    """{"kinds": ..., "calls": ...} of the collective spans among `spans`."""
+    """{"groups": ..., "kinds": ..., "calls": ...} of the collective spans among `spans`."""
+    table = GroupTable()
     kinds: list[dict[str, Any]] = []
     index: dict[str, int] = {}
     calls: list[list[Any]] = []
@@ -81,6 +87,7 @@ def _window(spans: Iterable[Any]) -> dict[str, Any]:
         attrs = span.attributes or {}
         if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE:
             continue
+        table.note(attrs)
         kind = {key: _plain(attrs[key]) for key in SHARED if key in attrs}
         key = json.dumps(kind, sort_keys=True)
         number = index.get(key)
@@ -89,7 +96,7 @@ def _window(spans: Iterable[Any]) -> dict[str, Any]:
             kinds.append(kind)
         own = {key: _plain(attrs[key]) for key in PER_CALL if key in attrs}
         calls.append([number, span.name, span.start_time or 0, span.end_time or 0, own])
-    return {"kinds": kinds, "calls": calls}
+    return {"groups": table.to_json(), "kinds": kinds, "calls": calls}
 
 
 def _header(resource: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,7 +137,7 @@ class CollectivesRing:
         self._windows.append(json.dumps(_window(spans), separators=(",", ":")))
         head = json.dumps({**_header(resource), "keep": self.keep}, separators=(",", ":"))
         text = f'{head[:-1]},"windows":[{",".join(self._windows)}]}}'
-        write_text_atomically(self.path, lambda handle: handle.write(text), "collectives file")
+        write_in_folder(*os.path.split(self.path), lambda handle: handle.write(text), "collectives file")
 
 
 def is_collectives_payload(payload: Any) -> bool:
@@ -145,17 +152,32 @@ def collective_spans(payload: Mapping[str, Any]) -> list[tuple[str, dict[str, An
     """(name, attributes, start_ns, end_ns) of each call, as a spans file's collective span would give them.
 
     Raises ValueError (or TypeError, KeyError) for a payload this version did not write."""
-    if payload.get("version") != VERSION:
-        raise ValueError(f"version {payload.get('version')!r}; this hp_otel reads version {VERSION}")
+    if payload.get("version") not in READ_VERSIONS:
+        raise ValueError(
+            f"version {payload.get('version')!r}; this hp_otel reads versions {', '.join(map(str, READ_VERSIONS))}"
+        )
     out = []
     for window in windows_of(payload):
         kinds = [{key: _attribute(v) for key, v in dict(kind).items()} for kind in window["kinds"]]
+        _describe_groups(kinds, window.get("groups") or {})
         for number, name, start, end, own in window["calls"]:
             if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(kinds):
                 raise ValueError(f"a call names kind {number!r} of {len(kinds)}")
             attributes = {**kinds[number], **{key: _attribute(v) for key, v in dict(own).items()}}
+            attributes = schema.normalise_attributes(attributes)
             out.append((str(name), attributes, start, end))
     return out
+
+
+def _describe_groups(kinds: list[dict[str, Any]], entries: Mapping[str, Any]) -> None:
+    """Each kind gains its group's description from the window's table, as the span that described
+    it carried it (one dict of strings per group, shared by its kinds: members are parsed once)."""
+    table = GroupTable.from_json(entries)
+    described = {gid: g.attributes() for gid, g in table.by_id.items()}
+    for kind in kinds:
+        found = described.get(kind.get(schema.COLLECTIVE_GROUP_ID))  # type: ignore[arg-type]
+        if found is not None:
+            kind.update(found)
 
 
 def is_ring(payload: Mapping[str, Any]) -> bool:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hp_otel.common import intervals
-from hp_otel.common.input_files import checked_int
 from hp_otel.spans import schema
 
 _FULLY_BLOCKING = (schema.COMPLETION_CALL, "")
@@ -139,6 +138,15 @@ def summarise(comms: Iterable[CommSpan], by_module: bool = True) -> ExposureRepo
     )
 
 
+def _seconds_as_ns(value: Any, name: str) -> int:
+    """A duration attribute (seconds) in whole ns; absent is 0. A value that is no number fails naming it."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    return round(value * 1e9)
+
+
 def comm_span_of(attrs: Mapping[str, Any], start_ns: int, end_ns: int) -> CommSpan:
     """A collective span's `CommSpan`, from its attributes and times."""
     return CommSpan.of(
@@ -146,8 +154,8 @@ def comm_span_of(attrs: Mapping[str, Any], start_ns: int, end_ns: int) -> CommSp
         end_ns,
         is_async=bool(attrs.get(schema.COLLECTIVE_ASYNC, False)),
         completion=str(attrs.get(schema.COLLECTIVE_COMPLETION, "")),
-        call_ns=checked_int(attrs.get(schema.COLLECTIVE_CALL_NS, 0) or 0, schema.COLLECTIVE_CALL_NS),
-        waited_ns=checked_int(attrs.get(schema.COLLECTIVE_WAITED_NS, 0) or 0, schema.COLLECTIVE_WAITED_NS),
+        call_ns=_seconds_as_ns(attrs.get(schema.COLLECTIVE_CALL_DURATION), schema.COLLECTIVE_CALL_DURATION),
+        waited_ns=_seconds_as_ns(attrs.get(schema.COLLECTIVE_WAIT_DURATION), schema.COLLECTIVE_WAIT_DURATION),
         phase=str(attrs.get(schema.PHASE, schema.PHASE_FORWARD)),
         module=str(attrs.get(schema.COLLECTIVE_MODULE, "")),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hp_otel.common.rank_set import RankSet
 from hp_otel.spans import schema
 
 
@@ -50,8 +51,12 @@ class GroupDetails:
 
     size: int
     name: str
-    ranks: tuple[int, ...]
+    ranks: RankSet  # given as any ints, kept as a RankSet: hashed and compared per call in O(1)
     backend: str = ""  # the communication library: "nccl", "gloo", "hccl", "mccl", "fake", ... ("" unknown)
+    mesh_dim: str = ""  # a DeviceMesh dimension's group: its name ("tp", "dp_shard"); "" otherwise
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", RankSet.of(self.ranks))
 
 
 NO_GROUP = GroupDetails(0, "", ())  # a call without a group argument the source could read
@@ -65,7 +70,7 @@ class CollectiveInfo:
     op: str  # normalised, one of schema.NORMALISED_OPS
     group_size: int
     group: str = ""
-    group_ranks: tuple[int, ...] = ()
+    group_ranks: tuple[int, ...] | RankSet = ()  # sources give the group's RankSet (hashed per call in O(1))
     input_shape: tuple[int, ...] = ()
     output_shape: tuple[int, ...] = ()
     dtype: str = ""
@@ -76,6 +81,10 @@ class CollectiveInfo:
     peers: tuple[int, ...] = ()  # point-to-point: the peer's global rank (one per op of a batch)
     tags: tuple[int, ...] = ()  # point-to-point: the tag (one per op of a batch)
     backend: str = ""  # the group's communication library ("nccl", "gloo", "hccl", "mccl", "fake"; "" unknown)
+    mesh_dim: str = ""  # the group's DeviceMesh dimension ("tp"), "" when not a mesh's
+    # all_to_all with split sizes (elements per peer along dim 0), at most schema.SPLIT_SIZES_MAX each
+    input_split_sizes: tuple[int, ...] = ()
+    output_split_sizes: tuple[int, ...] = ()
 
     @property
     def fake_group(self) -> bool:

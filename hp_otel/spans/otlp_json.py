@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from hp_otel.common.files import write_text_atomically
 from hp_otel.common.input_files import (
@@ -30,6 +30,7 @@ from hp_otel.common.input_files import (
     parse_json,
     read_bytes,
 )
+from hp_otel.spans import schema
 
 __all__ = ["DEFAULT_MAX_BYTES", "MAX_BYTES_VARIABLE", "max_bytes_limit"]  # kept here for their old importers
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
@@ -247,11 +248,19 @@ def _spans_of(message: ExportTraceServiceRequest) -> list[ReadableSpan]:
                         context=context,
                         parent=parent,
                         resource=resource,
-                        attributes={kv.key: _any_value(kv.value) for kv in span.attributes},
+                        attributes=schema.normalise_attributes(
+                            {kv.key: _any_value(kv.value) for kv in span.attributes}
+                        ),
                         kind=SpanKind.INTERNAL,
                         status=status,
                         start_time=span.start_time_unix_nano,
                         end_time=span.end_time_unix_nano,
+                        links=[_link_of(link) for link in span.links],  # a collective's to its peer's span
                     )
                 )
     return spans
+
+
+def _link_of(link: Any) -> Link:
+    trace_id, span_id = int.from_bytes(link.trace_id, "big"), int.from_bytes(link.span_id, "big")
+    return Link(SpanContext(trace_id, span_id, True, TraceFlags(1)))

@@ -7,7 +7,15 @@ mirrors this module.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
+
+from opentelemetry.semconv.attributes import error_attributes
+
+try:  # stable since semantic conventions 1.33 (opentelemetry-semantic-conventions 0.54b0)
+    from opentelemetry.semconv.attributes import code_attributes
+except ImportError:  # 1.30 - 1.32 (the SDK releases we accept): the same names, still incubating
+    from opentelemetry.semconv._incubating.attributes import code_attributes  # type: ignore[no-redef]
 
 INSTRUMENTATION_NAME: Final = "hp_otel"
 # The instrumentation scope's schema URL: the semantic-conventions release the standard names
@@ -31,9 +39,9 @@ CALL_KINDS: Final = (KIND_MODULE, KIND_OP, KIND_COLLECTIVE, KIND_REDISTRIBUTE)
 CALL_STACK: Final = "hp.call.stack"
 # The innermost of those frames also in OTel's stable code attributes (what backends link to source);
 # the function is fully qualified ("pkg.module.Class.method"), as semconv 1.33+ defines it.
-CODE_FILE_PATH: Final = "code.file.path"
-CODE_LINE_NUMBER: Final = "code.line.number"
-CODE_FUNCTION_NAME: Final = "code.function.name"
+CODE_FILE_PATH: Final = code_attributes.CODE_FILE_PATH
+CODE_LINE_NUMBER: Final = code_attributes.CODE_LINE_NUMBER
+CODE_FUNCTION_NAME: Final = code_attributes.CODE_FUNCTION_NAME
 
 PHASE: Final = "hp.phase"
 PHASE_FORWARD: Final = "forward"
@@ -91,7 +99,14 @@ COLLECTIVE_OP: Final = "hp.collective.op"  # normalised, see NORMALISED_OPS
 # hp.collective.*, named "backend" as torch (`dist.get_backend`) and MindSpore (`init(backend)`) do.
 COLLECTIVE_BACKEND: Final = "hp.collective.backend"
 COLLECTIVE_GROUP_SIZE: Final = "hp.collective.group_size"
-COLLECTIVE_GROUP: Final = "hp.collective.group"
+# A process group is described once (spans/groups.py): every collective span carries its group's id
+# (the same on every rank: derived from its name and members) and size; the group's name, members and
+# mesh dimension are on the first span of that group in each window (a file holds them in its table).
+COLLECTIVE_GROUP_ID: Final = "hp.collective.group_id"
+COLLECTIVE_GROUP: Final = "hp.collective.group"  # the group's name (torch's group_name), with its description
+COLLECTIVE_GROUP_MEMBERS: Final = "hp.collective.group_members"  # global ranks as strided runs: "0-4095", "3-4091:8"
+COLLECTIVE_GROUP_MESH_DIM: Final = "hp.collective.group_mesh_dim"  # a DeviceMesh group's dimension: "tp", "dp_shard"
+# Files of earlier hp_otel versions: every collective span carried its group's members as an int array.
 COLLECTIVE_GROUP_RANKS: Final = "hp.collective.group_ranks"
 COLLECTIVE_INPUT_SHAPE: Final = "hp.collective.input_shape"
 COLLECTIVE_OUTPUT_SHAPE: Final = "hp.collective.output_shape"
@@ -102,6 +117,12 @@ COLLECTIVE_ASYNC: Final = "hp.collective.async"
 COLLECTIVE_PEERS: Final = "hp.collective.peers"  # point-to-point: global rank of the peer(s)
 COLLECTIVE_TAGS: Final = "hp.collective.tags"  # point-to-point: tag(s)
 COLLECTIVE_PARAM_MODULE: Final = "hp.collective.param_module"  # FSDP: whose parameters it moves
+# all_to_all with explicit split sizes (dim-0 rows sent to / received from each peer, in group order):
+# int arrays, kept only for groups of at most SPLIT_SIZES_MAX ranks (an attribute per call must not grow
+# with the group; torch.profiler cuts its own at 30).  Kineto's "In split size" / "Out split size".
+COLLECTIVE_INPUT_SPLIT_SIZES: Final = "hp.collective.input_split_sizes"
+COLLECTIVE_OUTPUT_SPLIT_SIZES: Final = "hp.collective.output_split_sizes"
+SPLIT_SIZES_MAX: Final = 64
 # True on torch's fake process group only (absent elsewhere): the call returned at once, so the span's
 # duration is the host's dispatch; no bandwidth is set and it is left out of the exposure figures.
 BACKEND_FAKE: Final = "fake"  # hp.collective.backend of torch's fake process group: returns at once, untimed
@@ -121,18 +142,19 @@ COMPLETION_LAUNCH: Final = "launch"
 COMPLETION_DEVICE: Final = "device"
 # Async collectives (completion wait/work/device/launch): how long the issuing call itself took on the host,
 # and how long a thread then waited for it (wait_tensor, Work.wait), that wait ending at or after its
-# completion; both in ns.  What the exposed-communication figures are computed from (spans/exposure.py).
-COLLECTIVE_CALL_NS: Final = "hp.collective.call_ns"
-COLLECTIVE_WAITED_NS: Final = "hp.collective.waited_ns"
+# completion; both in seconds (doubles).  What the exposed-communication figures are computed from
+# (spans/exposure.py).
+COLLECTIVE_CALL_DURATION: Final = "hp.collective.call.duration"
+COLLECTIVE_WAIT_DURATION: Final = "hp.collective.wait.duration"
 # Matching the same collective across ranks (rank_compare.py, `hp-otel ranks`).
 COLLECTIVE_SEQ: Final = "hp.collective.seq"  # index among this rank's collectives on the group, per window
 COLLECTIVE_WINDOW: Final = "hp.collective.window"  # what the seq counts within: "step 3" or "window 0"
 COLLECTIVE_MODULE: Final = "hp.collective.module"  # innermost module open when it was issued ("" if none)
-COLLECTIVE_MATCH_ID: Final = "hp.collective.match_id"  # same on every rank for the same collective (hex)
+COLLECTIVE_MATCH_ID: Final = "hp.collective.match.id"  # same on every rank for the same collective (hex)
 COLLECTIVE_IN_FLIGHT: Final = "hp.collective.in_flight"  # issued, not completed when the file was written
 WATCHDOG_EVENT: Final = "hp.watchdog.dump"  # span event: the watchdog wrote the spans so far
 WATCHDOG_PATH: Final = "hp.watchdog.path"
-WATCHDOG_WAITED_S: Final = "hp.watchdog.waited_s"
+WATCHDOG_WAITED_S: Final = "hp.watchdog.wait.duration"  # s
 
 NORMALISED_OPS: Final = (
     "all_reduce",
@@ -189,7 +211,7 @@ METRIC_CALLBACK_ERRORS_UNIT: Final = "{error}"
 CALLBACK_NAME: Final = "hp.callback"
 # OTel's semantic convention for failed operations: the exception's class, on the span and on the
 # collective metrics of failed calls only (absent when the call succeeded).
-ERROR_TYPE: Final = "error.type"
+ERROR_TYPE: Final = error_attributes.ERROR_TYPE
 # Metric attributes: bounded cardinality only (no shapes, no ranks); `error.type` follows when a call failed.
 # One series' values are a `codec.MetricKey`; `codec.metric_attributes` names them with these keys.
 METRIC_ATTRIBUTE_KEYS: Final = (
@@ -204,14 +226,43 @@ METRIC_ATTRIBUTE_KEYS: Final = (
 
 # --- steps: one trace per step across ranks (steps.py) ---------------------
 STEP: Final = "hp.step"  # the step number (or debug window name) every rank shares
-STEP_ROOT_SPAN_NAME: Final = "step"  # one per step, emitted by rank 0, id derived from run id + step
-RANK_STEP_SPAN_NAME: Final = "rank_step"  # one per rank and step, child of the step root
+# The steps' root-span tracer's scope attribute: a scope of its own, so its id generator is ours alone.
+STEP_ROOT_SCOPE_ATTRIBUTE: Final = "hp.step_root.ids"
+# A trace list (MLflow, Jaeger, Tempo) names each trace by its root span, so the step's root says
+# which step ("step 12"; one per step, emitted by rank 0, id derived from run id + step) and each
+# rank's child which rank ("rank 3"). Why a name per step is kept to these two: docs/reference/schema.md.
+# Files of hp_otel before 0.N named them "step" and "rank_step" (LEGACY_*): readers take both.
+LEGACY_STEP_ROOT_SPAN_NAME: Final = "step"
+LEGACY_RANK_STEP_SPAN_NAME: Final = "rank_step"
+
+
+def step_span_name(step: int | str) -> str:
+    """The step root span's name: `step 12` (a named window: `step warmup`)."""
+    return f"step {step}"
+
+
+def rank_step_span_name(rank: int) -> str:
+    """A rank's span in a step: `rank 3`."""
+    return f"rank {rank}"
+
+
+def is_rank_step_span(name: str, attributes: Mapping[str, Any]) -> bool:
+    """A rank's span of a step, as named now (`rank 3`: it alone has both hp.step and hp.rank) or before."""
+    return name == LEGACY_RANK_STEP_SPAN_NAME or (STEP in attributes and RESOURCE_RANK in attributes)
+
+
+def module_span_name(name: str, phase: str) -> str:
+    """A module span's name: the module's path, and after it the phase when that is not forward
+    (`layers.3.mlp backward`, `layers.3.mlp recompute`): a trace list tells a module's forward from its
+    backward by name, at most a few names a module (PHASES)."""
+    return name if phase in (PHASE_FORWARD, PHASE_OPTIMIZER, PHASE_OUTSIDE) else f"{name} {phase}"
+
 
 # --- bandwidth (NCCL-tests' definitions, see hp_otel.spans.bandwidth and docs/bandwidth.md) ---
 # On a collective span that completed (not for a launch-only async span, nor barriers or empty calls):
 COLLECTIVE_ALGBW: Final = "hp.collective.algbw"  # bytes/s: the NCCL-tests size S over the span's duration
 COLLECTIVE_BUSBW: Final = "hp.collective.busbw"  # bytes/s: algbw times the op's bus factor
-COLLECTIVE_BW_BYTES: Final = "hp.collective.bw_bytes"  # the size S the bandwidths use (bytes)
+COLLECTIVE_BW_BYTES: Final = "hp.collective.bw.size"  # the size S the bandwidths use (bytes)
 METRIC_BUSBW: Final = "hp.collective.busbw"
 METRIC_BUSBW_UNIT: Final = "By/s"
 # 1 MB/s .. 10 TB/s, three buckets a decade (PCIe/NVLink/IB live in 1e9..1e12).
@@ -224,3 +275,35 @@ METRIC_SINCE_COMPLETION: Final = "hp.collective.since_last_completion"
 METRIC_SINCE_COMPLETION_UNIT: Final = "s"
 METRIC_OLDEST_IN_FLIGHT: Final = "hp.collective.oldest_in_flight.age"
 METRIC_OLDEST_IN_FLIGHT_UNIT: Final = "s"
+
+
+# --- names of earlier releases ----------------------------------------------------------------
+# What files of hp_otel before 0.N called an attribute: old name -> (new name, the value's conversion).
+# Every reader of files takes both for one release (docs/reference/schema.md has the table), through
+# `normalise_attributes` alone: the spans-file readers (spans/otlp_json.py, analysis/rank_input.py)
+# and the collectives file (spans/collectives_file.py) call it on each span's attributes.
+def _ns_to_s(value: Any) -> Any:
+    return value / 1e9 if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+LEGACY_ATTRIBUTES: Final[Mapping[str, tuple[str, Any]]] = {
+    "hp.collective.call_ns": (COLLECTIVE_CALL_DURATION, _ns_to_s),
+    "hp.collective.waited_ns": (COLLECTIVE_WAIT_DURATION, _ns_to_s),
+    "hp.collective.match_id": (COLLECTIVE_MATCH_ID, None),
+    "hp.collective.bw_bytes": (COLLECTIVE_BW_BYTES, None),
+    "hp.watchdog.waited_s": (WATCHDOG_WAITED_S, None),
+}
+_LEGACY_KEYS: Final = frozenset(LEGACY_ATTRIBUTES)
+
+
+def normalise_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """A file's span attributes under today's names (the same dict when it has no old name; a new name
+    already there wins over its old one)."""
+    if _LEGACY_KEYS.isdisjoint(attributes):
+        return attributes
+    renamed = dict(attributes)
+    for old in _LEGACY_KEYS.intersection(attributes):
+        new, convert = LEGACY_ATTRIBUTES[old]
+        value = renamed.pop(old)
+        renamed.setdefault(new, convert(value) if convert else value)
+    return renamed

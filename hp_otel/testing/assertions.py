@@ -90,7 +90,8 @@ def assert_collective_counts(
 
 def _label(record: CallRecord) -> str:
     if record.kind == schema.KIND_MODULE and record.phase != schema.PHASE_FORWARD:
-        return f"{record.name} [{record.phase}]"
+        # the span's name says its phase too ("fc1 backward", schema.md): the tree says it once, in brackets
+        return f"{record.name.removesuffix(' ' + record.phase)} [{record.phase}]"
     return record.name
 
 
@@ -107,7 +108,10 @@ def _outline_lines(records: Iterable[CallRecord], kinds: frozenset[str], phase: 
 def span_outline(source: Any, *, kinds: Iterable[str] | None = None, phase: str | None = None) -> str:
     """The span tree as an indented outline of span names (two spaces a level).
 
-    Backward module spans read `fc1 [backward]`.  `kinds` keeps only some call kinds
+    The names are the spans': the root module by its class (`MLP`), every other module by its
+    full path from the root (`layers.0.attention.wq`, not `wq`), a DTensor op by its name
+    (`linear`), a redistribute as `redistribute`, a collective by its normalised op
+    (`all_reduce`).  Backward module spans read `fc1 [backward]`.  `kinds` keeps only some call kinds
     (module, op, collective, redistribute); `phase` only forward or backward spans.  A
     dropped node's children move up to its level.
     """

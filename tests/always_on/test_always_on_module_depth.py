@@ -7,7 +7,7 @@ from events import ALL_REDUCE
 from opentelemetry.test.test_base import TestBase
 
 import hp_otel
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.record.metric_labels import ENV_VAR
 from hp_otel.spans import schema
 from hp_otel.spans.infos import ModuleInfo

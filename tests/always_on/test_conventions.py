@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from hp_otel import CommDebugMode
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.always_on.package import _instruments, _instruments_any
 from hp_otel.export.providers import build_resource
 from hp_otel.spans import schema
@@ -41,17 +41,26 @@ def test_the_instrumentor_declares_the_frameworks_it_instruments_as_contrib_does
     assert deps == ("torch >= 2.13, < 2.15",) and HpOtelInstrumentor()._check_dependency_conflicts() is None
 
 
-def test_service_instance_id_is_the_run_and_rank_and_the_same_each_time(monkeypatch) -> None:
+def _uuid5(name: str) -> str:
+    """The semantic conventions' recipe for service.instance.id: UUIDv5 in their namespace."""
+    import uuid
+
+    return str(uuid.uuid5(uuid.UUID("4d63009a-8d0f-11ee-aad7-4c796ed8e320"), name))
+
+
+def test_service_instance_id_is_a_uuid5_of_the_run_and_rank_and_the_same_each_time(monkeypatch) -> None:
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("HP_OTEL_RUN_ID", "run-42")
     first, again = build_resource(), build_resource()
-    assert first.attributes["service.instance.id"] == again.attributes["service.instance.id"] == "run-42/rank3"
-    assert build_resource({schema.RESOURCE_RUN_ID: "other"}).attributes["service.instance.id"] == "other/rank3"
+    assert first.attributes["service.instance.id"] == again.attributes["service.instance.id"] == _uuid5("run-42/rank3")
+    assert build_resource({schema.RESOURCE_RUN_ID: "other"}).attributes["service.instance.id"] == _uuid5("other/rank3")
+    # the precedence: configure()'s attributes, then OTEL_RESOURCE_ATTRIBUTES, then ours, then the SDK's
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=mine")  # a user's own wins
     assert build_resource().attributes["service.instance.id"] == "mine"
+    assert build_resource({"service.instance.id": "given"}).attributes["service.instance.id"] == "given"
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
     monkeypatch.setenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "hp_otel")  # any provider, through the SDK
-    assert Resource.create().attributes["service.instance.id"] == "run-42/rank3"
+    assert Resource.create().attributes["service.instance.id"] == _uuid5("run-42/rank3")
 
 
 def test_without_a_run_the_sdk_keeps_its_own_instance_id(monkeypatch) -> None:
@@ -65,7 +74,7 @@ def test_without_a_run_the_sdk_keeps_its_own_instance_id(monkeypatch) -> None:
     ):
         monkeypatch.delenv(name, raising=False)
     instance = build_resource().attributes.get("service.instance.id", "")
-    assert "/rank" not in instance
+    assert instance not in {_uuid5(f"{run}/rank0") for run in ("", "None")}
 
 
 def test_the_schema_url_claims_the_release_our_code_attribute_names_come_from() -> None:
@@ -97,6 +106,21 @@ def test_scope_schema_url_and_the_duration_description() -> None:
     assert ours and all(sm.scope.schema_url == schema.SCHEMA_URL for sm in ours)
     (duration,) = [m for sm in ours for m in sm.metrics if m.name == schema.METRIC_DURATION]
     assert "issue to its completion" in duration.description and "launch time" not in duration.description
+
+
+def test_the_steps_scope_has_the_schema_url_too() -> None:
+    import hp_otel
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with hp_otel.step(7, run_id="r", rank=0, tracer_provider=tracer_provider):
+        pass
+    spans = exporter.get_finished_spans()
+    assert sorted(s.name for s in spans) == ["rank 0", "step 7"]
+    assert {(s.instrumentation_scope.name, s.instrumentation_scope.schema_url) for s in spans} == {
+        ("hp_otel.always_on.steps", schema.SCHEMA_URL)
+    }
 
 
 def test_op_shapes_are_int_arrays_like_collective_shapes_and_old_files_still_read() -> None:

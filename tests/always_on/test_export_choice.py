@@ -17,7 +17,8 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import ProxyTracerProvider
 
 from hp_otel.always_on import instrumentation
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
+from hp_otel.always_on.instrumentation import active_session
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.common._otel_compat import proxy_meter_provider_class
 from hp_otel.export import telemetry
 

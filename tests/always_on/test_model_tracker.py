@@ -7,7 +7,8 @@ import sys
 import torch
 from torch import nn
 
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
+from hp_otel.always_on.instrumentation import active_session
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.always_on.model_tracker import ModelTracker
 
 

@@ -15,7 +15,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import hp_otel
 from hp_otel import mode as mode_module
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
+from hp_otel.always_on.instrumentation import active_session
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.analysis import compare_files
 from hp_otel.cli import main as cli_main
 

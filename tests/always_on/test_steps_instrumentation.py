@@ -7,6 +7,7 @@ import importlib.metadata
 
 import pytest
 from events import design_mlp_forward
+from installed_metadata import write_dist_info
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.sdk.trace import TracerProvider
@@ -17,7 +18,8 @@ from opentelemetry.test.test_base import TestBase
 
 import hp_otel
 from hp_otel import CommDebugMode
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
+from hp_otel.always_on.instrumentation import active_session
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.always_on.steps import step_ids
 from hp_otel.spans import schema
 
@@ -44,10 +46,10 @@ def test_two_ranks_share_the_trace_of_a_step_under_one_root_from_rank_0() -> Non
     spans0, spans1 = e0.get_finished_spans(), e1.get_finished_spans()
     assert {s.context.trace_id for s in (*spans0, *spans1)} == {trace_id}
     roots = [s for s in (*spans0, *spans1) if s.parent is None]
-    assert [(r.name, r.context.span_id, r.attributes[schema.STEP]) for r in roots] == [("step", root_id, 0)]
+    assert [(r.name, r.context.span_id, r.attributes[schema.STEP]) for r in roots] == [("step 0", root_id, 0)]
     for rank, spans in ((0, spans0), (1, spans1)):
         by_id = {s.context.span_id: s for s in spans}
-        (rank_step,) = [s for s in spans if s.name == "rank_step"]
+        (rank_step,) = [s for s in spans if s.name == f"rank {rank}"]
         assert rank_step.parent.span_id == root_id and rank_step.attributes[schema.RESOURCE_RANK] == rank
         assert rank_step.parent.is_remote == (rank != 0)
         module_root = next(s for s in spans if s.attributes.get(schema.MODULE_FQN) == "(root)")
@@ -65,8 +67,12 @@ def test_ranks_take_the_same_sampling_decision_for_each_step() -> None:
     (p0, e0), (p1, e1) = _rank_provider(sampler), _rank_provider(sampler)
     _run_rank(0, p0, range(40))
     _run_rank(1, p1, range(40))
-    steps0 = {s.attributes[schema.STEP] for s in e0.get_finished_spans() if s.name == "rank_step"}
-    steps1 = {s.attributes[schema.STEP] for s in e1.get_finished_spans() if s.name == "rank_step"}
+    steps0 = {
+        s.attributes[schema.STEP] for s in e0.get_finished_spans() if schema.is_rank_step_span(s.name, s.attributes)
+    }
+    steps1 = {
+        s.attributes[schema.STEP] for s in e1.get_finished_spans() if schema.is_rank_step_span(s.name, s.attributes)
+    }
     assert steps0 == steps1 and 5 < len(steps0) < 35  # the same half-ish of the steps on both ranks
 
 
@@ -110,8 +116,10 @@ def test_the_largest_step_and_rank_reach_the_otlp_encoder_whole() -> None:
     assert values == {schema.STEP: 2**63 - 1, schema.RESOURCE_RANK: 2**63 - 1}
 
 
-def test_the_instrumentor_is_registered_as_an_entry_point() -> None:
-    (entry,) = [e for e in importlib.metadata.entry_points(group="opentelemetry_instrumentor") if e.name == "hp_otel"]
+def test_the_instrumentor_is_registered_as_an_entry_point(tmp_path) -> None:
+    # this checkout's pyproject.toml as pip installs it (the venv may hold another checkout's metadata)
+    (dist,) = importlib.metadata.distributions(path=[str(write_dist_info(tmp_path))])
+    (entry,) = [e for e in dist.entry_points if e.group == "opentelemetry_instrumentor" and e.name == "hp_otel"]
     assert entry.load() is HpOtelInstrumentor
 
 
@@ -136,7 +144,8 @@ class TestAlwaysOn(TestBase):
                 design_mlp_forward(mode_module._current_mode.get().observer)
                 assert trace.get_current_span() is spans.rank_span
         finished = self.memory_exporter.get_finished_spans()
-        assert sorted(s.name for s in finished if s.name in ("step", "rank_step")) == ["rank_step"] * 2 + ["step"] * 2
+        steps = ("step 0", "step 1", "rank 0")
+        assert sorted(s.name for s in finished if s.name in steps) == ["rank 0"] * 2 + ["step 0", "step 1"]
         collectives = [s for s in finished if s.name == "all_reduce"]
         assert {s.context.trace_id for s in collectives} == {step_ids("r", 0)[0], step_ids("r", 1)[0]}
         assert self._calls() == 2
@@ -186,7 +195,9 @@ class TestAlwaysOn(TestBase):
             optimizer.step()
         HpOtelInstrumentor().uninstrument()  # closes the open step
         assert mode_module._current_mode.get() is None
-        rank_steps = [s for s in self.memory_exporter.get_finished_spans() if s.name == "rank_step"]
+        rank_steps = [
+            s for s in self.memory_exporter.get_finished_spans() if schema.is_rank_step_span(s.name, s.attributes)
+        ]
         assert sorted(s.attributes[schema.STEP] for s in rank_steps) == [0, 1, 2]
         assert self._calls() == 2  # the window before the first optimizer.step() is not recorded
         HpOtelInstrumentor().instrument(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)

@@ -91,7 +91,11 @@ def _spans_of_run(http_port: int, service: str, run_id: str) -> list[dict]:
         stored = servers.phoenix_spans(http_port)
         traces = {s["context"]["trace_id"] for s in stored if s["attributes"].get("hp.run.id") == run_id}  # step roots
         found = [s for s in stored if s["context"]["trace_id"] in traces]
-        return found if sum(s["name"] == "rank_step" for s in found) >= 2 * (STEPS - 1) else None
+        return (
+            found
+            if sum(s["name"] == f"rank {s['attributes'].get('hp.rank')}" for s in found) >= 2 * (STEPS - 1)
+            else None
+        )
 
     return servers.wait_for(spans, 60, f"{2 * (STEPS - 1)} rank_step spans of run {run_id} in Phoenix")
 
@@ -119,7 +123,9 @@ def test_the_documented_zero_code_command(phoenix, tmp_path, distro) -> None:
 
     spans = _spans_of_run(phoenix, "tp-mlp", run_id)
     by_id = {s["context"]["span_id"]: s for s in spans}
-    rank_steps = Counter(s["attributes"]["hp.rank"] for s in spans if s["name"] == "rank_step")
+    rank_steps = Counter(
+        s["attributes"]["hp.rank"] for s in spans if s["name"] == f"rank {s['attributes'].get('hp.rank')}"
+    )
     assert rank_steps == {0: STEPS - 1, 1: STEPS - 1}  # over HTTP (the distro alone would pick gRPC)
     collectives = [s for s in spans if s["attributes"].get("hp.call.kind") == "collective"]
     # fc2's forward all_reduce, per rank and step (the input needs no gradient: no backward all_reduce in fc1)

@@ -98,6 +98,8 @@ def test_ranks_reports_the_skew_free_bandwidth_and_the_slowest(job: Path) -> Non
     ).stdout
     print(text)
     assert "bandwidth (NCCL-tests busbw" in text and "slowest collectives:" in text
+    # the barrier on each rank: counted nowhere in the section, and the section says so
+    assert "  left out: 2 with no bandwidth recorded (a barrier, 0 bytes, torch's fake group)" in text.splitlines()
 
 
 def test_staleness_gauges_while_a_rank_waits_in_a_counts_only_window(job: Path) -> None:

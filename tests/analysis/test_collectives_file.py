@@ -82,7 +82,7 @@ def test_a_mix_of_spans_files_and_collectives_files_is_compared(tmp_path, monkey
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda p: p.update(version=99), "this hp_otel reads version 1"),
+        (lambda p: p.update(version=99), "this hp_otel reads versions 1, 2"),
         (lambda p: p["calls"][0].__setitem__(0, 7), "a call names kind 7"),
         (lambda p: p["calls"][0].__setitem__(2, "soon"), "not a collectives file hp_otel wrote"),
         (lambda p: p.update(kinds=5), "not a collectives file hp_otel wrote"),

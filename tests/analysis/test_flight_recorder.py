@@ -67,7 +67,7 @@ def test_agreeing_ranks_match_hp_otels_spans_seq_for_seq_and_frame_for_frame(tmp
         assert [(c.seq, c.op) for c in fr.calls] == [(1, "barrier")] + [
             (k + 2, op) for k, (op, _) in enumerate(collectives)
         ]
-        assert {(c.window, c.group, c.group_ranks) for c in fr.calls} == {(WINDOW, "0", (0, 1))}
+        assert {(c.window, c.group, tuple(c.group_ranks)) for c in fr.calls} == {(WINDOW, "0", (0, 1))}
         # done; the last may not be retired yet when the dump is taken (gloo retires after wait() returns)
         assert [c.in_flight for c in fr.calls[:-1]] == [False] * (len(fr.calls) - 1)
         assert [c.stack[0] for c in fr.calls[1:]] == [line for _, line in collectives]  # FR's frames, torch's dropped
@@ -110,7 +110,7 @@ def test_a_desync_is_the_first_divergence_at_frs_seq_and_names_the_line(tmp_path
     # is a race between the two workers, so either state is right; the shapes, module and line must be.
     for rank, shapes in ((0, "input (4, 8) output (2, 4, 8)"), (1, "input (8, 4) output (2, 8, 4)")):
         said = {
-            f"rank {rank}: all_gather {shapes} torch.float32 in no module{state} at {line[rank][1]}"
+            f"rank {rank}: all_gather {shapes} torch.float32 in an unknown module{state} at {line[rank][1]}"
             for state in ("", " (in flight)")
         }
         assert any(s in result.stdout for s in said), (said, result.stdout)
@@ -130,7 +130,7 @@ def test_an_all_reduce_one_rank_never_issued_is_the_hang_suspect(tmp_path: Path)
     print(result.stdout)
     assert result.returncode == 3, result.stdout + result.stderr
     assert (
-        f"  hang suspect: rank 1 never reached all_reduce #5 in no module (issued by rank 0 at {extra[1]}; "
+        f"  hang suspect: rank 1 never reached all_reduce #5 in an unknown module (issued by rank 0 at {extra[1]}; "
         "rank 0 waiting in it)" in result.stdout.splitlines()
     )
     assert "first divergence" not in result.stdout

@@ -23,6 +23,7 @@ from hp_otel.analysis import compare_files, format_report
 from hp_otel.cli import main as cli_main
 from hp_otel.export import providers
 from hp_otel.spans import schema
+from hp_otel.spans.groups import GroupTable
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
 from hp_otel.spans.otlp_json import read_trace_file
 
@@ -78,7 +79,8 @@ def test_seq_counts_per_group_within_the_window(monkeypatch) -> None:
             _issue_and_complete(mode.observer, info)
         mode.observer.on_collective(ALL_REDUCE, 1, 2)  # a source that reports no issue: numbered on completion
     spans = sorted(mode.get_finished_spans(), key=lambda s: s.start_time)
-    seqs = [(s.attributes[schema.COLLECTIVE_GROUP], s.attributes[schema.COLLECTIVE_SEQ]) for s in spans]
+    table = GroupTable.of(s.attributes for s in spans)  # each group described once, on its first span
+    seqs = [(table.group_of(s.attributes).name, s.attributes[schema.COLLECTIVE_SEQ]) for s in spans]
     assert sorted(seqs) == sorted([("tp", 0), ("tp", 1), ("dp", 0), ("tp", 2), ("dp", 1), ("tp", 3)])
     with CommDebugMode() as again:  # a new window counts from 0
         _issue_and_complete(again.observer, ALL_REDUCE)
@@ -87,10 +89,12 @@ def test_seq_counts_per_group_within_the_window(monkeypatch) -> None:
     assert span.attributes[schema.COLLECTIVE_WINDOW] != spans[0].attributes[schema.COLLECTIVE_WINDOW]
 
 
-def test_ranks_of_one_step_share_the_link_of_each_collective() -> None:
-    """Two ranks of step 7: the same collective links to the same derived span context, in the step's trace."""
+def test_ranks_of_one_step_link_to_the_first_members_span_of_each_collective(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two ranks of step 7: rank 1's span of a collective links to rank 0's span of it (the group's first
+    member, whose span has the derived id), in the step's trace: a link that opens a span."""
     by_rank = {}
     for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
         with step(7, run_id="link-run", rank=rank), CommDebugMode() as mode:
             _issue_and_complete(mode.observer, ALL_REDUCE)
             _issue_and_complete(mode.observer, ALL_REDUCE)
@@ -102,8 +106,10 @@ def test_ranks_of_one_step_share_the_link_of_each_collective() -> None:
         a, b = by_rank[0][seq], by_rank[1][seq]
         assert a.attributes[schema.COLLECTIVE_WINDOW] == b.attributes[schema.COLLECTIVE_WINDOW] == "step 7"
         assert a.attributes[schema.COLLECTIVE_MATCH_ID] == b.attributes[schema.COLLECTIVE_MATCH_ID]
-        assert a.links[0].context == b.links[0].context
-        assert a.links[0].context.trace_id == step_trace == a.context.trace_id
+        assert not a.links and a.context.span_id == int(a.attributes[schema.COLLECTIVE_MATCH_ID], 16)
+        (link,) = b.links
+        assert (link.context.trace_id, link.context.span_id) == (a.context.trace_id, a.context.span_id)
+        assert a.context.trace_id == step_trace == b.context.trace_id
     assert by_rank[0][0].attributes[schema.COLLECTIVE_MATCH_ID] != by_rank[0][1].attributes[schema.COLLECTIVE_MATCH_ID]
 
 
@@ -137,7 +143,8 @@ def test_seq_matches_an_independent_count_of_the_collectives_per_group(fake_worl
             ops.wait_tensor(ops.all_reduce(t, "sum", group))
         ops.wait_tensor(ops.all_gather_into_tensor(t, 2, pair))
     spans = sorted(mode.get_finished_spans(), key=lambda s: s.start_time)
-    ours = [(s.attributes[schema.COLLECTIVE_GROUP], s.attributes[schema.COLLECTIVE_SEQ]) for s in spans]
+    table = GroupTable.of(s.attributes for s in spans)
+    ours = [(table.group_of(s.attributes).name, s.attributes[schema.COLLECTIVE_SEQ]) for s in spans]
     assert ours == referee.seen
     assert [n for g, n in ours if g == pair] == [0, 1, 2] and [n for g, n in ours if g == world] == [0, 1, 2]
 

@@ -308,6 +308,27 @@ def test_folders_rank_by_rank(batch_4_vs_5, tmp_path: Path) -> None:
     assert not any(line.startswith("rank 0:") for line in lines)
 
 
+def test_a_demo_folder_a_spans_file_and_a_json_dump_per_rank(fake_world, tmp_path: Path) -> None:
+    """`hp-otel demo` writes both per rank (spans_rank<r>.json, comm_rank<r>.json): the spans file is read;
+    two files of one kind for a rank are still refused."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    a, _ = _step(plan, torch.randn(4, 16, requires_grad=True))
+    b, _ = _step(plan, torch.randn(5, 16, requires_grad=True))
+    for folder, spans, dump in (("A", a, a), ("B", b, b), ("mixed", a, b)):
+        (tmp_path / folder).mkdir()
+        spans.write_spans(tmp_path / folder / "spans_rank0.json")
+        dump.generate_json_dump(tmp_path / folder / "comm_rank0.json", noise_level=3)
+    assert diff_paths(tmp_path / "A", tmp_path / "A").same
+    lines = format_diff(diff_paths(tmp_path / "A", tmp_path / "B")).splitlines()
+    assert "rank 0: fc2 forward: all_reduce 1 → 1, 256 B → 320 B (+64 B)" in lines
+    assert diff_paths(tmp_path / "A", tmp_path / "mixed").same  # its spans file is a's; its dump b's is not read
+    b.write_spans(tmp_path / "mixed" / "spans_rank0_again.json")
+    with pytest.raises(ValueError, match="rank 0 twice"):
+        read_run(tmp_path / "mixed")
+
+
 def test_a_change_on_every_rank_is_said_once(batch_4_vs_5, tmp_path: Path) -> None:
     a, b = batch_4_vs_5
     for folder, source in (("A", a), ("B", b)):

@@ -28,20 +28,58 @@ def demo_run(tmp_path_factory):
 def test_demo_prints_counts_and_table_and_writes_files(demo_run) -> None:
     out, result = demo_run
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "collective counts (rank 0): {'_c10d_functional.all_reduce': 2}" in result.stdout
-    first = result.stdout.splitlines()[0]
+    lines = result.stdout.splitlines()
+    assert lines[:2] == [
+        "ran a 2-layer MLP, tensor parallel (fc1 ColwiseParallel, fc2 RowwiseParallel) on 2 CPU ranks "
+        "(gloo), 1 training step (forward + backward)",
+        # the normalised op first, torch's own name after it (issue 47)
+        "collectives on rank 0: {'all_reduce': 2} (torch's names: {'_c10d_functional.all_reduce': 2})",
+    ]
+    assert "  fc1: backward {'all_reduce': 1}" in lines
+    assert "collectives seen through torch's kernels hook (HP_OTEL_TORCH_COLLECTIVE_HOOK=dispatch|kernels)" in lines
+    # one table, at the default noise level (3, as `render`'s), with a heading that says what it shows
+    assert [line for line in lines if line.startswith("Type ")] == ["Type                 Detail"]
     assert (
-        first == "ran a 2-layer MLP, tensor parallel (fc1 ColwiseParallel, fc2 RowwiseParallel) on 2 CPU ranks "
-        "(gloo), 1 training step (forward + backward)"
-    )
-    assert "(collectives seen through torch's kernels hook; HP_OTEL_TORCH_COLLECTIVE_HOOK" in result.stdout
+        "rank 0's table, noise level 3 of 0-3: modules (forward, then backward), DTensor ops, redistributes, "
+        "collectives with bytes and bandwidth"
+    ) in lines
     assert "Module((root)) [enter]" in result.stdout
     assert "Collective(_c10d_functional.all_reduce) group_size=2" in result.stdout
+    assert " busbw=" in result.stdout and "communication: comm " in result.stdout
+    # the words it uses, said once, bandwidth said to include waiting
+    terms = lines[lines.index("terms:") + 1 :][:3]
+    assert [t.split(":")[0].strip() for t in terms] == ["exposed", "overlapped", "busbw/algbw"]
+    assert "includes waiting for the other rank" in terms[2]
+    assert lines[-1] == (
+        f"next: hp-otel plot {out}/spans_rank*.json -o {out}/timeline.html  (both ranks on one time axis; "
+        f"open it in a browser), or hp-otel ranks {out}/spans_rank*.json (the ranks compared)"
+    )
     for rank in (0, 1):
         dump = json.loads((out / f"comm_rank{rank}.json").read_text())
         assert dump["total_counts"] == 2
         spans = json.loads((out / f"spans_rank{rank}.json").read_text())
         assert spans["resourceSpans"][0]["scopeSpans"][0]["scope"]["name"] == "hp_otel"
+
+
+@pytest.mark.multiprocess  # reads the demo's files
+def test_the_demos_next_commands_and_diff_run_on_its_folder(demo_run, tmp_path, capsys) -> None:
+    """What the demo's last line says to run works as written (the shell expands the glob), and
+    `hp-otel diff` takes its folder (a spans file and a JSON dump per rank, issue 47)."""
+    import glob
+
+    out, result = demo_run
+    plot, ranks = result.stdout.splitlines()[-1].removeprefix("next: ").split("  (both")[0], "ranks"
+    words = plot.split()
+    assert words[:2] == ["hp-otel", "plot"] and words[-2] == "-o"
+    picture = tmp_path / "timeline.html"
+    assert main(["plot", *sorted(glob.glob(words[2])), "-o", str(picture)]) == 0
+    assert "<svg" in picture.read_text()
+    assert main([ranks, *sorted(glob.glob(words[2]))]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(out), str(out)]) == 0
+    printed = capsys.readouterr()
+    assert printed.err == "" and f"A: {out} (2 ranks, 1 window)" in printed.out.splitlines(), printed
+    assert "4 → 4 collectives (+0)" in printed.out  # 2 all_reduce a rank, read once each (not from both files)
 
 
 @pytest.mark.multiprocess  # reads the demo's files
@@ -127,13 +165,13 @@ def test_version(capsys) -> None:
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
-        ("demo", ["--noise-level 0-3", "0 collectives only", "(default: 2)", "(default: hp_otel_out)"]),
-        ("render", ["--noise-level 0-3", "(default: 1)", "an OTLP/JSON spans file"]),
+        ("demo", ["--noise-level 0-3", "0 collectives only", "(default: 3)", "(default: hp_otel_out)"]),
+        ("render", ["--noise-level 0-3", "(default: 3)", "an OTLP/JSON spans file"]),
         (
             "bench",
             ["--rounds N", "mlp 15x20", "realistic 5x3", "(see --rounds)", "--spans N", "(default: 100000)"],
         ),
-        ("ranks", ["--top N", "(default: 5)"]),
+        ("ranks", ["Lines up the ranks' collectives", "--top N", "(default: 5)"]),
         ("plot", ["(default: hp_otel_out/timeline.html)", "output: .svg or .html"]),
         ("chrome-trace", ["--merge TRACE", "(default: hp_otel_out/trace.json)", "(default: chrome)"]),
     ],
@@ -206,7 +244,7 @@ sys.exit(main(sys.argv[1:]))
         (["bench", "--rounds", "1", "--steps", "1"], "skipped   cannot import it", True),
         (["bench", "--scale", "--spans", "700"], "noise_level=3: table", True),
         (["render", "{tmp}/spans.json", "--noise-level", "0"], "Collective(_c10d_functional.all_reduce)", False),
-        (["demo", "--out", "{tmp}/demo"], "collective counts (rank 0): {'_c10d_functional.all_reduce': 2}", True),
+        (["demo", "--out", "{tmp}/demo"], "collectives on rank 0: {'all_reduce': 2}", True),
     ],
     ids=["bench", "bench-scale", "render", "demo"],
 )

@@ -14,7 +14,9 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
-INCLUDE = re.compile(r"^--8<--\n(.*?)\n--8<--$", re.S | re.M)
+# An example shown on a page: its file's text, verbatim, under a marker naming the file. Inlined, not
+# included at build time (`--8<--`), so the page reads the same on GitHub as on the site (issue 47).
+INCLUDED = re.compile(r"^<!-- include: (\S+) -->\n```\w*\n(.*?)^```$", re.S | re.M)
 
 
 def _blocks(path: Path) -> list[tuple[str, str]]:
@@ -25,15 +27,21 @@ def _tests_text() -> str:
     return "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py") if p.name != "test_docs.py")
 
 
+def test_every_shown_example_is_its_file_verbatim_and_no_page_needs_the_site_to_read() -> None:
+    """GitHub shows a page's Markdown as it is: a `--8<--` include would show as the marker."""
+    shown = 0
+    for page in [*PAGES, ROOT / "README.md"]:
+        text = page.read_text()
+        assert "--8<--" not in text, f"{page}: an include shows as its marker on GitHub; inline the file instead"
+        for name, body in INCLUDED.findall(text):
+            assert body == (ROOT / name).read_text(), f"{page}: the block under `include: {name}` is not that file"
+            shown += 1
+    assert shown >= 17
+
+
 def test_every_included_example_is_run_by_a_test() -> None:
     tests = _tests_text()
-    included = {
-        name
-        for page in PAGES
-        for _, code in _blocks(page)
-        for m in INCLUDE.finditer(code)
-        for name in m.group(1).split()
-    }
+    included = {name for page in PAGES for name, _ in INCLUDED.findall(page.read_text())}
     assert included, "no page includes an example"
     for name in sorted(included):
         assert (ROOT / name).is_file(), f"{name} is included but missing"
@@ -51,7 +59,7 @@ def test_every_included_example_is_run_by_a_test() -> None:
 @pytest.mark.parametrize("page", [*PAGES, ROOT / "README.md"], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_python_block_parses(page: Path) -> None:
     for language, code in _blocks(page):
-        if language in ("python", "py") and not INCLUDE.search(code):
+        if language in ("python", "py"):
             ast.parse(code, filename=str(page))
 
 
@@ -90,8 +98,24 @@ def test_the_usage_block_runs_on_the_quick_start_model_and_returns_what_it_says(
 def test_the_readmes_first_commands_set_up_and_test_as_ci_does() -> None:
     bash = [code for lang, code in _blocks(ROOT / "README.md") if lang == "bash"]
     setup, tests = bash[0].strip(), bash[1].strip()
-    assert "torch==2.13.0" in setup and setup.endswith("hp-otel demo")
-    assert tests in (ROOT / ".ci" / "run").read_text().splitlines()  # the same command, verbatim
+    # the first command installs what the demo needs, no test extras; the test command installs those itself
+    assert "torch==2.13.0" in setup and '".[torch]"' in setup and setup.endswith("hp-otel demo")
+    assert '".[torch,test]"' in tests and tests.endswith("python -m pytest -q") and "\n" not in tests
+    assert f"({tests})" in (ROOT / ".ci" / "run").read_text().splitlines()  # the same command, verbatim
+
+
+def test_the_export_page_lists_every_prometheus_label_of_the_collective_metrics() -> None:
+    from hp_otel.spans import schema
+
+    page = " ".join((ROOT / "docs" / "guide" / "export.md").read_text().split())
+    labels = page[page.index("**Prometheus** names") : page.index("The rank is in `target_info`")]
+    # OTel's Prometheus rule: every character outside [a-zA-Z0-9_] becomes `_`
+    names = [re.sub(r"[^a-zA-Z0-9_]", "_", key) for key in (*schema.METRIC_ATTRIBUTE_KEYS, schema.ERROR_TYPE)]
+    assert [name for name in names if f"`{name}`" not in labels] == []
+
+
+def test_the_readme_is_200_lines_at_most() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
 
 def test_the_settings_page_names_every_variable_the_package_reads() -> None:

@@ -187,8 +187,8 @@ def test_the_torchrun_otlp_example_sends_one_trace_per_step_from_every_rank(tmp_
     assert re.findall(r"step (\d): loss [\d.]+, \{'all_reduce': 2\}", result.stdout) == ["0", "1"], result.stdout
     spans = receiver.spans
     for step in (0, 1):
-        (root,) = [s for s in spans if s["name"] == "step" and s["attrs"] and _step(s) == step]
-        rank_steps = [s for s in spans if s["name"] == "rank_step" and _step(s) == step]
+        (root,) = [s for s in spans if s["name"] == f"step {step}" and s["attrs"] and _step(s) == step]
+        rank_steps = [s for s in spans if s["name"] == f"rank {s['rank']}" and _step(s) == step]
         assert sorted(s["rank"] for s in rank_steps) == [0, 1]
         assert {s["trace_id"] for s in rank_steps} == {root["trace_id"]}  # one trace across ranks
         for rank in (0, 1):

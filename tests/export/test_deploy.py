@@ -120,8 +120,40 @@ def test_dashboard_queries_use_only_names_hp_otel_exports(fake_world) -> None:
     for split in ("hp_rank", "hp_collective_op", "hp_collective_group_size", "hp_module_fqn"):
         assert split in used  # the dashboard splits by rank, op, group size and module
     sources = {d["uid"] for d in _yaml(DEPLOY / "grafana/provisioning/datasources/datasources.yaml")[0]["datasources"]}
-    assert {p["datasource"]["uid"] for p in dashboard["panels"]} <= sources
     assert {"prometheus", "tempo", "jaeger"} <= sources
+
+
+def _datasource_refs(node: object) -> list[object]:
+    """Every `datasource` value anywhere in a dashboard (panels, their targets, template variables)."""
+    found: list[object] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += [value] if key == "datasource" else _datasource_refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            found += _datasource_refs(item)
+    return found
+
+
+def test_the_dashboards_data_source_is_a_variable_so_it_imports_into_any_grafana() -> None:
+    """No panel names a data source uid: `${DS_PROMETHEUS}` is filled in by Grafana's import (`__inputs`)
+    or, provisioned from a file, by the data-source variable (the default Prometheus)."""
+    text = (DEPLOY / "grafana/dashboards/hp_otel_collectives.json").read_text()
+    dashboard = json.loads(text)
+    refs = _datasource_refs(dashboard)
+    assert len(refs) == len(dashboard["panels"]) + 1  # every panel and the run_id variable
+    assert all(ref == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"} for ref in refs), refs
+    assert set(re.findall(r'"uid": "([^"]*)"', text)) == {dashboard["uid"], "${DS_PROMETHEUS}"}
+    (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "DS_PROMETHEUS"]
+    assert (variable["type"], variable["query"], variable["current"]) == ("datasource", "prometheus", {})
+    (given,) = dashboard["__inputs"]
+    assert (given["name"], given["type"], given["pluginId"]) == ("DS_PROMETHEUS", "datasource", "prometheus")
+    # Grafana's import puts the chosen data source's uid wherever the dashboard's text says ${DS_PROMETHEUS}
+    imported = json.loads(text.replace("${DS_PROMETHEUS}", "P1809F7CD0C75ACF3"))
+    assert {ref["uid"] for ref in _datasource_refs(imported)} == {"P1809F7CD0C75ACF3"}
+    # provisioned as it is (deploy/grafana), the variable takes the default Prometheus data source
+    provisioned = _yaml(DEPLOY / "grafana/provisioning/datasources/datasources.yaml")[0]["datasources"]
+    assert [d["type"] for d in provisioned if d.get("isDefault")] == ["prometheus"]
 
 
 def _compose_binary() -> str | None:

@@ -5,7 +5,7 @@ python, in a child process): the `x-mlflow-experiment-id` header files each step
 in that experiment; the `x-mlflow-run-id` header links the traces to the training run's
 MLflow run (`search_traces(run_id=...)`, the run page's traces) and a run that sent no
 such header stays unlinked; each trace is the whole step across ranks, its tree (one
-`step` root, a `rank_step` per rank, each collective's parent chain) and its
+`step N` root, a `rank R` per rank, each collective's parent chain) and its
 `hp.collective.*` attributes (int arrays too) intact. The expected span counts come from
 each rank's own spans file, not from MLflow.
 """
@@ -44,7 +44,8 @@ url, experiment, run_id = sys.argv[1:4]
 mlflow.set_tracking_uri(url)
 def spans(trace):
     return [
-        {"name": s.name, "span_id": s.span_id, "parent_id": s.parent_id, "attributes": s.attributes}
+        {"name": s.name, "span_id": s.span_id, "parent_id": s.parent_id, "attributes": s.attributes,
+         "links": [[link.trace_id, link.span_id] for link in s.links]}
         for s in trace.data.spans
     ]
 every = mlflow.search_traces(locations=[experiment], return_type="list")
@@ -159,19 +160,21 @@ def test_every_step_is_one_mlflow_trace_with_its_tree_and_collective_attributes(
         assert len(by_id) == len(spans)
 
         roots = [s for s in spans if s["parent_id"] is None]
-        assert [(r["name"], r["span_id"]) for r in roots] == [("step", f"{root_id:016x}")]
+        assert [(r["name"], r["span_id"]) for r in roots] == [(f"step {step}", f"{root_id:016x}")]
         assert roots[0]["attributes"]["hp.step"] == step and roots[0]["attributes"]["hp.run.id"] == hp_run_id
 
-        rank_steps = {s["attributes"]["hp.rank"]: s for s in spans if s["name"] == "rank_step"}
+        rank_steps = {
+            s["attributes"]["hp.rank"]: s for s in spans if s["name"] == f"rank {s['attributes'].get('hp.rank')}"
+        }
         assert sorted(rank_steps) == [0, 1]
         assert {s["parent_id"] for s in rank_steps.values()} == {f"{root_id:016x}"}
 
         def rank_of(span: dict[str, Any], by_id: dict[str, Any] = by_id) -> int:
-            while span["name"] != "rank_step":
+            while span["name"] != f"rank {span['attributes'].get('hp.rank')}":
                 span = by_id[span["parent_id"]]  # every parent link resolves inside the trace
             return int(span["attributes"]["hp.rank"])
 
-        assert Counter(rank_of(s) for s in spans if s["name"] != "step") == per_rank
+        assert Counter(rank_of(s) for s in spans if s["parent_id"] is not None) == per_rank
         collectives = [s for s in spans if s["attributes"].get("hp.call.kind") == "collective"]
         phases = Counter((rank_of(s), s["attributes"]["hp.phase"]) for s in collectives)
         assert phases == {(0, "forward"): 1, (0, "backward"): 1, (1, "forward"): 1, (1, "backward"): 1}
@@ -182,12 +185,18 @@ def test_every_step_is_one_mlflow_trace_with_its_tree_and_collective_attributes(
             assert attrs["hp.collective.group_size"] == 2
             assert attrs["hp.collective.bytes"] == 256
             assert attrs["hp.collective.input_shape"] == [4, 16]
-            assert attrs["hp.collective.group_ranks"] == [0, 1]
+            assert "hp.collective.group_ranks" not in attrs  # the members: once per group and window
             assert attrs["hp.collective.window"] == f"step {step}"
             assert by_id[span["parent_id"]]["name"] == "redistribute"
         # the same collective on both ranks carries the same match id: searchable in MLflow as in any backend
-        by_match = Counter(s["attributes"]["hp.collective.match_id"] for s in collectives)
+        by_match = Counter(s["attributes"]["hp.collective.match.id"] for s in collectives)
         assert sorted(by_match.values()) == [2, 2]
+        # rank 1's span of each collective links to rank 0's (the group's first member): the link opens it
+        links = [(s, link) for s in collectives for link in s["links"]]
+        assert sorted(rank_of(s) for s, _ in links) == [1, 1]
+        for span, (trace, target) in links:
+            assert trace == _mlflow_trace_id(trace_id) and rank_of(by_id[target]) == 0
+            assert by_id[target]["attributes"]["hp.collective.match.id"] == span["attributes"]["hp.collective.match.id"]
         modules = {s["attributes"]["hp.module.fqn"] for s in spans if s["attributes"].get("hp.call.kind") == "module"}
         assert modules == {"(root)", "fc1", "fc2"}
 
@@ -207,6 +216,40 @@ def test_the_docs_recipe_exports_a_training_step_with_the_variables_alone(runs, 
     spans = stored["traces"][_mlflow_trace_id(trace_id)]
     assert len(spans) == 1 + per_rank[0]
     roots = [s for s in spans if s["parent_id"] is None]
-    assert [(r["name"], r["span_id"]) for r in roots] == [("step", f"{root_id:016x}")]
+    assert [(r["name"], r["span_id"]) for r in roots] == [("step 0", f"{root_id:016x}")]
     collectives = [s for s in spans if s["attributes"].get("hp.call.kind") == "collective"]
     assert Counter(s["attributes"]["hp.phase"] for s in collectives) == {"forward": 1, "backward": 1}
+
+
+@pytest.mark.browser  # headless Chromium on MLflow's own UI
+def test_mlflows_trace_list_shows_each_step(mlflow_server, runs, stored, tmp_path) -> None:
+    """The experiment's trace list in MLflow's UI (headless Chromium) has a row a step that says which step,
+    of which run, on how many ranks (its Input column: the step root span's `mlflow.spanInputs`; the rows
+    were all `-` before); the page's text is read back, its screenshot kept in the server's folder."""
+    import base64
+
+    from devtools import Browser
+
+    url, experiment, _, workdir = mlflow_server
+    linked_run, steps, _ = runs["linked"]
+    wanted = [json.dumps({"step": n, "run": linked_run, "ranks": 2}) for n in range(steps)]
+    wanted.append(json.dumps({"step": 0, "run": UNLINKED_RUN}))  # the docs recipe: one process, no launcher
+    with Browser(timeout_s=120) as browser:
+        page = browser.page()
+        page.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1600, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+        )
+        page.navigate(f"{url}/#/experiments/{experiment}/traces")
+        text_js = "(document.body ? document.body.innerText : '')"  # no body until the page has loaded
+        condition = " && ".join(f"{text_js}.includes({json.dumps(w)})" for w in wanted)
+        try:
+            page.wait_for(condition, 120, f"the trace list to show {wanted}")
+        finally:
+            text = page.evaluate(text_js)
+            shot = base64.b64decode(page.send("Page.captureScreenshot", {"format": "png"})["data"])
+            (workdir / "mlflow_trace_list.png").write_bytes(shot)
+            print(f"MLflow trace list ({workdir / 'mlflow_trace_list.png'}): {text!r}")
+    rows = [line for line in text.splitlines() if line.startswith('{"step": ')]
+    assert sorted(rows) == sorted(wanted), text  # one row a step, nothing else in that column
+    assert len(shot) > 10_000

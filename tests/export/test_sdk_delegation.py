@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -203,6 +204,8 @@ def test_traces_exporter_console_prints_spans(monkeypatch, capfd) -> None:
     telemetry = _ours()
     try:
         assert [type(p.counting.exporter) for p in telemetry.span_processors] == [ConsoleSpanExporter]
+        # its default `out` is the sys.stdout of when the SDK module was imported (maybe before capfd began)
+        telemetry.span_processors[0].counting.exporter.out = sys.stdout
         telemetry.tracer_provider.get_tracer("t").start_span("printed-span").end()
         assert telemetry.force_flush(5.0)
     finally:

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import socket
 import threading
 import time
+from collections import Counter
 
 import pytest
+import servers
 from events import design_mlp_forward
 
+import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel.cli.bench_export import closed_port
 from hp_otel.common.launcher_env import LOCAL_RANK_VARIABLES
@@ -185,15 +189,34 @@ def test_sdk_log_lines_are_limited_to_one_per_kind_per_interval(caplog) -> None:
     assert lines[3].endswith("[hp_otel: 5 more like this in the last 60 s not shown]")
 
 
-def test_configure_limits_the_sdk_loggers_and_shutdown_puts_them_back(monkeypatch) -> None:
-    configure(endpoint=f"http://127.0.0.1:{closed_port()}", environ={})
+def _limited() -> bool:
+    return any(isinstance(f, RateLimitFilter) for name in NOISY_LOGGERS for f in logging.getLogger(name).filters)
+
+
+def test_configure_limits_the_sdk_loggers_and_shutdown_puts_them_back_after_the_flush(monkeypatch) -> None:
+    configure(endpoint=f"http://127.0.0.1:{closed_port()}", export_timeout_s=1, environ={})
     try:
         assert all(
             any(isinstance(f, RateLimitFilter) for f in logging.getLogger(name).filters) for name in NOISY_LOGGERS
         )
     finally:
         shutdown(1)
-    assert not any(isinstance(f, RateLimitFilter) for name in NOISY_LOGGERS for f in logging.getLogger(name).filters)
+    servers.wait_for(lambda: not _limited(), 30, "the SDK loggers' limit removed once the flush ended")
+
+
+def test_a_dead_endpoint_logs_one_line_per_kind_at_shutdown(caplog) -> None:
+    """A 1-step run against a dead endpoint, shut down: the flush's retries are one line per kind, a kind
+    being the message with its numbers left out (before: every retry was a line, "retrying in 1.10s",
+    "retrying in 1.78s", ..., and the limit was removed before the flush)."""
+    with caplog.at_level(logging.DEBUG):
+        configure(endpoint=f"http://127.0.0.1:{closed_port()}", export_timeout_s=4, environ={})
+        with hp_otel.step(0, run_id="dead", rank=0), CommDebugMode() as mode:
+            design_mlp_forward(mode.observer)
+        shutdown(2)
+        servers.wait_for(lambda: not _limited(), 60, "the flush to end")
+    noisy = [r for r in caplog.records if r.name in NOISY_LOGGERS]
+    kinds = Counter((r.name, re.sub(r"[0-9.]+", "N", str(r.msg).split(" [hp_otel:")[0])) for r in noisy)
+    assert noisy and max(kinds.values()) == 1, kinds
 
 
 def test_the_table_says_when_the_span_cap_dropped_spans() -> None:
@@ -242,3 +265,44 @@ def test_an_argument_wins_over_a_bad_sdk_number_and_good_ones_pass() -> None:
     good = {"OTEL_BSP_MAX_QUEUE_SIZE": " 64 ", "OTEL_METRIC_EXPORT_INTERVAL": "inf"}
     good["OTEL_EXPORTER_OTLP_TIMEOUT"] = "2.5"
     assert ExportConfig.resolve(environ=good).max_queue_size is None  # left to the SDK, which reads the same
+
+
+@pytest.mark.parametrize("name", ["CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"])
+@pytest.mark.parametrize("middle", ["", "TRACES_", "METRICS_"])
+def test_a_tls_file_that_cannot_be_read_is_refused_at_configure(tmp_path, monkeypatch, name: str, middle: str) -> None:
+    variable = f"OTEL_EXPORTER_OTLP_{middle}{name}"
+    missing = tmp_path / "no-such.pem"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv(variable, str(missing))
+    with pytest.raises(ConfigError) as caught:
+        configure()
+    message = str(caught.value)
+    assert variable in message and str(missing) in message and "readable PEM file" in message, message
+    assert configured() is None
+
+
+def test_a_readable_tls_file_and_known_compressions_are_taken(tmp_path, monkeypatch) -> None:
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    for compression in ("gzip", "Deflate", " none "):
+        environ = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE": str(pem),
+            "OTEL_EXPORTER_OTLP_COMPRESSION": compression,
+        }
+        assert ExportConfig.resolve(environ=environ).traces_exporters == ("otlp",)
+
+
+@pytest.mark.parametrize("middle", ["", "TRACES_", "METRICS_"])
+def test_an_unknown_compression_is_refused_at_configure(monkeypatch, middle: str) -> None:
+    variable = f"OTEL_EXPORTER_OTLP_{middle}COMPRESSION"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv(variable, "brotli")
+    with pytest.raises(ConfigError, match=rf"{variable} must be one of gzip, deflate, none, got 'brotli'"):
+        configure()
+    assert configured() is None
+
+
+def test_tls_and_compression_are_not_checked_when_nothing_is_exported_by_otlp(monkeypatch) -> None:
+    environ = {"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/no/such.pem"}
+    assert ExportConfig.resolve(environ=environ).traces_exporters == ()

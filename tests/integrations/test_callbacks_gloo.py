@@ -33,7 +33,23 @@ def _torchrun(worker: str, out: Path) -> list[dict]:
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-6000:]
     assert "Traceback" not in output, output[-6000:]
-    return [json.loads((out / f"{worker.split('_')[0]}_rank{rank}.json").read_text()) for rank in (0, 1)]
+    results = [json.loads((out / f"{worker.split('_')[0]}_rank{rank}.json").read_text()) for rank in (0, 1)]
+    _summarised_by_rank_0(output, results[0])
+    return results
+
+
+def _summarised_by_rank_0(output: str, result: dict) -> None:
+    """The callback's default summary at the end of training: printed once (rank 0), rank 0's counts per op."""
+    said = [line for line in output.splitlines() if line.startswith("hp_otel: HpOtel") and " traced " in line]
+    print(*said, sep="\n")
+    ops = ", ".join(
+        f"{name.split('.')[-1].rstrip('_').replace('allreduce', 'all_reduce')} {n}"
+        for name, n in sorted(result["referee_ops"].items(), key=lambda item: (-item[1], item[0]))
+    )
+    steps = result["steps"]
+    assert len(said) == 1 and said[0].endswith(
+        f"traced {len(steps)} steps ({steps[0]}..{steps[-1]}) on rank 0: collectives per op {ops}"
+    ), (said, ops)
 
 
 def _agree(result: dict, steps: list[int]) -> None:

@@ -95,7 +95,7 @@ def _data() -> DataLoader:
     return DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=2)
 
 
-def test_a_window_holds_every_micro_batch_of_its_step(fake_world, tmp_path) -> None:
+def test_a_window_holds_every_micro_batch_of_its_step(fake_world, tmp_path, capsys) -> None:
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider(shutdown_on_exit=False)
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -108,13 +108,18 @@ def test_a_window_holds_every_micro_batch_of_its_step(fake_world, tmp_path) -> N
     referee = _RefereeCallback({1, 3})
     _trainer(tmp_path, [referee, callback]).fit(_Tiny(), _data())
     spans = exporter.get_finished_spans()
-    assert [s.attributes[schema.STEP] for s in spans if s.name == "rank_step"] == [1, 3]
+    assert [s.attributes[schema.STEP] for s in spans if schema.is_rank_step_span(s.name, s.attributes)] == [1, 3]
     assert referee.batches == {1: 2, 3: 2}  # two micro-batches a step
     calls = Counter()
     for point in metric_points(reader, schema.METRIC_CALLS):
         calls[point.attributes[schema.COLLECTIVE_NAME]] += point.value
     assert calls == referee.counts == {"c10d.allreduce_": 4}
     assert callback.faults == 0 and not installation.keeping()
+    # at the end of fit, by default: the traced steps' collectives per op (the referee's), where they went
+    assert capsys.readouterr().err.splitlines()[-2:] == [
+        "hp_otel: HpOtelCallback traced 2 steps (1..3) on rank 0: collectives per op all_reduce 4",
+        "hp_otel: spans and metrics to the OpenTelemetry providers set by the program",
+    ]
 
 
 def test_a_fault_in_the_callback_never_stops_training(fake_world, tmp_path, monkeypatch, caplog) -> None:
@@ -141,7 +146,7 @@ class _FailsAtStep2(_Tiny):
         return super().training_step(batch, batch_idx)
 
 
-def test_a_step_that_raises_is_closed_marked_failed(fake_world, tmp_path) -> None:
+def test_a_step_that_raises_is_closed_marked_failed(fake_world, tmp_path, capsys) -> None:
     """Lightning's `on_exception` closes the open step: its `rank_step` span carries the error, and no
     window or hook of hp_otel's is left behind; the error reaches the caller."""
     exporter = InMemorySpanExporter()
@@ -150,8 +155,17 @@ def test_a_step_that_raises_is_closed_marked_failed(fake_world, tmp_path) -> Non
     callback = HpOtelCallback(tracer_provider=tracer_provider, meter_provider=MeterProvider(shutdown_on_exit=False))
     with pytest.raises(RuntimeError, match="step 2 failed"):
         _trainer(tmp_path, [callback]).fit(_FailsAtStep2(), _data())
-    rank_steps = {s.attributes[schema.STEP]: s for s in exporter.get_finished_spans() if s.name == "rank_step"}
+    rank_steps = {
+        s.attributes[schema.STEP]: s
+        for s in exporter.get_finished_spans()
+        if schema.is_rank_step_span(s.name, s.attributes)
+    }
     assert sorted(rank_steps) == [0, 1, 2]
     statuses = [rank_steps[n].status.status_code for n in (0, 1, 2)]
     assert statuses == [StatusCode.UNSET, StatusCode.UNSET, StatusCode.ERROR]
     assert mode_module._current_mode.get() is None and not installation.keeping() and callback.faults == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hp_otel: HpOtelCallback")]
+    assert said == [  # on the exception too; each step's window holds its 2 micro-batches' all_reduces
+        "hp_otel: HpOtelCallback traced 3 steps (0..2) on rank 0 (training stopped: RuntimeError): "
+        "collectives per op all_reduce 4"
+    ]

@@ -23,7 +23,8 @@ from referee import Referee
 from torch import nn
 
 from hp_otel import mode as mode_module
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor, SessionSettings
+from hp_otel.always_on.instrumentation import SessionSettings
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.integrations.tracer import StepTracer
 from hp_otel.record import installation
 from hp_otel.spans import schema
@@ -70,7 +71,11 @@ class _Run:
                 self.referee_counts.update(referee.counts)
 
     def steps(self) -> list[int]:
-        return [s.attributes[schema.STEP] for s in self.exporter.get_finished_spans() if s.name == "rank_step"]
+        return [
+            s.attributes[schema.STEP]
+            for s in self.exporter.get_finished_spans()
+            if schema.is_rank_step_span(s.name, s.attributes)
+        ]
 
     def calls(self) -> Counter[str]:
         counts: Counter[str] = Counter()
@@ -99,6 +104,7 @@ def test_a_range_traces_its_steps_then_lets_the_hooks_go(run) -> None:
     assert run.calls() == run.referee_counts == {ALL_REDUCE: 2}
     assert kept_after == [False, True, False, False, False]  # held between its windows, let go after the last
     assert tracer.faults == 0
+    tracer.close()  # (its summary, captured)
 
 
 def test_every_nth_step_and_one_window_across_micro_batches(run) -> None:
@@ -116,6 +122,7 @@ def test_with_the_instrumentor_active_its_session_records_the_step_once(run, cap
         tracer = StepTracer(owner="test", stack=2)
         with caplog.at_level(logging.WARNING, logger="hp_otel"):
             run.train(tracer, steps=2, refereed={0, 1})
+        tracer.close()
     finally:
         HpOtelInstrumentor().uninstrument()
     assert run.steps() == [0, 1]
@@ -128,7 +135,7 @@ def test_an_error_ends_the_step_marked_failed(run) -> None:
     tracer = StepTracer(**run.providers())
     tracer.begin(0, run.model, rank=0)
     tracer.close(RuntimeError("the step failed"))
-    (rank_step,) = [s for s in run.exporter.get_finished_spans() if s.name == "rank_step"]
+    (rank_step,) = [s for s in run.exporter.get_finished_spans() if schema.is_rank_step_span(s.name, s.attributes)]
     assert rank_step.status.status_code is StatusCode.ERROR
     assert mode_module._current_mode.get() is None and not installation.keeping()
 
@@ -211,6 +218,81 @@ def test_the_torchtitan_recipe_wraps_train_step(run) -> None:
     assert run.calls() == {ALL_REDUCE: 2} and referee.counts == {ALL_REDUCE: 4}  # 4 steps ran, 2 traced
     with pytest.raises(RuntimeError, match="step 2 failed"), tracer.step(2, run.model):
         raise RuntimeError("step 2 failed")
-    failed = [s for s in run.exporter.get_finished_spans() if s.name == "rank_step"][-1]
+    failed = [s for s in run.exporter.get_finished_spans() if schema.is_rank_step_span(s.name, s.attributes)][-1]
     assert failed.status.status_code is StatusCode.ERROR and mode_module._current_mode.get() is None
     tracer.close()
+
+
+# --- the summary at the end of training ------------------------------------------------
+
+
+def test_by_default_rank_0_prints_the_traced_steps_collectives_per_op_and_where_they_went(run, capsys) -> None:
+    tracer = StepTracer(range(1, 4), **run.providers())
+    run.train(tracer, steps=5, refereed={1, 2, 3})
+    tracer.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert run.referee_counts == {ALL_REDUCE: 3}  # the referee: one all_reduce per traced step
+    assert lines == [
+        "hp_otel: StepTracer traced 3 steps (1..3) on rank 0: collectives per op all_reduce 3",
+        "hp_otel: spans and metrics to the OpenTelemetry providers set by the program",
+    ]
+
+
+def test_with_nothing_configured_it_says_how_to_send_the_data(run, capsys, monkeypatch) -> None:
+    from hp_otel.export import telemetry
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER",
+                 "OTEL_EXPORTER_PROMETHEUS_PORT", "HP_OTEL_COLLECTIVES_DIR"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    tracer = StepTracer()  # as the docs' first example: no settings
+    try:
+        run.train(tracer, steps=2)
+        tracer.close()
+    finally:
+        telemetry.shutdown()
+    first, second = capsys.readouterr().err.splitlines()
+    assert first == "hp_otel: StepTracer traced 2 steps (0..1) on rank 0: collectives per op all_reduce 2"
+    assert second.startswith("hp_otel: nothing was exported; to see the traced steps set OTEL_TRACES_EXPORTER=console")
+
+
+def test_the_summary_names_the_collectives_files_and_says_why_training_stopped(run, capsys, tmp_path) -> None:
+    tracer = StepTracer(collectives_dir=str(tmp_path), **run.providers())
+    run.train(tracer, steps=1)
+    tracer.begin(1, run.model, rank=0)
+    run.model(torch.ones(2, 4))
+    tracer.close(ValueError("loss is nan"))
+    first, second = capsys.readouterr().err.splitlines()
+    assert first == (
+        "hp_otel: StepTracer traced 2 steps (0..1) on rank 0 (training stopped: ValueError): "
+        "collectives per op all_reduce 2"
+    )
+    assert second.endswith(f"the collectives of the last 4 sampled steps in {tmp_path / 'collectives-rank0.json'}")
+
+
+def test_summary_false_and_other_ranks_print_nothing(run, capsys) -> None:
+    quiet = StepTracer(summary=False, **run.providers())
+    run.train(quiet, steps=1)
+    quiet.close()
+    other = StepTracer(**run.providers())
+    other.begin(0, run.model, rank=1)
+    other.close()
+    assert capsys.readouterr().err == ""
+    with pytest.raises(TypeError, match="summary must be True or False, got 'no'"):
+        StepTracer(summary="no")
+
+
+def test_the_integrations_package_exports_the_callbacks_without_importing_their_frameworks() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hp_otel.integrations as i; "
+        "print(sorted(i.__all__), 'lightning' in sys.modules, 'transformers' in sys.modules, i.StepTracer.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[:4] == ["['HpOtelCallback',", "'HpOtelTrainerCallback',", "'StepTracer',", "'StepWindow']"]
+    assert out[4:] == ["False", "False", "StepTracer"]
+    from hp_otel.integrations import HpOtelCallback, HpOtelTrainerCallback, StepWindow
+
+    assert HpOtelCallback.__name__ == "HpOtelCallback" and HpOtelTrainerCallback.__name__ == "HpOtelTrainerCallback"
+    assert StepWindow(2).steps == 2

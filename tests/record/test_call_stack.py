@@ -26,7 +26,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 import hp_otel
 from hp_otel import CommDebugMode
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
+from hp_otel.always_on.instrumentation import active_session
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.record import call_stack
 from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo

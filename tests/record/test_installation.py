@@ -8,6 +8,7 @@ module hook dicts and the functions the redistribute wrapper replaces.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
@@ -18,7 +19,7 @@ from torch.overrides import _get_current_function_mode_stack
 
 import hp_otel
 from hp_otel import CommDebugMode
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.record import installation
 from hp_otel.sources.pytorch import dtensor as torch_dtensor
 from hp_otel.sources.pytorch import kernels as torch_kernels
@@ -247,3 +248,23 @@ def test_kept_hooks_do_not_keep_a_model_alive(fake_world) -> None:
     gc.collect()
     assert gone() is None
     hp_otel.uninstall()  # the lingering set of a model that went away is removed without error
+
+
+def test_install_after_a_window_says_what_it_did(transformer, caplog) -> None:
+    """Before: silent. The window that closed already removed its hooks; install() says the next window
+    installs them and they stay from then on, and a second install() says it changed nothing."""
+    model, tokens = transformer
+    with CommDebugMode(module=model):
+        _step(model, tokens)
+    try:
+        with caplog.at_level(logging.INFO, logger="hp_otel"):
+            hp_otel.install()
+            hp_otel.install()
+        first, second = [r.getMessage() for r in caplog.records if r.getMessage().startswith("hp_otel.install()")]
+        assert "until hp_otel.uninstall()" in first and "the next window installs them" in first, first
+        assert "already keeping hooks" in second and "nothing changed" in second, second
+        with CommDebugMode(module=model):
+            _step(model, tokens)
+        assert installation.lingering_count() == 5  # as it said: the next window's hooks stayed
+    finally:
+        hp_otel.uninstall()

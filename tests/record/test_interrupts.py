@@ -10,6 +10,7 @@ handler must all be as they were before the window.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -329,3 +330,115 @@ def test_sigint_while_deferred_spans_are_built_loses_none_of_them(tp_mlp) -> Non
     assert mode.get_total_counts() == 2 * steps == expected[schema.KIND_COLLECTIVE]
     assert kinds(spans) == expected and sum(expected.values()) == 300
     assert mode.get_callback_error_counts() == {}
+
+
+@pytest.mark.parametrize("torch_hooks", ["default", "modes"])
+def test_a_window_closed_on_another_thread_keeps_the_users_error_and_is_freed(
+    model: torch.nn.Module, monkeypatch, torch_hooks: str
+) -> None:
+    """Entered on the main thread, exited on another (a callback thread ends the step): Python sets
+    signal handlers on the main thread only, so putting the user's handler back there must wait;
+    the user's own exception is what propagates, and the model is free for any thread's window.
+    torch's modes (the fallback hooks) are a stack of the main thread: popped by its next window."""
+    if torch_hooks == "modes":
+        monkeypatch.setenv("HP_OTEL_TORCH_OP_HOOK", "mode")
+        monkeypatch.setenv("HP_OTEL_TORCH_COLLECTIVE_HOOK", "dispatch")
+    users_handler = signal.getsignal(signal.SIGINT)
+    before = _state(model)
+    mode = CommDebugMode(model, engine="torch")
+    mode.__enter__()
+    model(torch.ones(2, 4))
+    raised: list[BaseException] = []
+
+    def close_with_the_users_error() -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.push(mode)  # its __exit__ runs here, on this thread
+                raise KeyError("the user's error")
+        except BaseException as exc:
+            raised.append(exc)
+
+    closer = threading.Thread(target=close_with_the_users_error, name="closer")
+    closer.start()
+    closer.join()
+    assert [type(exc) for exc in raised] == [KeyError], raised
+    assert not mode.active and mode_module._traced_modules == {} and mode_module._windows_of_this_thread() == []
+    assert _state(model)[2:4] == before[2:4]  # every module hook and patch out
+    assert len(mode.get_finished_spans()) == MODULES + 1  # its records kept
+    assert mode.get_callback_error_counts() == {}
+
+    opened: list[int] = []  # freed: another thread may trace the model now
+    other = threading.Thread(target=lambda: opened.append(_count_in_window(model)))
+    other.start()
+    other.join()
+    assert opened == [1]
+    # The guard stands in for the user's handler until it handles a signal (on the main thread),
+    # then the user's handler is back, and a Ctrl-C is a KeyboardInterrupt as before.
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is users_handler and not signal_guard.is_installed()
+    with CommDebugMode(model, engine="torch") as after:  # the main thread's next window: nested in nothing stale
+        assert after._outer is None
+    assert mode_module._current_mode.get() is None
+    assert _state(model) == (*before[:5], users_handler)  # both mode stacks as they were
+
+
+def _count_in_window(model: torch.nn.Module) -> int:
+    with CommDebugMode(model, engine="torch") as window:
+        model(torch.ones(2, 4))
+    spans = window.get_finished_spans()
+    return sum(1 for span in spans if span.name == "Sequential")
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["deferred", "live"])
+@pytest.mark.parametrize("hook", ["module_hook", "op_hook", "collective_hook"])
+def test_a_span_whose_hook_is_interrupted_is_kept(tp_mlp, hook: str, live: bool) -> None:
+    """Ctrl-C inside the user's span hook: the interrupt reaches the user, and the span the hook
+    ran on still ends and is kept (each span once), as are all the others."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from hp_otel.workloads.tp_mlp import train_step
+
+    model, x = tp_mlp
+    steps = 20
+    with CommDebugMode(module=model) as reference:
+        for _ in range(steps):
+            train_step(model, x)
+    expected = sorted(span.name for span in reference.get_finished_spans())
+    assert len(expected) == 300
+    calls: list[object] = []
+
+    def interrupt_the_fifth(span, info) -> None:
+        calls.append(span)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    mode = CommDebugMode(module=model, tracer_provider=provider, live_spans=live, **{hook: interrupt_the_fifth})
+    interrupted = 0
+    try:
+        with mode:
+            for _ in range(steps):
+                try:
+                    train_step(model, x)
+                except KeyboardInterrupt:  # live: raised in the step (which then stopped, so run one more)
+                    interrupted += 1
+                    train_step(model, x)
+    except KeyboardInterrupt:  # deferred: spans for your processors are built as the window closes
+        interrupted += 1
+    assert not mode.active
+    spans = mode.get_finished_spans()
+    assert interrupted == 1 and len(calls) > 5
+    exported = exporter.get_finished_spans()
+    assert len({span.context.span_id for span in exported}) == len(exported)  # none twice
+    ids = {span.context.span_id for span in exported}
+    assert calls[4].end_time is not None and calls[4].context.span_id in ids  # the interrupted one: kept
+    assert ids == {span.context.span_id for span in spans}
+    if not live:
+        assert sorted(span.name for span in spans) == expected == sorted(span.name for span in exported)
+    else:  # the interrupted step stopped part-way, then ran again: every span of it that ended is kept
+        assert len(spans) == len(exported) >= 300

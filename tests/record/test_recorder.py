@@ -13,6 +13,7 @@ from opentelemetry.trace import StatusCode
 from hp_otel import CommDebugMode
 from hp_otel.spans import schema
 from hp_otel.spans.call_tree import build_call_tree
+from hp_otel.spans.groups import group
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
 
 pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
@@ -35,7 +36,12 @@ def test_call_tree_is_the_span_tree() -> None:
     coll = spans["all_reduce"]
     assert coll.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE
     assert coll.attributes[schema.COLLECTIVE_OP] == "all_reduce"
-    assert coll.attributes[schema.COLLECTIVE_GROUP_RANKS] == (0, 1)
+    # the group described once (the window's only collective on it), the id every rank derives alike
+    assert (
+        coll.attributes[schema.COLLECTIVE_GROUP_MEMBERS] == "0,1" and coll.attributes[schema.COLLECTIVE_GROUP] == "tp"
+    )
+    assert coll.attributes[schema.COLLECTIVE_GROUP_ID] == group("tp", (0, 1)).id
+    assert schema.COLLECTIVE_GROUP_RANKS not in coll.attributes
     assert all(s.end_time >= s.start_time for s in mode.get_finished_spans())
 
 
@@ -55,6 +61,13 @@ def test_counts_by_name_normalised_and_module() -> None:
         "fc2": {"forward": {"differentiable_all_reduce": 1}},
         "fc1": {"backward": {"differentiable_all_gather_concat": 1, "differentiable_all_reduce": 1}},
     }
+    assert mode.get_comm_module_counts(normalized=True) == {  # the demo prints these (issue 47)
+        "(root)": {"forward": {"all_reduce": 1}},
+        "fc2": {"forward": {"all_reduce": 1}},
+        "fc1": {"backward": {"all_gather": 1, "all_reduce": 1}},
+    }
+    with pytest.raises(TypeError, match="normalized must be True or False"):
+        mode.get_comm_module_counts(normalized="yes")  # type: ignore[arg-type]
 
 
 def test_metrics_follow_the_collectives() -> None:
@@ -124,7 +137,7 @@ def test_unbalanced_events_never_raise() -> None:
         obs.on_op_enter("never_closed", [])
     assert mode.get_callback_error_counts() == {}
     spans = mode.get_finished_spans()
-    assert {s.name for s in spans} == {"all_reduce", "a", "b", "never_closed"}
+    assert {s.name for s in spans} == {"all_reduce", "a backward", "b backward", "never_closed"}
     assert all(s.end_time is not None for s in spans)  # the window end closed what was open
 
 

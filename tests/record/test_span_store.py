@@ -5,14 +5,17 @@ build bounded; no reference cycle left by a window; memory per span bounded."""
 from __future__ import annotations
 
 import gc
+import os
 import tracemalloc
 import weakref
+from unittest import mock
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel.cli.bench_scale import mlp_forward_events, record_window
 from hp_otel.record import recorder as recorder_module
@@ -57,7 +60,8 @@ def _deferred_to_an_exporter() -> tuple[CommDebugMode, InMemorySpanExporter]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     mode = CommDebugMode(tracer_provider=provider, live_spans=False)
-    with mode:
+    # a step's window as rank 1: its collectives link to rank 0's spans of them (matching.py)
+    with mock.patch.dict(os.environ, {"RANK": "1"}), hp_otel.step(3, run_id="store-run", rank=1), mode:
         for _ in range(3):
             mlp_forward_events(mode.observer)
         observer = mode.observer

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import hp_otel
 from hp_otel import CommDebugMode
-from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
 from hp_otel.spans.otlp_json import read_spans
@@ -182,7 +182,7 @@ def test_the_span_hooks_example_runs_and_prints_what_it_says(tmp_path) -> None:
 
     root = Path(__file__).resolve().parents[2]
     code = (root / "examples" / "span_hooks.py").read_text()  # docs/guide/providers.md includes this file
-    assert "--8<--\nexamples/span_hooks.py\n--8<--" in (root / "docs" / "guide" / "providers.md").read_text()
+    assert "<!-- include: examples/span_hooks.py -->" in (root / "docs" / "guide" / "providers.md").read_text()
     assert 'MASTER_PORT="29517"' in code
     code = code.replace('MASTER_PORT="29517"', f'MASTER_PORT="{free_port()}"')
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -214,6 +214,19 @@ def test_watchdog_argument_must_be_a_hang_watchdog() -> None:
         CommDebugMode(watchdog=5)  # type: ignore[arg-type]
 
 
+def test_a_path_in_a_missing_folder_is_refused_up_front(tmp_path: Path, monkeypatch) -> None:
+    """Found out when the watchdog is made, not when a collective hangs and the evidence is lost."""
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(FileNotFoundError, match=r"^path: folder '.*missing' does not exist$"):
+        HangWatchdog(timeout_s=1, path=tmp_path / "missing" / "hang_rank{rank}.json")
+    with pytest.raises(FileNotFoundError, match=r"path: folder '.*rank3' does not exist"):  # {rank} filled in
+        HangWatchdog(timeout_s=1, path=str(tmp_path / "rank{rank}" / "hang.json"))
+    with pytest.raises(IsADirectoryError, match="path: "):
+        HangWatchdog(timeout_s=1, path=tmp_path)
+    (tmp_path / "rank3").mkdir()
+    assert HangWatchdog(timeout_s=1, path=str(tmp_path / "rank{rank}" / "hang.json")).path.endswith("rank3/hang.json")
+
+
 def test_write_spans_checks_its_path(tmp_path: Path) -> None:
     with CommDebugMode() as mode:
         collective(mode.observer)

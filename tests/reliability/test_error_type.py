@@ -70,7 +70,7 @@ def test_duration_points_carry_exemplars_of_the_sampled_step_trace() -> None:
 def test_deferred_windows_of_the_instrumentor_carry_exemplars_of_their_step(tp_mlp) -> None:
     """Always-on windows record durations at their end: in the step's context, so exemplars still link to it."""
     import hp_otel
-    from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+    from hp_otel.always_on.instrumentor import HpOtelInstrumentor
     from hp_otel.workloads.tp_mlp import train_step
 
     model, x = tp_mlp

@@ -76,7 +76,7 @@ def test_design_mlp_tables_at_each_noise_level(hp) -> None:
     (span,) = [s for s in mode.get_finished_spans() if s.attributes[schema.CALL_KIND] == "collective"]
     assert span.name == span.attributes[schema.COLLECTIVE_OP] == "all_reduce"
     assert span.attributes[schema.COLLECTIVE_GROUP_SIZE] == 2
-    assert span.attributes[schema.COLLECTIVE_GROUP_RANKS] == (0, 1)
+    assert span.attributes[schema.COLLECTIVE_GROUP_MEMBERS] == "0,1"  # its group's first span: described
     assert span.attributes[schema.COLLECTIVE_REDUCE_OP] == "sum"
     linear = [s for s in mode.get_finished_spans() if s.name == "linear"]
     assert linear[0].attributes[schema.OP_INPUT_PLACEMENTS] == ("Replicate()", "Shard(dim=0)")

@@ -64,9 +64,9 @@ def test_forward_and_backward_cell_spans() -> None:
             ("Net", "forward", None),
             ("fc1", "forward", "Net"),
             ("fc2", "forward", "Net"),
-            ("Net", "backward", None),
-            ("fc2", "backward", "Net"),
-            ("fc1", "backward", "Net"),  # its post hook fires after the root's: not strictly nested
+            ("Net backward", "backward", None),  # backward spans named apart (schema.md: span names)
+            ("fc2 backward", "backward", "Net backward"),
+            ("fc1 backward", "backward", "Net backward"),  # its post hook fires after the root's: not strictly nested
         ]
     )
     table = mode.generate_comm_debug_tracing_table(noise_level=3).splitlines()
@@ -148,3 +148,52 @@ def test_real_graph_mode_is_reported_once() -> None:
         with CommDebugMode(module=net):
             pass
     assert not [w for w in caught if "GRAPH_MODE" in str(w.message)]
+
+
+class Block(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Dense(4, 4)
+
+    def construct(self, x):
+        return self.fc(x)
+
+
+class Deep(nn.Cell):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.CellList([Block(), Block()])
+        self.head = nn.Dense(4, 2)
+
+    def construct(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize(
+    ("depth", "hooked"),
+    [
+        (0, {"(root)"}),
+        # the CellList is never called: its children at the depth are hooked in its place
+        (1, {"(root)", "blocks", "blocks.0", "blocks.1", "head"}),
+        ("full", {"(root)", "blocks", "blocks.0", "blocks.1", "head", "blocks.0.fc", "blocks.1.fc"}),
+    ],
+)
+def test_module_depth_hooks_the_cells_down_to_it(depth, hooked) -> None:
+    """Issue 46 item 7: `module_depth` is honoured (before: every cell was hooked, whatever it said)."""
+    net = Deep()
+    names = {id(cell): fqn or "(root)" for fqn, cell in net.cells_and_names()}
+    x = Tensor(np.ones((2, 4), np.float32))
+
+    def loss(x):
+        return net(x).sum()
+
+    with CommDebugMode(module=net, module_depth=depth) as mode:
+        with_hooks = {names[id(cell)] for _, cell in net.cells_and_names() if cell._forward_pre_hook}
+        ms.grad(loss, grad_position=None, weights=net.trainable_params())(x)
+    assert with_hooks == hooked
+    called = hooked - {"blocks"}  # (never called)
+    spans = {(s.attributes[schema.MODULE_FQN], s.attributes[schema.PHASE]) for s in mode.get_finished_spans()}
+    assert spans == {(fqn, phase) for fqn in called for phase in ("forward", "backward")}
+    assert mode.get_callback_error_counts() == {}

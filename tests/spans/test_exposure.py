@@ -62,8 +62,8 @@ def test_by_window_reads_span_attributes() -> None:
             **{
                 schema.COLLECTIVE_ASYNC: True,
                 schema.COLLECTIVE_COMPLETION: "work",
-                schema.COLLECTIVE_CALL_NS: 0,
-                schema.COLLECTIVE_WAITED_NS: 4 * MS,
+                schema.COLLECTIVE_CALL_DURATION: 0.0,
+                schema.COLLECTIVE_WAIT_DURATION: 4 * MS / 1e9,
             },
         ),
         span(20 * MS, 30 * MS, "step 2", **{schema.COLLECTIVE_ASYNC: False, schema.COLLECTIVE_COMPLETION: "work"}),

@@ -2,8 +2,9 @@
 
 The decision this pins: names come from the code's structure, like an HTTP route template, never
 from a call (no shapes, ranks, steps), so the set of distinct names is fixed by the model: the
-same after one step or three, one name per module plus a handful of op, redistribute and
-collective names. The referee is torch's own `named_modules()`.
+same after one step or three, one name per module and phase (the path, `<path> backward` for its
+backward, so a trace list tells them apart) plus a handful of op, redistribute and collective
+names. The referee is torch's own `named_modules()`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def _names(model, tokens, steps: int) -> tuple[set[str], set[str]]:
         for _ in range(steps):
             model(tokens).sum().backward()
     spans = mode.get_finished_spans()
-    modules = {sp.name for sp in spans if sp.attributes[schema.CALL_KIND] == schema.KIND_MODULE}
+    modules = {
+        sp.name.removesuffix(" backward") for sp in spans if sp.attributes[schema.CALL_KIND] == schema.KIND_MODULE
+    }
     return modules, {sp.name for sp in spans}
 
 
@@ -50,8 +53,8 @@ def test_distinct_span_names_are_the_models_modules_and_do_not_grow_with_steps(f
     expected = {fqn for fqn, m in model.named_modules() if fqn and not isinstance(m, containers)}
     expected.add(type(model).__name__)
     assert one_modules == three_modules == expected
-    # besides the modules: a few op names, "redistribute" and the normalised collective ops
-    others = one - one_modules
+    # besides the modules (forward and backward): a few op names, "redistribute" and the normalised collective ops
+    others = one - one_modules - {f"{name} backward" for name in one_modules}
     assert len(others) <= 12 and {"all_reduce", "redistribute"} <= others
 
 
@@ -67,7 +70,9 @@ def test_the_path_is_also_an_attribute_and_the_class_groups_them(fake_world) -> 
             sp.attributes[schema.CALL_KIND] == schema.KIND_MODULE
             and sp.attributes[schema.MODULE_FQN] != schema.ROOT_MODULE_FQN
         ):
-            assert sp.name == sp.attributes[schema.MODULE_FQN]
+            phase = sp.attributes[schema.PHASE]
+            suffix = {schema.PHASE_FORWARD: "", schema.PHASE_BACKWARD: " backward"}[phase]
+            assert sp.name == sp.attributes[schema.MODULE_FQN] + suffix
             assert sp.attributes[schema.MODULE_TYPE].rsplit(".", 1)[-1] in {
                 "Linear", "Attention", "FeedForward", "TransformerBlock", "LayerNorm", "Dropout", "Embedding", "GELU"
             }  # fmt: skip

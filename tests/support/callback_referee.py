@@ -103,7 +103,7 @@ def in_memory_providers(rank: int) -> tuple[Any, Any, Any, Any]:
 def write_result(path: Path, rank: int, referee: RefereeWindows, exporter: Any, reader: Any, faults: int) -> None:
     """What this rank exported and what its referee counted, as JSON for the test."""
     spans = exporter.get_finished_spans()
-    steps = sorted(s.attributes[schema.STEP] for s in spans if s.name == schema.RANK_STEP_SPAN_NAME)
+    steps = sorted(s.attributes[schema.STEP] for s in spans if schema.is_rank_step_span(s.name, s.attributes))
     span_ops = Counter(
         s.attributes[schema.COLLECTIVE_NAME] for s in spans if s.attributes.get(schema.COLLECTIVE_NAME) is not None
     )

@@ -33,7 +33,8 @@ def ring_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from referee import Referee
 
     import hp_otel
-    from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
+    from hp_otel.always_on.instrumentation import active_session
+    from hp_otel.always_on.instrumentor import HpOtelInstrumentor
     from hp_otel.spans import schema
     from hp_otel.spans.otlp_json import write_spans
     from hp_otel.workloads.process_groups import init_gloo
@@ -71,7 +72,7 @@ def ring_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     finally:
         instrumentor.uninstrument()
     spans = exporter.get_finished_spans()
-    kept = sorted(int(s.attributes[schema.STEP]) for s in spans if s.name == "rank_step")
+    kept = sorted(int(s.attributes[schema.STEP]) for s in spans if schema.is_rank_step_span(s.name, s.attributes))
     windows = {f"step {n}" for n in kept[-KEEP:]}
     collectives = [s for s in spans if s.attributes.get(schema.COLLECTIVE_WINDOW) in windows]
     write_spans(os.path.join(out_dir, f"spans_rank{rank}.json"), collectives)

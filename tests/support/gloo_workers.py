@@ -13,6 +13,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+from hp_otel.spans.groups import GroupTable
 from hp_otel.testing import metric_points
 
 
@@ -58,11 +59,12 @@ def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
         by_id = {s.context.span_id: s for s in spans}
         collectives = sorted((s for s in spans if s.name == "all_reduce"), key=lambda s: s.start_time)
         assert len(collectives) == 2
+        groups = GroupTable.of(s.attributes for s in spans)  # each group described on one span of the window
         for span, phase, module in zip(collectives, ("forward", "backward"), ("fc2", "fc1"), strict=True):
             a = span.attributes
             assert a[schema.COLLECTIVE_NAME] == "_c10d_functional.all_reduce"
             assert a[schema.COLLECTIVE_GROUP_SIZE] == world_size
-            assert a[schema.COLLECTIVE_GROUP_RANKS] == tuple(range(world_size))
+            assert tuple(groups.group_of(a).members) == tuple(range(world_size))
             assert a[schema.COLLECTIVE_INPUT_SHAPE] == (4, 16) == a[schema.COLLECTIVE_OUTPUT_SHAPE]
             assert a[schema.COLLECTIVE_DTYPE] == "torch.float32"
             assert a[schema.COLLECTIVE_BYTES] == 4 * 16 * 4
@@ -74,7 +76,7 @@ def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
             assert parent.attributes[schema.REDISTRIBUTE_SRC_PLACEMENTS] == "Partial(sum)"
             assert parent.attributes[schema.REDISTRIBUTE_DST_PLACEMENTS] == "Replicate()"
             grandparent = by_id[parent.parent.span_id]
-            assert (grandparent.name, grandparent.attributes[schema.PHASE]) == (module, phase)
+            assert (grandparent.name, grandparent.attributes[schema.PHASE]) == (schema.module_span_name(module, phase), phase)
         assert len({s.context.trace_id for s in spans}) == 2  # one trace for forward, one for backward
 
         # metrics from the same events

@@ -93,7 +93,7 @@ def _agree_on_failure(mode, referee, raised: BaseException, what: str) -> dict:
     assert type(raised).__name__ in (span.status.description or ""), span.status.description
     group = _group_of(call)
     _eq(type(group), str, f"{what}: MindSpore passes a group name")
-    _eq(span.attributes[schema.COLLECTIVE_GROUP], group, f"{what}: group")
+    _eq(span.attributes[schema.COLLECTIVE_GROUP], group, f"{what}: group")  # its group's one span: described
     _eq(span.attributes[schema.COLLECTIVE_GROUP_SIZE], get_group_size(group), f"{what}: group size")
     return {"counts": mode.get_comm_counts(), "error": f"{type(raised).__name__}: {str(raised).splitlines()[0]}",
             "group": group, "table": mode.generate_comm_debug_tracing_table(noise_level=2)}  # fmt: skip

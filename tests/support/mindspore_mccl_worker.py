@@ -29,6 +29,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from hp_otel import CommDebugMode  # noqa: E402
 from hp_otel.spans import schema  # noqa: E402
+from hp_otel.spans.groups import GroupTable  # noqa: E402
 
 RANK = get_rank()
 WORLD = get_group_size()
@@ -106,10 +107,12 @@ def mindspore_collectives() -> dict:
     _eq(mode.get_callback_error_counts(), {})
     spans = [s for s in mode.get_finished_spans() if s.attributes[schema.CALL_KIND] == "collective"]
     _eq(len(spans), 7)
+    table = GroupTable.of(s.attributes for s in spans)  # each group described once, on its first span
     for span in spans:
         a = span.attributes
-        _eq((a[schema.COLLECTIVE_GROUP_SIZE], a[schema.COLLECTIVE_GROUP]), (WORLD, WORLD_GROUP))
-        _eq(a[schema.COLLECTIVE_GROUP_RANKS], tuple(range(WORLD)))
+        group = table.group_of(a)
+        _eq((a[schema.COLLECTIVE_GROUP_SIZE], group.name), (WORLD, WORLD_GROUP))
+        _eq(tuple(group.members), tuple(range(WORLD)))
         _eq(span.name, a[schema.COLLECTIVE_OP])
         _eq(a[schema.COLLECTIVE_BACKEND], "mccl")  # what init() picks on CPU (docs: MindSpore's CPU collectives)
     asyncs = sorted(s.attributes[schema.COLLECTIVE_INPUT_SHAPE] for s in spans if s.attributes[schema.COLLECTIVE_ASYNC])

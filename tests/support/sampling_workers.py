@@ -42,7 +42,11 @@ def sampling_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
                 with CommDebugMode(tracer_provider=tracer_provider, meter_provider=meter_provider):
                     dist.all_reduce(t)
         spans = exporter.get_finished_spans()
-        kept = {s.attributes[schema.STEP]: s.context.trace_id for s in spans if s.name == "rank_step"}
+        kept = {
+            s.attributes[schema.STEP]: s.context.trace_id
+            for s in spans
+            if schema.is_rank_step_span(s.name, s.attributes)
+        }
         collectives: dict[str, int] = {}
         for s in spans:
             if s.attributes.get(schema.COLLECTIVE_OP) is not None:

@@ -56,17 +56,41 @@ def collectives_inside_calls(spans: Any) -> dict[str, Counter[str]]:
     return dict(inside)
 
 
+def _outside_every_call(spans: Any) -> tuple[Counter[str], set[str]]:
+    """The collectives under no module span, and the modules of the top-level module spans."""
+    outside: Counter[str] = Counter()
+    tops: set[str] = set()
+
+    def visit(record: CallRecord, inside: bool) -> None:
+        if record.kind == schema.KIND_MODULE:
+            if not inside:
+                tops.add(record.fqn)
+            inside = True
+        elif record.kind == schema.KIND_COLLECTIVE and not inside:
+            outside[record.collective.name] += 1
+        for child in record.children:
+            visit(child, inside)
+
+    for root in build_call_tree(spans):
+        visit(root, False)
+    return outside, tops
+
+
 def assert_counts_add_up(mode: Any) -> None:
-    """Every module's counts, summed over phases, are the collectives inside its calls; the root's
-    are the window's (the invariant of docs/attribution.md)."""
+    """Every module's counts, summed over phases, are the collectives inside its calls; those outside
+    every call are the pseudo-module "(outside)"'s; the root's are all the others when every call is
+    inside the root's (the invariant of docs/attribution.md; a pipeline stage's window runs calls of
+    stage modules, never the root)."""
     summed: dict[str, Counter[str]] = defaultdict(Counter)
     for fqn, phases in mode.get_comm_module_counts().items():
-        if fqn != schema.OUTSIDE_FQN:  # outside every call: a pseudo-module with no span
-            for counts in phases.values():
-                summed[fqn].update(counts)
-    inside = collectives_inside_calls(mode.get_finished_spans())
+        for counts in phases.values():
+            summed[fqn].update(counts)
+    outside_counted = summed.pop(schema.OUTSIDE_FQN, Counter())
+    spans = mode.get_finished_spans()
+    inside = collectives_inside_calls(spans)
     assert dict(summed) == inside, (dict(summed), inside)
-    assert dict(summed[schema.ROOT_MODULE_FQN]) == mode.get_comm_counts(), (
-        summed[schema.ROOT_MODULE_FQN],
-        mode.get_comm_counts(),
-    )
+    outside, tops = _outside_every_call(spans)
+    assert outside_counted == outside, (outside_counted, outside)  # what no call holds is "(outside)"'s
+    # every collective of the window is inside one top-level call (the root's, for a model's step) or none
+    in_calls = sum((inside.get(fqn, Counter()) for fqn in tops), Counter())
+    assert in_calls + outside == Counter(mode.get_comm_counts()), (in_calls, outside, mode.get_comm_counts())

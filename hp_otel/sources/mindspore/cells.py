@@ -6,7 +6,8 @@ backward span when its output gradients arrive, `register_backward_hook` closes 
 MindSpore does not nest backward hooks strictly (a parent's post hook can fire before
 its child's), which the span builder handles: an exit closes the matching open span
 wherever it is.  Names are `cells_and_names()` names, the root is "(root)".  Hooks do
-not fire inside `@jit` (graph mode).
+not fire inside `@jit` (graph mode).  `module_depth=` hooks the cells down to that depth, as
+for torch modules (`hp_otel.sources.module_depth`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from typing import Any
 
 from hp_otel.record.observer import Observer
+from hp_otel.sources.module_depth import hooked_within
 from hp_otel.sources.patching import run_every
 from hp_otel.spans import schema
 from hp_otel.spans.codec import placements_text
@@ -71,6 +73,13 @@ class _TrackedCell:
             observer.on_module_exit(self.fqn, schema.PHASE_BACKWARD)
 
 
+def _is_container(cell: Any) -> bool:
+    """A `CellList` or `CellDict`: never called (its `construct` raises), only its children are."""
+    nn = sys.modules.get("mindspore.nn")
+    kinds = tuple(k for k in (getattr(nn, "CellList", None), getattr(nn, "CellDict", None)) if isinstance(k, type))
+    return bool(kinds) and isinstance(cell, kinds)
+
+
 class MindSporeCellTracker:
     """Source of module enter/exit events for one `Cell` tree."""
 
@@ -81,7 +90,10 @@ class MindSporeCellTracker:
 
     def attach(self, observer: Observer) -> None:
         self.observer = observer
-        for fqn, cell in self.root.cells_and_names():
+        # as deep as the window labels (`CommDebugMode(module_depth=)`): a deeper cell's work, forward and
+        # backward, runs inside its ancestor's hooks at the depth, so it counts there
+        depth = getattr(observer, "module_depth", None)
+        for fqn, cell in hooked_within(list(self.root.cells_and_names()), depth, _is_container):
             tracked = _TrackedCell(self, fqn, cell)
             self._handles.append(cell.register_forward_pre_hook(tracked.forward_pre, prepend=True))
             self._handles.append(cell.register_forward_hook(tracked.forward_post, always_call=True))

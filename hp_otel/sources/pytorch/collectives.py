@@ -19,6 +19,8 @@ import torch.distributed as dist
 from hp_otel.sources.function_collectives import reduce_op_name, torch_backend_name
 from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.tensors import dtype_name
+from hp_otel.spans import schema
+from hp_otel.spans.groups import mesh_dim_of
 from hp_otel.spans.infos import NO_GROUP, CollectiveInfo, GroupDetails
 
 # framework op name (namespace.op) -> normalised op
@@ -74,6 +76,7 @@ _GROUP_ARGS = ("group_name", "process_group", "group")
 _REDUCE_ARGS = ("reduce_op", "reduceOp")
 _PEER_ARGS = ("dst", "src", "peer_list")  # group ranks of point-to-point ops
 _TAG_ARGS = ("tag", "tag_list")
+_SPLIT_ARGS = ("input_split_sizes", "output_split_sizes")  # all_to_all_single (functional and c10d)
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -118,7 +121,11 @@ def _group_info(group: Any) -> GroupDetails:
     except Exception:  # a group the default-group registry does not know
         ranks = ()
     info = GroupDetails(
-        size=int(pg.size()), name=str(getattr(pg, "group_name", group)), ranks=ranks, backend=torch_backend_name(pg)
+        size=int(pg.size()),
+        name=str(getattr(pg, "group_name", group)),
+        ranks=ranks,
+        backend=torch_backend_name(pg),
+        mesh_dim=mesh_dim_of(str(getattr(pg, "group_desc", "") or "")),
     )
     _groups[key] = (weakref.ref(pg, functools.partial(_forget_group, key)), info)
     return info
@@ -170,6 +177,7 @@ class CollectiveSpec:
         )
         self._peer = next((n for n in _PEER_ARGS if n in self._index), None)
         self._tag = next((n for n in _TAG_ARGS if n in self._index), None)
+        self._splits = all(n in self._index for n in _SPLIT_ARGS)
         # (group name, group size, dtype, bytes) -> the counts-only info (frozen: shared by every call like it)
         self._counts_infos: dict[tuple[str, int, Any, int], CollectiveInfo] = {}
 
@@ -199,6 +207,7 @@ class CollectiveSpec:
         if self._peer is not None:
             peers = tuple(_global_rank(ginfo, int(p)) for p in _ints(self._arg(self._peer, args, kwargs)))
             tags = tuple(_ints(self._arg(self._tag, args, kwargs)))
+        splits_in, splits_out = self._split_sizes(args, kwargs, ginfo.size)
         return CollectiveInfo(
             name=self.name,
             op=self.normalised,
@@ -215,7 +224,19 @@ class CollectiveSpec:
             peers=peers,
             tags=tags,
             backend=ginfo.backend,
+            mesh_dim=ginfo.mesh_dim,
+            input_split_sizes=splits_in,
+            output_split_sizes=splits_out,
         )
+
+    def _split_sizes(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], group_size: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """all_to_all_single's split sizes as given ((), () when even, or the group is over SPLIT_SIZES_MAX)."""
+        if not self._splits or group_size > schema.SPLIT_SIZES_MAX:
+            return (), ()
+        given = [tuple(_ints(self._arg(name, args, kwargs))) for name in _SPLIT_ARGS]
+        return given[0], given[1]
 
     def describe_counts(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CollectiveInfo:
         """Only what counting and the metrics need (name, op, group size, dtype, bytes): a

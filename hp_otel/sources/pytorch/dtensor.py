@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,10 +28,9 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 
-from hp_otel.common.env_read import getenv
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, patch_owned_all, run_every
-from hp_otel.sources.pytorch import _compat, kernels, native, op_hook, teardown
+from hp_otel.sources.pytorch import _compat, kernels, native, op_hook, settings, teardown
 from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
@@ -187,18 +187,10 @@ def idle_modes() -> Iterator[None]:
         yield
 
 
-HOOK_ENV = "HP_OTEL_TORCH_COLLECTIVE_HOOK"
-KERNELS = "kernels"
-DISPATCH_MODE = "dispatch_mode"
-_HOOK_CHOICES = {"": KERNELS, "kernels": KERNELS, "dispatch": DISPATCH_MODE, "dispatch_mode": DISPATCH_MODE}
-
-
-def _requested_hook() -> str:
-    value = (getenv(HOOK_ENV) or "").strip().lower()
-    hook = _HOOK_CHOICES.get(value)
-    if hook is None:
-        raise ValueError(f"{HOOK_ENV}={value!r}: allowed values are 'kernels' (default) and 'dispatch'")
-    return hook
+HOOK_ENV = settings.COLLECTIVE_HOOK_ENV
+KERNELS = settings.KERNELS
+DISPATCH_MODE = settings.DISPATCH_MODE
+_requested_hook = settings.collective_hook
 
 
 def collective_hook() -> str:
@@ -214,6 +206,41 @@ def collective_hook() -> str:
     return KERNELS
 
 
+# torch's function and dispatch modes are a stack per thread: one entered by a window whose exit runs
+# on another thread cannot be popped there. It stays on its thread's stack, passing calls through
+# (its window records no more), until the next window attaching on that thread pops it.
+_parked_modes: dict[int, list[Any]] = {}
+_parked_lock = threading.Lock()
+
+
+def _exit_mode(mode: Any, thread: int) -> None:
+    """Exit a mode entered on `thread`: now if this is that thread, else when a window next attaches there."""
+    if threading.get_ident() == thread:
+        mode.__exit__(None, None, None)
+        return
+    with _parked_lock:
+        _parked_modes.setdefault(thread, []).append(mode)
+
+
+def _pop_parked_modes() -> None:
+    """Pop this thread's modes left by windows closed elsewhere (those on top of their stack)."""
+    if not _parked_modes:
+        return
+    with _parked_lock:
+        parked = _parked_modes.pop(threading.get_ident(), [])
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for mode in reversed(parked):
+        stack = (
+            _get_current_dispatch_mode_stack()
+            if isinstance(mode, _CollectiveMode)
+            else _get_current_function_mode_stack()
+        )
+        if stack and stack[-1] is mode:
+            mode.__exit__(None, None, None)
+
+
 class TorchDTensorSource:
     """Installs the op mode, the collective hook and the redistribute wrapper.
 
@@ -222,6 +249,7 @@ class TorchDTensorSource:
     """
 
     def __init__(self) -> None:
+        settings.check()  # a bad setting raises here, naming it: at attach it would be a window recording nothing
         teardown.register_once()
         self._specs = collective_specs()
         self._op_mode: _OpMode | None = None
@@ -234,9 +262,12 @@ class TorchDTensorSource:
         self._wait_timer: CollectiveTimer | None = None
         self._wait_token: contextvars.Token[CollectiveTimer | None] | None = None
         self._fsdp = False  # FSDP's parameter-group methods wrapped by this source
+        self._thread = 0  # the thread that attached it
 
     def attach(self, observer: Observer) -> None:
+        _pop_parked_modes()
         self._observer = observer
+        self._thread = threading.get_ident()  # where its torch modes are entered
         spans = observer.spans_enabled
         if spans:  # redistribute spans are span attributes only
             self._token = _redistribute_slot.push(observer)
@@ -291,12 +322,12 @@ class TorchDTensorSource:
             window.close()
         mode, self._op_mode = self._op_mode, None
         if mode is not None:
-            mode.__exit__(None, None, None)
+            _exit_mode(mode, self._thread)
 
     def _exit_collective_mode(self) -> None:
         mode, self._collective_mode = self._collective_mode, None
         if mode is not None:
-            mode.__exit__(None, None, None)
+            _exit_mode(mode, self._thread)
         timer, token, self._timer, self._timer_token = self._timer, self._timer_token, None, None
         if timer is not None and token is not None:
             try:

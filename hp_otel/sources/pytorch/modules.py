@@ -41,9 +41,11 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.utils.hooks import RemovableHandle
 
 from hp_otel.record import installation
+from hp_otel.record.attribution import GroupCalls
 from hp_otel.record.observer import Observer
-from hp_otel.sources.pytorch import _compat, compile_wrappers
-from hp_otel.sources.pytorch.fsdp import fsdp1_patches, param_group_modules
+from hp_otel.sources import module_depth
+from hp_otel.sources.pytorch import _compat, compile_wrappers, fsdp
+from hp_otel.sources.pytorch.fsdp import fsdp1_patches, param_group_modules, param_group_phase
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema
 from hp_otel.spans.codec import placements_text
@@ -407,37 +409,70 @@ def _scripted(modules: list[tuple[str, nn.Module]]) -> list[str]:
     return [fqn for fqn, _ in outermost]
 
 
-def module_depth_of(fqn: str) -> int:
-    """How deep `fqn` is: the root ("") is 0, `layers` 1, `layers.3` 2 (the dotted parts metric labels keep)."""
-    return fqn.count(".") + 1 if fqn else 0
-
-
 def _is_container(module: nn.Module) -> bool:
     """A module with no forward of its own (`ModuleList`, `ModuleDict`): never called, only its children are."""
     return type(module).forward is nn.Module.forward
 
 
 def hooked_within(modules: list[tuple[str, nn.Module]], depth: int | None) -> list[tuple[str, nn.Module]]:
-    """The modules (of `named_modules()`, parents first) to hook for `depth` (None: all).
+    """The modules (of `named_modules()`, parents first) to hook for `depth` (`module_depth.hooked_within`)."""
+    return module_depth.hooked_within(modules, depth, _is_container)
 
-    Those at most `depth` deep, and below a container at the depth its children (recursively):
-    the container is never called, so without them what runs inside it would count for the
-    container's caller, whose label at the depth differs (`layers.3.attn` is `layers` at 1,
-    its caller the root).
-    """
-    if depth is None:
+
+def folded_compile_wrappers(modules: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """`named_modules()` with each `torch.compile(module)` wrapper in the tree (`model.layers[i] =
+    torch.compile(block)`) folded into the module it wraps, under the wrapper's name: one module
+    `layers.i`, not also `layers.i._orig_mod` (the same call, counted twice).  The wrapper's hooks
+    note the module's call (`_outermost_wrapped`)."""
+    wrappers = {fqn for fqn, module in modules if _compat.compiled_module_original(module) is not None}
+    if not wrappers:
         return modules
-    kept: set[str] = set()
-    containers: set[str] = set()
-    hooked = []
+    folded = []
     for fqn, module in modules:
-        parent = fqn.rpartition(".")[0]
-        if module_depth_of(fqn) <= depth or (parent in kept and parent in containers):
-            kept.add(fqn)
-            if _is_container(module):
-                containers.add(fqn)
-            hooked.append((fqn, module))
-    return hooked
+        if fqn in wrappers:
+            continue
+        path, kept = "", []
+        for part in fqn.split("."):
+            if part != "_orig_mod" or path not in wrappers:
+                kept.append(part)
+            path = f"{path}.{part}" if path else part
+        folded.append((".".join(kept), module))
+    return folded
+
+
+def _calls_inside_regions(
+    every: list[tuple[str, nn.Module]],
+    hooked: list[tuple[str, nn.Module]],
+    info_of: dict[str, ModuleInfo],
+    regions: list[str],
+    owners: dict[int, ModuleInfo],
+) -> dict[int, tuple[ModuleInfo, ...]]:
+    """For each parameter of a module inside a compiled region (whose hooks run in the graph): the
+    modules a call of its own would sit in below the region's root, down to its module (its hooked
+    ancestor; containers are never called), so its gradient's collectives (DDP's bucket all_reduce
+    in its AccumulateGrad) count for its module as in eager mode (`TorchModuleTracker.running_chain`)."""
+    if not regions:
+        return {}
+    names = set(info_of)
+    called = {fqn for fqn, module in hooked if not _is_container(module)}
+    inside: dict[int, tuple[ModuleInfo, ...]] = {}
+    paths: dict[str, tuple[ModuleInfo, ...]] = {}
+    for fqn, module in every:
+        own = _ancestor_within(fqn, names)
+        region = _region_root(own, regions)
+        if own == region:
+            continue
+        path = paths.get(own)
+        if path is None:
+            parts = own.split(".")
+            prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
+            below = [p for p in prefixes if (not region or p.startswith(f"{region}.")) and p in called]
+            path = paths[own] = tuple(info_of[p] for p in below)
+        if path:
+            for param in _compat.own_parameters(module):
+                if param is not None and owners.get(id(param)) is info_of[region]:
+                    inside.setdefault(id(param), path)
+    return inside
 
 
 def _ancestor_within(fqn: str, hooked: set[str]) -> str:
@@ -485,11 +520,46 @@ def _outermost_wrapped(
     ]
 
 
+# Module and parameter registrations anywhere in the process (`setattr`, `add_module`,
+# `register_module`, `register_parameter`), counted by torch's global registration hooks once a
+# tree has been noted (`_watch_registrations`): a tree noted since none ran is unchanged by them.
+_registrations = [0]
+_watching: list[Any] = []  # the hooks' handles, once registered
+# Modules whose state a window compares at most (`_SeenTree.unchanged`), in turn: the rest of a
+# larger tree is compared by the next windows.
+VERIFY_SLICE = 1024
+
+
+def _count_registration(*_args: Any) -> None:
+    _registrations[0] += 1  # (returns None: a registration hook's result would replace what is registered)
+
+
+def _watch_registrations() -> bool:
+    """Count registrations from now on (False where this torch has no global registration hooks)."""
+    if not _watching:
+        from torch.nn.modules import module as torch_module
+
+        try:
+            _watching.append(torch_module.register_module_module_registration_hook(_count_registration))
+            _watching.append(torch_module.register_module_parameter_registration_hook(_count_registration))
+        except AttributeError:
+            _watching.append(None)
+    return _watching[0] is not None
+
+
 class _SeenTree:
     """The tree a hook set was made for, weakly: a window opening on the same tree takes the hooks as
     they are (kept between windows) or registers them again (taken out when the last window closed),
     without walking it (`named_modules()` and describing every module were the largest cost of opening
     a window).
+
+    What a window pays does not grow with the tree: a module or parameter registered anywhere in the
+    process (torch's global registration hooks: `setattr`, `add_module`, `register_parameter`, what
+    `Sequential`/`ModuleList.append`/`ModuleDict` and `parallelize_module` use) makes the next window
+    walk the tree; what bypasses them (a write into `_modules` or `_parameters` itself: `del
+    model.layer`, `ModuleList.insert`, `ModuleDict.pop`, FSDP's parameter swaps) is found by comparing
+    the tree's state `VERIFY_SLICE` modules a window, in turn: at once for a tree of up to 1,024
+    modules, within `len(tree) / 1024` windows for a larger one (docs/how-it-works/costs.md).
 
     "The same" is checked on everything the hooks are made from (`_compat.tree_state`): each module's
     type, children (names and ids: `ModuleList.insert`, `Sequential` and `setattr` all write the
@@ -500,7 +570,7 @@ class _SeenTree:
     the tree is walked as before.
     """
 
-    __slots__ = ("compiled", "forwards", "in_graph", "modules", "root", "state", "wrappers")
+    __slots__ = ("compiled", "cursor", "forwards", "in_graph", "modules", "registrations", "root", "state", "wrappers")
 
     def __init__(
         self,
@@ -518,6 +588,9 @@ class _SeenTree:
         self.forwards = forwards  # (module type, its forward, whether dynamo compiled it as a frame)
         self.state = state
         self.wrappers = compile_wrappers.generation()  # the `torch.compile(module)` wrappers alive (changes: walk)
+        # registrations counted when noted (None: not counted, the whole state is compared each window)
+        self.registrations = _registrations[0] if _watch_registrations() else None
+        self.cursor = 0  # where the next window's slice of `state` starts
 
     @classmethod
     def of(cls, root: nn.Module, in_graph: bool, modules: list[tuple[str, nn.Module]]) -> _SeenTree | None:
@@ -547,7 +620,19 @@ class _SeenTree:
         for kind, forward, compiled in self.forwards:
             if kind.forward is not forward or _compat.top_frame_compiled(forward) is not compiled:
                 return False
-        return _compat.tree_state(self.modules) == self.state
+        if self.registrations is None or len(self.modules) <= VERIFY_SLICE:
+            return _compat.tree_state(self.modules) == self.state
+        if _registrations[0] != self.registrations:
+            return False
+        return self._slice_unchanged()
+
+    def _slice_unchanged(self) -> bool:
+        """The next `VERIFY_SLICE` modules' state as noted (wrapping around the tree)."""
+        start, total = self.cursor, len(self.modules)
+        end = start + VERIFY_SLICE
+        self.cursor = end % total
+        ranges = [(start, min(end, total))] + ([(0, end - total)] if end > total else [])
+        return all(_compat.tree_state(self.modules[a:b]) == self.state[a:b] for a, b in ranges)
 
 
 class _ModuleHooks:
@@ -564,6 +649,8 @@ class _ModuleHooks:
     def __init__(self) -> None:
         self.tracker: TorchModuleTracker | None = None
         self.param_owner: dict[int, ModuleInfo] = {}  # id(parameter) -> the module that owns it
+        # id(parameter) -> the modules from below its compiled region's root down to its own (attribution)
+        self.param_inside: dict[int, tuple[ModuleInfo, ...]] = {}
         self.module_info: dict[int, ModuleInfo] = {}  # id(module) -> its description
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
@@ -641,7 +728,7 @@ class _ModuleHooks:
         """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
         would run in the graph (doing nothing there), so they get none: dynamo guards on an
         `always_call` hook's id, and a window's new hooks would then recompile the graph each window."""
-        every = list(root.named_modules())
+        every = folded_compile_wrappers(list(root.named_modules()))
         modules = hooked_within(every, self.depth)
         scripted = _scripted(modules)
         plain = [(fqn, module) for fqn, module in modules if not _within(fqn, scripted)]
@@ -705,6 +792,7 @@ class _ModuleHooks:
             for param in _compat.own_parameters(module):
                 if param is not None:
                     self.param_owner.setdefault(id(param), info)
+        self.param_inside = _calls_inside_regions(every, modules, info_of, regions, self.param_owner)
         return every
 
     def _wrap_compiled(self, modules: list[tuple[str, nn.Module]]) -> None:
@@ -755,8 +843,11 @@ class _ModuleHooks:
                 handle.remove()
 
 
-# The hook set kept for each root module (weakly: a model that goes away takes its entry along).
-_hook_sets: weakref.WeakKeyDictionary[nn.Module, _ModuleHooks] = weakref.WeakKeyDictionary()
+# The hook sets kept for each root module, one per module depth hooked (weakly: a model that goes
+# away takes its entry along). A set per depth: the always-on instrumentor's sampled steps hook every
+# module and its counts-only steps only as deep as the metrics label, and each takes its own set over
+# (the other's hooks pass calls through meanwhile) instead of hooking the tree anew each step.
+_hook_sets: weakref.WeakKeyDictionary[nn.Module, dict[int | None, _ModuleHooks]] = weakref.WeakKeyDictionary()
 
 
 class BackwardEndCallback:
@@ -811,6 +902,8 @@ class TorchModuleTracker:
         self._owners_by_thread: dict[int, NodeOwners] = {}
         self._latest_owners: NodeOwners | None = None
         self._param_owner: dict[int, ModuleInfo] = {}
+        self._param_inside: dict[int, tuple[ModuleInfo, ...]] = {}
+        self._inside_chains: dict[tuple[ModuleInfo, ...], tuple[ModuleCall, tuple[ModuleCall, ...]]] = {}
         self._module_info: dict[int, ModuleInfo] = {}
         self._latest_call: dict[ModuleInfo, ModuleCall] = {}
 
@@ -822,18 +915,24 @@ class TorchModuleTracker:
         self._owners_by_thread = {}
         self._latest_owners = None
         self._latest_call = {}
-        hooks = _hook_sets.get(self.root)
+        # as deep as the window labels (`CommDebugMode(module_depth=)`; an observer without one: all)
+        depth = getattr(observer, "module_depth", None)
+        sets = _hook_sets.get(self.root)
+        if sets is None:
+            sets = _hook_sets.setdefault(self.root, {})
+        hooks = sets.get(depth)
         if hooks is None or hooks.tracker is not None:  # none yet, or a window outside this one uses them
             hooks = _ModuleHooks()
-            _hook_sets.setdefault(self.root, hooks)
+            sets.setdefault(depth, hooks)
         installation.claim(hooks)
         hooks.tracker = self
         self._hooks = hooks
         try:
-            # as deep as the window labels (`CommDebugMode(module_depth=)`; an observer without one: all)
-            hooks.attach(self.root, self._wrapper, getattr(observer, "module_depth", None))
+            hooks.attach(self.root, self._wrapper, depth)
         finally:
             self._param_owner = hooks.param_owner
+            self._param_inside = hooks.param_inside
+            self._inside_chains = {}
             self._module_info = hooks.module_info
         if hooks.fsdp1:  # FSDP1's collectives name the unit they move (fsdp.py)
             fsdp1_patches.acquire()
@@ -842,8 +941,10 @@ class TorchModuleTracker:
         set_param_attribution = getattr(observer, "set_param_attribution", None)  # optional for observers
         if callable(set_param_attribution):
             set_param_attribution(self.param_group_chain)
+        fsdp.add_namer(self.module_name)  # FSDP's collectives name the group's modules by their path here
 
     def detach(self) -> None:
+        fsdp.remove_namer(self.module_name)
         observer, self.observer = self.observer, None
         if observer is not None:
             observer.set_node_attribution(None)
@@ -856,7 +957,7 @@ class TorchModuleTracker:
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.tracker = None
-            if installation.keeping() and _hook_sets.get(self.root) is hooks:
+            if installation.keeping() and _hook_sets.get(self.root, {}).get(hooks.depth) is hooks:
                 installation.linger(hooks, hooks.remove)  # the next window on this model takes them over
             else:
                 hooks.remove()
@@ -917,29 +1018,57 @@ class TorchModuleTracker:
             return () if _graph_task_id() != -1 else None
         sequence_nr = _sequence_nr(node)
         if sequence_nr == _NO_SEQUENCE_NR:
-            info = self._param_owner.get(id(getattr(node, "variable", None)))
+            key = id(getattr(node, "variable", None))
+            info = self._param_owner.get(key)
             call = self._latest_call.get(info) if info is not None else None
-            return call.chain if call is not None else ()
+            if call is None:
+                return ()
+            path = self._param_inside.get(key)
+            return self._chain_inside(call, path) if path else call.chain
         owners = self._owners_by_thread.get(threading.get_ident()) or self._latest_owners
         call = owners.owner(sequence_nr) if owners is not None else None
         return call.chain if call is not None else ()
 
-    def param_group_chain(self) -> tuple[ModuleCall, ...] | None:
-        """The calls (outermost first) of the module whose FSDP parameter group issues the collective
-        running now: its latest call, with the calls enclosing it.  None outside FSDP's group
-        methods, or for a module outside this tree; for one not called yet, None in backward and
-        a call of its own in forward (a forward prefetch runs before the module's first call:
-        the recorder adds the open calls enclosing it, see `hp_otel.record.param_owner`)."""
+    def _chain_inside(self, region: ModuleCall, path: tuple[ModuleInfo, ...]) -> tuple[ModuleCall, ...]:
+        """The calls of `path` (modules inside a compiled region, whose hooks ran in the graph) under the
+        region's call: one chain per region call and path, so the backward spans following it stay open."""
+        cached = self._inside_chains.get(path)
+        if cached is not None and cached[0] is region:
+            return cached[1]
+        call = region
+        for info in path:
+            call = ModuleCall(info, call)
+        self._inside_chains[path] = (region, call.chain)
+        return call.chain
+
+    def param_group_chain(self) -> GroupCalls | None:
+        """The calls (outermost first) of each module whose FSDP parameter group issues the collective
+        running now: its latest call, with the calls enclosing it, and the group method's phase.
+        None outside FSDP's group methods, or for a group with no module in this tree; a module not
+        called yet has a call of its own outside backward (a forward prefetch runs before the
+        module's first call: the recorder adds the open calls enclosing it, attribution.py), none
+        in backward."""
         modules = param_group_modules()
         if not modules:
             return None
-        info = self._module_info.get(id(modules[0]))
-        if info is None:
+        chains = []
+        for module in modules:
+            info = self._module_info.get(id(module))
+            if info is None:
+                continue
+            call = self._latest_call.get(info)
+            if call is not None:
+                chains.append(call.chain)
+            elif _graph_task_id() == -1:
+                chains.append((ModuleCall(info),))
+        if not chains:
             return None
-        call = self._latest_call.get(info)
-        if call is not None:
-            return call.chain
-        return (ModuleCall(info),) if _graph_task_id() == -1 else None
+        return GroupCalls(tuple(chains), param_group_phase() or schema.PHASE_FORWARD)
+
+    def module_name(self, module: nn.Module) -> str | None:
+        """`module`'s name in this window's tree (its hooked ancestor's, deeper than the hooks), None if not in it."""
+        info = self._module_info.get(id(module))
+        return info.fqn if info is not None else None
 
     def backward_start(self, call: ModuleCall) -> None:
         """The gradient of the call's output arrived: its backward work starts."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -42,13 +41,12 @@ from torch.distributed.tensor import DTensor
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches
-from hp_otel.sources.pytorch import _compat
+from hp_otel.sources.pytorch import _compat, settings
 from hp_otel.sources.pytorch.tensors import tensor_infos
 
-OP_HOOK_ENV = "HP_OTEL_TORCH_OP_HOOK"
-CLASS_HOOK = "class"
-MODE = "mode"
-_CHOICES = {"": CLASS_HOOK, "class": CLASS_HOOK, "mode": MODE}
+OP_HOOK_ENV = settings.OP_HOOK_ENV
+CLASS_HOOK = settings.CLASS_HOOK
+MODE = settings.MODE
 _NAME = "__torch_function__"
 
 # Attribute access and hook registration: bookkeeping, not computation (torch's own
@@ -66,13 +64,7 @@ _observer_here = _slot.in_context  # this context's window only: other threads p
 _NO_KWARGS: dict[str, Any] = {}  # never mutated: `func(*args, **{})` gets a copy
 
 
-def requested() -> str:
-    """The op hook `HP_OTEL_TORCH_OP_HOOK` asks for: "class" (default) or "mode"."""
-    value = os.environ.get(OP_HOOK_ENV, "").strip().lower()
-    hook = _CHOICES.get(value)
-    if hook is None:
-        raise ValueError(f"{OP_HOOK_ENV}={value!r}: allowed values are 'class' (default) and 'mode'")
-    return hook
+requested = settings.op_hook  # "class" (default) or "mode"
 
 
 def _overriding_subclasses(cls: type) -> list[str]:

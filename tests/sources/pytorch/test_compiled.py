@@ -253,7 +253,8 @@ def test_the_always_on_instrumentor_with_compiled_blocks(given: bool) -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-    from hp_otel.always_on.instrumentation import HpOtelInstrumentor, active_session
+    from hp_otel.always_on.instrumentation import active_session
+    from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 
     referee = _referee("mlp", ac=False)
     model, make_input, blocks = MODELS["mlp"](False)

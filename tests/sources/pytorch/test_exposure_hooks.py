@@ -42,11 +42,14 @@ def test_functional_wait_is_timed_and_the_compute_before_it_overlaps(fake_world)
     (span,) = [x for x in mode.get_finished_spans() if x.attributes[schema.CALL_KIND] == schema.KIND_COLLECTIVE]
     attrs = span.attributes
     assert attrs[schema.COLLECTIVE_ASYNC] and attrs[schema.COLLECTIVE_COMPLETION] == schema.COMPLETION_WAIT
-    assert 0 <= attrs[schema.COLLECTIVE_WAITED_NS] <= t2 - t1 and 0 < attrs[schema.COLLECTIVE_CALL_NS] < t1 - t0
+    call_ns, waited_ns = (
+        round(attrs[k] * 1e9) for k in (schema.COLLECTIVE_CALL_DURATION, schema.COLLECTIVE_WAIT_DURATION)
+    )
+    assert 0 <= waited_ns <= t2 - t1 and 0 < call_ns < t1 - t0  # in seconds on the span
     total = mode.get_comm_exposure().total
     # referee: in flight from issue to the wait's return, exposed = the call and the wait only
     assert t1 - t0 - 5_000_000 <= total.comm_ns <= t2 - t0  # its issue is stamped a little after t0
-    assert total.exposed_ns == attrs[schema.COLLECTIVE_CALL_NS] + attrs[schema.COLLECTIVE_WAITED_NS]
+    assert total.exposed_ns == call_ns + waited_ns
     assert total.overlapped_ns >= 0.025e9 and total.overlap_fraction > 0.5
     (comm,) = metric_points(reader, schema.METRIC_COMM_TIME)
     (exposed,) = metric_points(reader, schema.METRIC_COMM_EXPOSED)

@@ -127,7 +127,7 @@ def test_the_instrumentor_keeps_them_while_instrumented(fake_world) -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-    from hp_otel.always_on.instrumentation import HpOtelInstrumentor
+    from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 
     before = _dispatcher()
     instrumentor = HpOtelInstrumentor()

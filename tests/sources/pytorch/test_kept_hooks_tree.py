@@ -10,7 +10,9 @@ directly: no registration hook sees them), swapping two blocks, `setattr` of a n
 new parameter, `nn.Module.compile()` of a block, `torch.compile(model)` run — the kept hook set
 is exactly what a fresh walk makes (names, parameter owners, compiled calls noted, hooks on
 each module, checked inside the window), and the counts are the referee's; after a plain
-window no hook of ours is left on any module.
+window no hook of ours is left on any module. A tree larger than `modules.VERIFY_SLICE` is
+compared a slice a window: the same changes are seen at the next window when torch's
+registration hooks saw them, within a turn of the slices otherwise.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _described(info: modules.ModuleInfo) -> tuple[object, ...]:
 
 def _assert_as_a_walk_makes(model: nn.Module) -> None:
     """The kept hook set equals one made by walking the tree now."""
-    kept = modules._hook_sets[model]
+    kept = modules._hook_sets[model][None]
     fresh = modules._ModuleHooks()
     fresh._hook_tree(model, in_graph=False)
     try:
@@ -187,3 +189,58 @@ def test_a_model_torch_compiled_between_windows_loses_its_submodules_hooks(fake_
         compiled(torch.randn(2, 4))
         assert len(model.fc._forward_pre_hooks) == 0  # as a walk makes them
         _assert_as_a_walk_makes(model)
+
+
+def _large(fake_world: int) -> tuple[nn.Module, torch.Tensor]:
+    """The transformer with a 3,072-module list it never calls: a tree larger than one window compares."""
+    model = build_tp_transformer(fake_world)
+    model.padding = nn.ModuleList(nn.Identity() for _ in range(3 * modules.VERIFY_SLICE))
+    return model, demo_tokens()
+
+
+def test_a_large_unchanged_model_is_compared_one_slice_a_window(fake_world, monkeypatch, keeping: bool) -> None:
+    """What a window on an unchanged model pays does not grow with it: a slice of its state, no walk."""
+    model, tokens = _large(fake_world)
+    with CommDebugMode(module=model):
+        _step(model, tokens)
+    compared: list[int] = []
+    real = _compat.tree_state
+    monkeypatch.setattr(_compat, "tree_state", lambda refs: compared.append(len(refs)) or real(refs))
+    walked: list[str] = []  # the hp_otel functions that walked the model
+    real_walk = nn.Module.named_modules
+
+    def named_modules(self, *args, **kwargs):
+        caller = sys._getframe(1).f_code
+        if self is model and caller.co_filename.startswith(_PACKAGE):
+            walked.append(caller.co_name)
+        return real_walk(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "named_modules", named_modules)
+    for _ in range(4):
+        with CommDebugMode(module=model) as mode:
+            _step(model, tokens)
+        assert mode.get_total_counts() > 0
+    assert walked == [] and sum(compared) == 4 * modules.VERIFY_SLICE  # (a slice may wrap around: two pieces)
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_large_model_changed_between_windows_is_hooked_as_a_walk_would(
+    fake_world, change: str, keeping: bool
+) -> None:
+    """A change through torch's registration (setattr, append, a new parameter) is seen by the next
+    window; one written into `_modules` or the compiled call directly, within a turn of the slices."""
+    model, tokens = _large(fake_world)
+    for _ in range(2):
+        with CommDebugMode(module=model):
+            _step(model, tokens)
+    CHANGES[change](model)
+    registered = change in ("append", "swap", "setattr", "parameter")
+    windows = 1 if registered else -(-sum(1 for _ in model.modules()) // modules.VERIFY_SLICE)
+    for window in range(windows):
+        with Referee(model) as referee, CommDebugMode(module=model) as mode:
+            _step(model, tokens)
+            if window == windows - 1:
+                _assert_as_a_walk_makes(model)
+    if change != "compile":
+        assert mode.get_comm_module_counts() == referee.module_counts_dict()
+    assert mode.get_callback_error_counts() == {}

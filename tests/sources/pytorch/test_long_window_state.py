@@ -41,14 +41,14 @@ def _sizes(obj: Any, prefix: str, out: dict[str, int], depth: int = 0) -> None:
 
 
 def _owners(model: torch.nn.Module) -> modules.NodeOwners:
-    tracker = modules._hook_sets[model].tracker
+    tracker = modules._hook_sets[model][None].tracker
     assert tracker is not None
     return tracker._owners_by_thread[threading.get_ident()]
 
 
 def _state(mode: CommDebugMode, model: torch.nn.Module) -> dict[str, int]:
     recorder = mode._recorder
-    tracker = modules._hook_sets[model].tracker
+    tracker = modules._hook_sets[model][None].tracker
     out: dict[str, int] = {}
     _sizes(recorder, "recorder", out)
     _sizes(tracker, "tracker", out)

@@ -68,8 +68,8 @@ def test_tp_mlp_step_span_tree_and_counts_match_torch(tp_mlp) -> None:
     assert fc2[0] == "fc2"
     redistribute = [c for c in fc2[2] if c[0] == "redistribute" and c[2]]
     assert redistribute == [("redistribute", "forward", [("all_reduce", "forward", [])])]
-    assert backward[:2] == ("MLP", "backward")
-    assert [c[0] for c in backward[2]] == ["fc2", "fc1"]
+    assert backward[:2] == ("MLP backward", "backward")
+    assert [c[0] for c in backward[2]] == ["fc2 backward", "fc1 backward"]
     fc1_backward = backward[2][1]
     assert ("redistribute", "backward", [("all_reduce", "backward", [])]) in fc1_backward[2]
 
@@ -125,7 +125,7 @@ def test_module_called_twice_in_one_window(fake_world) -> None:
     assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 4}
     assert mode.get_comm_module_counts()["block.fc2"]["forward"] == {"_c10d_functional.all_reduce": 2}
     assert mode.get_comm_module_counts()["block.fc1"]["backward"] == {"_c10d_functional.all_reduce": 2}
-    assert len([s for s in mode.get_finished_spans() if s.name == "block"]) == 4  # 2 forward + 2 backward
+    assert len([s for s in mode.get_finished_spans() if s.name in ("block", "block backward")]) == 4  # 2 fwd + 2 bwd
     assert mode.get_callback_error_counts() == {}
 
 

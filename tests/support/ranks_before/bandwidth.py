@@ -52,6 +52,7 @@ class BandwidthReport:
     collectives: list[CollectiveBandwidth]
     groups: list[BandwidthRow]  # slowest first
     ranks: list[BandwidthRow]  # slowest first
+    left_out: tuple[int, int] = (0, 0)  # in flight, untimed (issue 47's line, as the text is now)
 
 
 def bandwidth_report(files: Sequence[RankFile]) -> BandwidthReport:
@@ -77,6 +78,10 @@ def bandwidth_report(files: Sequence[RankFile]) -> BandwidthReport:
         collectives=collectives,
         groups=sorted(groups, key=lambda r: r.median_busbw),
         ranks=sorted(ranks, key=lambda r: r.median_busbw),
+        left_out=(
+            sum(c.in_flight for f in files for c in f.calls),
+            sum(not c.in_flight and c.busbw <= 0 for f in files for c in f.calls),
+        ),
     )
 
 
@@ -104,10 +109,14 @@ def format_bandwidth(report: BandwidthReport, top: int = 5) -> list[str]:
     slowest = sorted(report.collectives, key=lambda c: c.skew_free)[:top]
     lines.append("  slowest collectives:")
     for c in slowest:
-        where = f"Module({c.module})" if c.module else "no module"
+        where = f"Module({c.module})" if c.module else "(outside)"
         ranks = ", ".join(f"rank {r} {format_rate(b)}" for r, b in sorted(c.per_rank.items()))
         lines.append(f"    {c.op} #{c.seq} in {where}, {c.window}: {format_rate(c.skew_free)} ({ranks})")
-    return lines
+    in_flight, untimed = report.left_out
+    reasons = [f"{in_flight} in flight"] if in_flight else []
+    if untimed:
+        reasons.append(f"{untimed} with no bandwidth recorded (a barrier, 0 bytes, torch's fake group)")
+    return lines + ([f"  left out: {'; '.join(reasons)}"] if reasons else [])
 
 
 def bandwidth_to_json(report: BandwidthReport) -> dict[str, Any]:
@@ -129,7 +138,7 @@ def bandwidth_to_json(report: BandwidthReport) -> dict[str, Any]:
                 "group": c.group,
                 "seq": c.seq,
                 "op": c.op,
-                "module": c.module,
+                "module": c.module or "(outside)",
                 "skew_free_busbw_bytes_per_s": c.skew_free,
                 "busbw_bytes_per_s": {str(r): b for r, b in sorted(c.per_rank.items())},
             }

@@ -234,7 +234,7 @@ def _call(rank: int, entry: Mapping[str, Any], groups: _Groups) -> RankCall | No
         output_shape=_first_shape(entry.get("output_sizes")),
         dtype=_dtype(entry.get("input_dtypes") or entry.get("output_dtypes")),
         reduce_op="",
-        module="",
+        module="(unknown)",
         phase="",
         start_ns=start,
         end_ns=max(completed, start),

@@ -13,6 +13,7 @@ from typing import Any
 
 from hp_otel.spans import codec, exposure, schema
 from hp_otel.spans.call_tree import span_attributes
+from hp_otel.spans.groups import GroupTable
 from hp_otel.spans.otlp_json import SpanFileError, read_trace_file
 
 # Ops whose shapes legitimately differ between ranks (uneven splits, point to point).
@@ -61,7 +62,9 @@ class RankCall:
         return (op, self.input_shape, self.output_shape, self.dtype, self.reduce_op)
 
     def where(self) -> str:
-        return f"Module({self.module})" if self.module else "no module"
+        if self.module == "(unknown)":  # the names as they are now (issue 47): only the reading is compared
+            return "an unknown module"
+        return f"Module({self.module})" if self.module else "(outside)"
 
     def describe(self) -> str:
         shapes = f"input {_shape(self.input_shape)} output {_shape(self.output_shape)}"
@@ -81,7 +84,7 @@ class RankCall:
             "output_shape": list(self.output_shape),
             "dtype": self.dtype,
             "reduce_op": self.reduce_op,
-            "module": self.module,
+            "module": self.module or "(outside)",
             "phase": self.phase,
             "start_ns": self.start_ns,
             "in_flight": self.in_flight,
@@ -164,12 +167,15 @@ def calls_from_spans(spans: Iterable[Any], rank: int, where: str = "spans") -> t
     """The collectives among finished spans (a file's, or a mode's own), and how many had no seq."""
     calls: list[RankCall] = []
     unsequenced = 0
+    spans = list(spans)
+    # Input adapter (not the frozen logic): today's files describe each group once, by id.
+    groups = GroupTable.of(span_attributes(s) for s in spans)
     for span in spans:
         attrs = span_attributes(span)
         if attrs.get(schema.CALL_KIND) != schema.KIND_COLLECTIVE:
             continue
         try:
-            call = _call_from_span(rank, span, attrs)
+            call = _call_from_span(rank, span, attrs, groups)
         except (TypeError, ValueError) as exc:  # attributes hp_otel did not write
             raise RankInputError(f"{where}: collective span {span.name!r} is malformed ({exc})") from exc
         if call is None:
@@ -179,11 +185,11 @@ def calls_from_spans(spans: Iterable[Any], rank: int, where: str = "spans") -> t
     return calls, unsequenced
 
 
-def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any]) -> RankCall | None:
+def _call_from_span(rank: int, span: Any, attrs: Mapping[str, Any], groups: GroupTable) -> RankCall | None:
     match = codec.decode_collective_match(attrs)
     if match.seq < 0:
         return None
-    info = codec.decode_collective(attrs, span.name)
+    info = codec.decode_collective(attrs, span.name, groups)
     return RankCall(
         rank=rank,
         window=match.window,

@@ -107,7 +107,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     if worst and worst[0][0].skew_ns > 0:
         lines.append("  largest skews:")
         for k, g in worst:
-            where = f"Module({k.module})" if k.module else "no module"
+            where = f"Module({k.module})" if k.module else "(outside)"
             lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
     lines += exposure_lines(report)
     lines += format_bandwidth(bandwidth_report(report.files), top)
@@ -150,7 +150,7 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
                         "rank": m.rank,
                         "seq": m.seq,
                         "op": m.reference.op,
-                        "module": m.reference.module,
+                        "module": m.reference.module or "(outside)",
                         "issued_by": m.issued_by,
                         "in_flight_on": m.in_flight_on,
                     }
@@ -158,7 +158,13 @@ def report_to_json(report: RanksReport) -> dict[str, Any]:
                 ],
                 "stuck_together": g.stuck_together,
                 "skews": [
-                    {"seq": k.seq, "op": k.op, "module": k.module, "skew_ns": k.skew_ns, "last_rank": k.last_rank}
+                    {
+                        "seq": k.seq,
+                        "op": k.op,
+                        "module": k.module or "(outside)",
+                        "skew_ns": k.skew_ns,
+                        "last_rank": k.last_rank,
+                    }
                     for k in g.skews
                 ],
             }

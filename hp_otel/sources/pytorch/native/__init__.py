@@ -8,7 +8,12 @@ recorded does not change.
 
 It is compiled, so it is never required:
 - `hp-otel build-native` (or `build()`) compiles it once with `torch.utils.cpp_extension` (a C++
-  compiler and ninja; ≈30 s) into the cache folder, one build per source, torch and Python;
+  compiler and ninja; ≈30 s) into the cache folder, one build per source, torch and Python; it is
+  compiled in a private temporary folder and renamed into place, so a partial library is never
+  at the name a window loads;
+- it is loaded only when it and every folder from the cache folder down are this user's (or
+  root's) and writable by nobody else (`hp_otel.common.cache_dir.open_private`), checked on the
+  open file itself before `dlopen`: a library another user could have planted never runs here;
 - a window then uses the cached build when there is one (`HP_OTEL_TORCH_NATIVE=auto`, the default):
   nothing is compiled behind the user's back in the middle of training; without a build the
   Python kernels serve alone, said once in the log;
@@ -27,7 +32,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from hp_otel.common.cache_dir import cache_folder
+from hp_otel.common.cache_dir import UntrustedCache, cache_folder, make_private_folders, open_private
 from hp_otel.common.env_read import getenv
 
 logger = logging.getLogger("hp_otel")
@@ -68,8 +73,8 @@ def build_folder(name: str | None = None) -> Path:
     return cache_folder() / "native" / (name or build_name())
 
 
-def _built_file(name: str) -> Path | None:
-    folder = build_folder(name)
+def _built_file(name: str, folder: Path | None = None) -> Path | None:
+    folder = folder or build_folder(name)
     for suffix in [*importlib.machinery.EXTENSION_SUFFIXES, ".so"]:
         path = folder / f"{name}{suffix}"
         if path.is_file():
@@ -78,24 +83,48 @@ def _built_file(name: str) -> Path | None:
 
 
 def _import(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """Import the build at `path` once it is checked private (`open_private`), from the very file
+    checked (`/proc/self/fd`: nothing can be swapped in between the check and `dlopen`)."""
+    fd = open_private(path)
+    try:
+        origin = f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(path)
+        loader = importlib.machinery.ExtensionFileLoader(name, origin)
+        spec = importlib.util.spec_from_file_location(name, origin, loader=loader)
+        if spec is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    finally:
+        os.close(fd)
+    module.__file__ = str(path)
     return module
 
 
+def _check_build(path: Path) -> None:
+    """Raise NativeBuildError unless the build at `path` is private to this user (`open_private`)."""
+    try:
+        os.close(open_private(path))
+    except UntrustedCache as exc:
+        raise NativeBuildError(str(exc)) from None
+
+
 def build(verbose: bool = False) -> Path:
-    """Compile the gate into the cache folder (once: a build that is there is kept) and return its file."""
+    """Compile the gate into the cache folder (once: a build that is there is kept) and return its file.
+
+    Raises NativeBuildError: nothing to build with, a failed compile, or a cache another user could write."""
     import shutil
+    import tempfile
 
     try:
         name = build_name()
     except ImportError as exc:
         raise NativeBuildError(f"torch is not importable here ({exc}): the gate is built against it") from None
-    built = _built_file(name)
+    try:
+        built = _built_file(name)
+    except ValueError as exc:  # a relative XDG_CACHE_HOME
+        raise NativeBuildError(str(exc)) from None
     if built is not None:
+        _check_build(built)  # a file planted by another user is not reported as the build
         return built
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
@@ -109,15 +138,26 @@ def build(verbose: bool = False) -> Path:
     from torch.utils import cpp_extension
 
     folder = build_folder(name)
-    folder.mkdir(parents=True, exist_ok=True)
     try:
-        cpp_extension.load(
-            name=name, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"],
-            verbose=verbose, is_python_module=True,
-        )  # fmt: skip
-    except Exception as exc:  # the compiler's output is long: its first line, and where to see the rest
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise NativeBuildError(f"compiling {SOURCE.name} failed: {first} (--verbose shows the rest)") from exc
+        make_private_folders(folder)
+    except UntrustedCache as exc:
+        raise NativeBuildError(str(exc)) from None
+    scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))  # 0700, this build's alone
+    try:
+        try:
+            cpp_extension.load(
+                name=name, sources=[str(SOURCE)], build_directory=str(scratch), extra_cflags=["-O2"],
+                verbose=verbose, is_python_module=True,
+            )  # fmt: skip
+        except Exception as exc:  # the compiler's output is long: its first line, and where to see the rest
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise NativeBuildError(f"compiling {SOURCE.name} failed: {first} (--verbose shows the rest)") from exc
+        made = _built_file(name, scratch)
+        if made is None:
+            raise NativeBuildError(f"the build left no module in {scratch}")
+        os.replace(made, folder / made.name)  # whole, under its final name, in one step
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     built = _built_file(name)
     if built is None:
         raise NativeBuildError(f"the build left no module in {folder}")
@@ -152,15 +192,18 @@ def _load() -> ModuleType | None:
         if module is None:
             module = _loaded[name] = _import(name, path)
         return module
+    except (UntrustedCache, ValueError) as exc:  # another user's file, a relative XDG_CACHE_HOME: a warning
+        _tell(f"hp_otel: the native gate was not loaded: {exc}; the Python kernels serve alone", logging.WARNING)
+        return None
     except Exception as exc:  # a build for another machine, a missing symbol: the Python kernels serve
         _tell(f"hp_otel: the native gate did not load ({type(exc).__name__}: {exc}); the Python kernels serve alone")
         return None
 
 
-def _tell(message: str) -> None:
+def _tell(message: str, level: int = logging.INFO) -> None:
     if not _state["told"]:
         _state["told"] = True
-        logger.info(message)
+        logger.log(level, message)
 
 
 def forget() -> None:

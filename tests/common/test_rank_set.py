@@ -1,0 +1,52 @@
+"""RankSet: a group's members as strided runs, the same for every size to hash, compare and pickle."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from hp_otel.common.rank_set import RankSet, ranks_with_exceptions
+
+pytestmark = pytest.mark.torch_free
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [
+        ((), ""),
+        ((0, 1), "0,1"),
+        (tuple(range(4096)), "0-4095"),
+        (tuple(range(3, 4096, 8)), "3-4091:8"),
+        ((0, 1, 2, 3, 7, 9, 11), "0-3,7-11:2"),
+        ((5, 2, 9), "5,2,9"),  # group order is kept: member i is the rank of group rank i
+    ],
+)
+def test_text_round_trips_and_iterates_as_the_ranks(ranks: tuple[int, ...], text: str) -> None:
+    members = RankSet.of(ranks)
+    assert str(members) == text and RankSet.parse(text) == members
+    assert tuple(members) == ranks and len(members) == len(ranks) and members == ranks
+    assert all(members[i] == r for i, r in enumerate(ranks)) and all(r in members for r in ranks)
+    assert -1 not in members and 4096 not in members
+
+
+def test_hash_compare_and_pickle_do_not_grow_with_the_group() -> None:
+    small, huge = RankSet.of(range(2)), RankSet.of(range(16_384))
+    assert len(pickle.dumps(huge)) <= len(pickle.dumps(small)) + 8
+    assert pickle.loads(pickle.dumps(huge)) == huge and hash(pickle.loads(pickle.dumps(huge))) == hash(huge)
+    assert huge.runs == ((0, 16_383, 1),)
+
+
+@pytest.mark.parametrize("text", ["a", "3-1", "0-5:2", "-1", "0-4:0"])
+def test_bad_text_is_a_clear_error(text: str) -> None:
+    with pytest.raises(ValueError, match="group members"):
+        RankSet.parse(text)
+
+
+def test_a_rank_list_with_few_gaps_reads_as_the_run_except_them() -> None:
+    assert ranks_with_exceptions([r for r in range(4096) if r != 17], 16) == "0-4095 except 17"
+    assert ranks_with_exceptions(range(0, 4096, 2), 16) == "0-4094:2"
+    many = ranks_with_exceptions(range(0, 4096, 3 * 7), 2)
+    assert many == "0-4095:21"
+    scattered = ranks_with_exceptions([1, 5, 6, 20, 40, 41, 90], 3)
+    assert scattered.startswith("1,5,6,...") and "(7 ranks in" in scattered
