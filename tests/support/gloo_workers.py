@@ -76,7 +76,10 @@ def tp_mlp_worker(rank: int, world_size: int, port: int) -> None:
             assert parent.attributes[schema.REDISTRIBUTE_SRC_PLACEMENTS] == "Partial(sum)"
             assert parent.attributes[schema.REDISTRIBUTE_DST_PLACEMENTS] == "Replicate()"
             grandparent = by_id[parent.parent.span_id]
-            assert (grandparent.name, grandparent.attributes[schema.PHASE]) == (schema.module_span_name(module, phase), phase)
+            assert (grandparent.name, grandparent.attributes[schema.PHASE]) == (
+                schema.module_span_name(module, phase),
+                phase,
+            )
         assert len({s.context.trace_id for s in spans}) == 2  # one trace for forward, one for backward
 
         # metrics from the same events
