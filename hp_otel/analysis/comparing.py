@@ -7,12 +7,14 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from hp_otel.analysis.call_table import CallKind
 from hp_otel.analysis.flight_recorder import align_buffers
 from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, check_rank
 from hp_otel.analysis.reading_pool import read_rank_files
+from hp_otel.common.rank_set import EMPTY, RankSet, union
 
 
 @dataclass
@@ -52,7 +54,7 @@ class GroupReport:
     missing: list[Missing] = field(default_factory=list)
     stuck_together: list[int] = field(default_factory=list)  # seqs in flight on every rank
     skews: list[Skew] = field(default_factory=list)
-    absent_ranks: list[int] = field(default_factory=list)  # group members without a file
+    absent_ranks: RankSet = EMPTY  # group members without a file (runs: a world-sized group's may be millions)
 
     @property
     def agree(self) -> bool:
@@ -85,15 +87,16 @@ class RanksReport:
     def ranks(self) -> list[int]:
         return sorted(f.rank for f in self.files)
 
-    @property
-    def missing_ranks(self) -> list[int]:
+    @cached_property
+    def missing_ranks(self) -> RankSet:
         """Ranks the files say exist (their `hp.world_size`, their groups' members) without a file of their own:
-        nothing about them was compared, so "the ranks agree" cannot be said."""
-        expected = {r for g in self.groups for r in g.group_ranks}
+        nothing about them was compared, so "the ranks agree" cannot be said.  As runs, found without
+        listing any group's members."""
+        expected = {RankSet.of(g.group_ranks) for g in self.groups}
         sizes = [f.world_size for f in self.files if f.world_size]
         if sizes:
-            expected.update(range(max(sizes)))
-        return sorted(expected - set(self.ranks))
+            expected.add(RankSet(((0, max(sizes) - 1, 1),)))
+        return union(expected).without(self.ranks)
 
     @property
     def complete(self) -> bool:
@@ -231,8 +234,9 @@ def _compare_group(
     key: GroupKey, per_rank: dict[int, dict[int, int]], ranks_with_files: set[int], files: Sequence[RankFile]
 ) -> GroupReport:
     window, group, group_ranks = key
-    members = [r for r in group_ranks if r in ranks_with_files] if group_ranks else sorted(per_rank)
-    absent = [r for r in group_ranks if r not in ranks_with_files]
+    named = RankSet.of(group_ranks)
+    members = named.among(ranks_with_files) if named else sorted(per_rank)
+    absent = named.without(ranks_with_files)
     report = GroupReport(window, group, group_ranks, members, absent_ranks=absent)
 
     def call(place: int) -> RankCall:

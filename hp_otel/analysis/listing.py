@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from hp_otel.common.rank_set import ranks_with_exceptions
+from collections.abc import Sequence
+
+from hp_otel.common.rank_set import RankSet, ranks_with_exceptions
 
 
-def ranks_text(ranks: list[int]) -> str:
-    """`0-3,6`: runs of ranks shortened (a 1024-rank job missing half its files stays one line)."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
+def ranks_text(ranks: Sequence[int]) -> str:
+    """`0-3,6`: runs of ranks shortened (a 1024-rank job missing half its files stays one line); a
+    RankSet is read off its runs (a 3-million-rank run is one piece, never listed)."""
+    runs = ranks.runs if isinstance(ranks, RankSet) else [(r, r, 1) for r in ranks]
+    pieces: list[list[int]] = []  # [first, last, step]; step-1 stretches merged with their neighbours
+    for first, last, step in runs:
+        if step == 1 or last - first <= 2 * step:  # a short strided run reads better as its ranks
+            for a, b in [(first, last)] if step == 1 else [(r, r) for r in range(first, last + 1, step)]:
+                if pieces and pieces[-1][2] == 1 and a == pieces[-1][1] + 1:
+                    pieces[-1][1] = b
+                else:
+                    pieces.append([a, b, 1])
         else:
-            runs.append([r, r])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+            pieces.append([first, last, step])
+    return ",".join(str(a) if a == b else f"{a}-{b}" if step == 1 else f"{a}-{b}:{step}" for a, b, step in pieces)
 
 
 # Rows of a per-rank or per-group table the text lists (the rest: a count, and --json for all of
@@ -21,7 +29,7 @@ def ranks_text(ranks: list[int]) -> str:
 LISTED = 16
 
 
-def ranks_listed(ranks: list[int]) -> str:
+def ranks_listed(ranks: Sequence[int]) -> str:
     """`0,1,2` for a few ranks; runs shortened for many (`0-1023`); a long list cut (a DP group's 512 ranks)."""
     if len(ranks) <= LISTED:
         return ",".join(map(str, ranks))

@@ -104,7 +104,7 @@ def largest_skews(report: RanksReport, top: int) -> list[tuple[Skew, GroupReport
 
 def _group_lines(g: GroupReport) -> list[str]:
     verdict = "agree" if g.agree else "DIVERGE" if g.divergence is not None else "INCOMPLETE"
-    ranks = ranks_listed(list(g.group_ranks or g.ranks))
+    ranks = ranks_listed(g.group_ranks or g.ranks)
     lines = ["", f"group {g.group or '?'} (ranks {ranks}), {g.window or 'no window'}: {verdict} "
              f"({g.compared} collectives reached by every rank)"]  # fmt: skip
     if g.absent_ranks:

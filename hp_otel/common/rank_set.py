@@ -9,7 +9,9 @@ at 2.  The text form is what files and spans carry (`RankSet.parse` reads it bac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Collection, Iterable, Iterator
+from itertools import pairwise
 from typing import Any
 
 Run = tuple[int, int, int]  # (first, last, step): first, first + step, ..., last
@@ -165,6 +167,40 @@ class RankSet:
     def __reduce__(self) -> tuple[Any, ...]:
         return (RankSet, (self.runs,))
 
+    @property
+    def ascending(self) -> bool:
+        """Members in rising order (every group hp_otel and torch make): ranges and gaps read off the runs."""
+        runs = self.runs
+        return all(a[1] < b[0] for a, b in pairwise(runs))
+
+    def without(self, ranks: Collection[int]) -> RankSet:
+        """These members less `ranks`, in group order: cut where they fall, never listed (the ranks
+        of a 3-million-rank group that have no file are a run or two, not 3 million ints)."""
+        removed = sorted(set(ranks))
+        pieces: list[Run] = []
+        for first, last, step in self.runs:
+            start = first
+            for rank in removed[bisect_left(removed, first) : bisect_right(removed, last)]:
+                if (rank - first) % step == 0:
+                    if start <= rank - step:
+                        pieces.append((start, rank - step, step))
+                    start = rank + step
+            if start <= last:
+                pieces.append((start, last, step))
+        return RankSet(tuple(pieces))
+
+    def among(self, ranks: Collection[int]) -> list[int]:
+        """The members that are in `ranks`, in group order, at a cost of `ranks`' size, not the group's."""
+        if self._len <= len(ranks):
+            return [r for r in self if r in ranks]
+        chosen = sorted(set(ranks))
+        kept: list[int] = []
+        for first, last, step in self.runs:
+            kept.extend(
+                r for r in chosen[bisect_left(chosen, first) : bisect_right(chosen, last)] if (r - first) % step == 0
+            )
+        return kept
+
     def __lt__(self, other: RankSet) -> bool:  # report rows are sorted by group
         return self.runs < other.runs
 
@@ -172,9 +208,36 @@ class RankSet:
 EMPTY = RankSet()
 
 
+def union(sets: Iterable[RankSet]) -> RankSet:
+    """Every member of `sets` once, in rising order.  Runs of step 1 merge as intervals; a strided
+    run adds only the members no interval holds, so groups inside the world's range cost their runs."""
+    runs = [run for ranks in sets for run in ranks.runs]
+    strided = [run for run in runs if run[2] > 1]
+    merged: list[list[int]] = []
+    for first, last, _ in sorted(run for run in runs if run[2] == 1):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], last)
+        else:
+            merged.append([first, last])
+    starts = [first for first, _ in merged]
+    loose: set[int] = set()
+    for first, last, step in strided:
+        rank = first
+        while rank <= last:
+            i = bisect_right(starts, rank) - 1
+            if i >= 0 and rank <= merged[i][1]:  # held: jump past the interval
+                rank += ((merged[i][1] - rank) // step + 1) * step
+            else:
+                loose.add(rank)
+                rank += step
+    return RankSet(tuple(sorted([(a, b, 1) for a, b in merged] + [(r, r, 1) for r in loose])))
+
+
 def ranks_with_exceptions(ranks: Iterable[int], limit: int) -> str:
     """A rank list as short text: its runs (`0-4095`), or the smallest run holding it with its gaps
     (`0-4095 except 17,18`) when that is shorter; at most `limit` pieces, then a count."""
+    if isinstance(ranks, RankSet) and ranks.ascending:
+        return _with_exceptions(ranks, limit)
     members = sorted(set(ranks))
     if not members:
         return ""
@@ -187,6 +250,25 @@ def ranks_with_exceptions(ranks: Iterable[int], limit: int) -> str:
         missing = RankSet.of(r for r in range(first, last + 1) if r not in held)
         return f"{first}-{last} except {_cut(missing, limit)}"
     return _cut(listed, limit)
+
+
+def _with_exceptions(ranks: RankSet, limit: int) -> str:
+    """`ranks_with_exceptions` read off the runs of rising members (no member listed)."""
+    runs = ranks.runs
+    if not runs:
+        return ""
+    first, last = runs[0][0], runs[-1][1]
+    gaps = last - first + 1 - len(ranks)
+    if 0 < gaps < len(runs):  # few gaps: all of them lie between runs of step 1 or inside short ones
+        missing: list[int] = []
+        previous = first - 1
+        for start, end, step in runs:
+            missing.extend(range(previous + 1, start))
+            for rank in range(start, end, step):
+                missing.extend(range(rank + 1, rank + step))
+            previous = end
+        return f"{first}-{last} except {_cut(RankSet.of(missing), limit)}"
+    return _cut(ranks, limit)
 
 
 def _cut(ranks: RankSet, limit: int) -> str:

@@ -5,13 +5,18 @@ millions of ranks (its members are runs, and a malformed member list is one shor
 from __future__ import annotations
 
 import json
+import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hp_otel.analysis import compare_files, format_report, report_to_json
+from hp_otel.analysis.listing import ranks_text
 from hp_otel.cli import main as cli_main
+from hp_otel.common.rank_set import RankSet
 
 pytestmark = pytest.mark.torch_free
 
@@ -115,9 +120,33 @@ def test_a_group_of_3_million_ranks_is_reported_small(tmp_path: Path) -> None:
     assert len(text) < 10_000 and len(as_json) < 20_000, (len(text), len(as_json))
 
 
+def test_a_group_of_3_million_ranks_costs_its_runs_not_its_members(tmp_path: Path) -> None:
+    """The ranks without a file are found by run arithmetic: `hp-otel ranks` stays small and quick
+    (listing the members took 652 MB and 6.2 s here)."""
+    paths = _write(tmp_path, [_collectives(r, MILLIONS, f"0-{MILLIONS - 1}") for r in (0, 1)])
+    probe = (  # VmHWM: this process's own peak (ru_maxrss would carry the forking test process's)
+        "import re, sys; from hp_otel.cli import main; status = main(['ranks', '--json', *sys.argv[1:]]); "
+        "peak = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1); "
+        "print(int(peak) // 1024, status, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, *paths], capture_output=True, text=True, timeout=120)
+    peak_mb, status = map(int, done.stderr.split()[-2:])
+    assert status == 4 and json.loads(done.stdout)["missing_ranks"] == f"2-{MILLIONS - 1}"
+    assert peak_mb < 150, peak_mb
+
+
 def test_a_member_list_of_3_million_ranks_is_one_short_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Members as a JSON list (not what hp_otel writes): refused in one line, not echoed back (it was 26 MB)."""
     paths = _write(tmp_path, [_collectives(r, MILLIONS, list(range(MILLIONS))) for r in (0, 1)])
     assert cli_main(["ranks", paths[0], paths[1]]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and len(err) < 500 and paths[0] in err, err[:1000]
+
+
+def test_missing_ranks_read_the_same_from_runs_as_from_the_list() -> None:
+    rng = random.Random(3)
+    for _ in range(2_000):
+        ranks = sorted(rng.sample(range(60), rng.randint(0, 40)))
+        listed, runs = ranks_text(ranks), ranks_text(RankSet.of(ranks))
+        assert runs == listed or (":" in runs and tuple(RankSet.parse(runs)) == tuple(ranks)), (ranks, runs)
+    assert ranks_text(RankSet.parse(f"0-16,18-{MILLIONS - 1}")) == f"0-16,18-{MILLIONS - 1}"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hp_otel.common.rank_set import RankSet, ranks_with_exceptions
+from hp_otel.common.rank_set import RankSet, ranks_with_exceptions, union
 
 pytestmark = pytest.mark.torch_free
 
@@ -98,3 +98,40 @@ def test_a_long_run_costs_the_same_to_build_as_a_short_one() -> None:
     for _ in range(1_000):
         RankSet(((0, 3_000_000, 1), (3_000_002, 6_000_002, 2)))
     assert time.perf_counter() - start < 1.0
+
+
+def _random_group(rng: random.Random) -> RankSet:
+    start, step = rng.randrange(0, 40), rng.choice((1, 1, 2, 3, 8))
+    ranks = list(range(start, start + step * rng.randint(0, 30), step))
+    if rng.random() < 0.3:  # a scattered group, in the order its creator gave
+        ranks = rng.sample(range(100), rng.randint(0, 12))
+    return RankSet.of(ranks)
+
+
+def test_without_among_and_union_agree_with_set_arithmetic_on_the_listed_ranks() -> None:
+    # the referee lists every member; RankSet never does (a 3-million-rank group's absent ranks are one run)
+    rng = random.Random(11)
+    for _ in range(3_000):
+        group, files = _random_group(rng), set(rng.sample(range(120), rng.randint(0, 40)))
+        assert tuple(group.without(files)) == tuple(r for r in group if r not in files)
+        assert group.among(files) == [r for r in group if r in files]
+        groups = [_random_group(rng) for _ in range(rng.randint(0, 4))]
+        assert tuple(union(groups)) == tuple(sorted({r for g in groups for r in g}))
+
+
+def test_runs_with_exceptions_read_off_the_runs_as_off_the_list() -> None:
+    rng = random.Random(5)
+    for _ in range(2_000):
+        ranks = sorted(rng.sample(range(200), rng.randint(1, 150)))
+        assert ranks_with_exceptions(RankSet.of(ranks), 4) == ranks_with_exceptions(list(ranks), 4)
+    huge = RankSet.parse("0-16,18-2999999")
+    assert ranks_with_exceptions(huge, 16) == "0-2999999 except 17"
+
+
+def test_a_world_of_millions_less_its_files_costs_its_runs() -> None:
+    world = RankSet(((0, 2_999_999, 1),))
+    start = time.perf_counter()
+    absent = union([world, RankSet.parse("0-2999992:8,3000005")]).without(range(0, 4096, 2))
+    assert time.perf_counter() - start < 0.5
+    assert len(absent) == 3_000_001 - 2048 and len(absent.runs) <= 4
+    assert 4095 in absent and 4094 not in absent and 2_999_999 in absent and 3_000_005 in absent
