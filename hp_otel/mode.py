@@ -13,7 +13,6 @@ import os
 import threading
 import time
 import warnings
-import weakref
 from asyncio import events as asyncio_events
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,6 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
+from hp_otel.common import said_once
 from hp_otel.common.files import check_path, write_text_atomically
 from hp_otel.export.providers import (
     default_meter_provider,
@@ -60,16 +60,6 @@ _current_mode: contextvars.ContextVar[CommDebugMode | None] = contextvars.Contex
 STACK_SKIPPED_PACKAGES = ("hp_otel", "torch", "mindspore", "hyper_parallel", "typing_extensions")
 # One lock for installing and removing hooks, so modes entered on several threads do not interleave.
 _install_lock = threading.RLock()
-
-
-# What a window says once per process (`_say_once`): kinds already said.
-_said_once: set[str] = set()
-
-
-def _say_once(kind: str, message: str, *args: Any) -> None:
-    if kind not in _said_once:
-        _said_once.add(kind)
-        logger.warning(message, *args)
 
 
 # Windows open on each thread (with the asyncio task that opened them), and the root modules
@@ -486,7 +476,7 @@ class CommDebugMode:
             self._recorder.stop(exc)
             if self._build_on_exit:
                 self._recorder.materialise()
-            if exc is None and not self._recorder.comm_counts and "empty window" not in _said_once:
+            if exc is None and not self._recorder.comm_counts and not said_once.already_said(__name__, "empty window"):
                 self._say_why_empty()
         outer, self._outer = self._outer, None
         if outer is not None:
@@ -515,7 +505,8 @@ class CommDebugMode:
         except Exception as exc:  # a hint must never break the window's exit
             self._recorder.on_fault("why_empty", exc)
             return
-        _say_once(
+        said_once.log_once(
+            __name__,
             "empty window",
             "hp_otel: a CommDebugMode window saw no collective: %s (said once per process)",
             reason,
@@ -536,7 +527,8 @@ class CommDebugMode:
     def _partial_view(self, what: str) -> None:
         """Read inside the open window: what is not finished yet is not in it (said once per process)."""
         if self.active and self._warns_partial_view:
-            _say_once(
+            said_once.log_once(
+                __name__,
                 "partial view",
                 "hp_otel: %s read inside an open CommDebugMode window is a partial view: calls still running and "
                 "what comes later are not in it; read after the `with` block for the whole window (said once)",
@@ -789,16 +781,12 @@ class _InstallUninstall:
         self.source.uninstall()
 
 
-_warned_former_names: weakref.WeakSet[type] = weakref.WeakSet()
-
-
 def _attachable(source: Any) -> Source:
     """The source, or for one with only the former method names its adapter (warned once per class)."""
     if callable(getattr(source, "attach", None)) and callable(getattr(source, "detach", None)):
         return source  # every window asks, for every source: no generator here
     cls = type(source)
-    if cls not in _warned_former_names:
-        _warned_former_names.add(cls)
+    if said_once.first_time(__name__, ("former source names", cls.__module__, cls.__qualname__)):
         warnings.warn(
             f"{cls.__qualname__}: a source's install(observer) / uninstall() are now attach(observer) / detach(); "
             "rename them (the former names still work for now)",

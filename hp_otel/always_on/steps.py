@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags, TracerProvider
 
 from hp_otel.always_on import trace_list
-from hp_otel.common import launcher_env
+from hp_otel.common import launcher_env, said_once
 from hp_otel.common.env_read import getenv, sdk_disabled
 from hp_otel.common.int_range import check_attribute_count
 from hp_otel.record import matching
@@ -74,13 +74,6 @@ class _RootIds(IdGenerator):
 
 _ROOT_IDS = _RootIds()
 _root_tracers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(message, *args)
 
 
 def _tracers(provider: TracerProvider) -> tuple[Any, Any]:
@@ -129,7 +122,8 @@ def resolve_run_id(run_id: str | None = None) -> str:
         return found
     if _process_run_id is None:
         _process_run_id = f"process-{uuid.uuid4().hex}"
-        _warn_once(
+        said_once.log_once(
+            __name__,
             "run_id",
             "hp_otel: no run id (HP_OTEL_RUN_ID, TORCHELASTIC_RUN_ID, MASTER_ADDR/MASTER_PORT); "
             "using %s — ranks of other processes will not share step traces",
@@ -176,8 +170,10 @@ class StepSpans:
             parent = trace.set_span_in_context(self.root, otel_context.Context())
         else:
             if self.rank == 0 and not sdk_disabled():  # disabled, the SDK's providers hand out no-ops
-                _warn_once(
-                    "root", "hp_otel: the tracer provider is not the OTel SDK's; step root spans are not emitted"
+                said_once.log_once(
+                    __name__,
+                    "root",
+                    "hp_otel: the tracer provider is not the OTel SDK's; step root spans are not emitted",
                 )
             flags = TraceFlags(TraceFlags.SAMPLED if self.sampled else TraceFlags.DEFAULT)
             remote = SpanContext(self.trace_id, self.root_span_id, is_remote=True, trace_flags=flags)

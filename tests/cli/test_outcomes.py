@@ -14,7 +14,7 @@ from events import ALL_REDUCE
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 
-import hp_otel.mode
+from hp_otel.common import said_once
 from hp_otel import CommDebugMode
 from hp_otel.cli import EXIT_BROKEN_PIPE, main
 from hp_otel.spans import schema
@@ -172,16 +172,16 @@ def test_shutdown_with_a_dead_endpoint_and_prometheus_says_one_line() -> None:
 
 
 @pytest.fixture
-def said_once(monkeypatch):  # type: ignore[no-untyped-def]
-    """Each test starts as a fresh process would: nothing said yet."""
-    monkeypatch.setattr(hp_otel.mode, "_said_once", set())
+def nothing_said_yet(monkeypatch):  # type: ignore[no-untyped-def]
+    """Each test starts as a fresh process would: nothing said yet (what was said is back after it)."""
+    monkeypatch.setattr(said_once, "_said", set())
 
 
 def _hp_otel_warnings(caplog) -> list[str]:  # type: ignore[no-untyped-def]
     return [r.getMessage() for r in caplog.records if r.name == "hp_otel" and r.levelno == logging.WARNING]
 
 
-def test_a_window_without_a_process_group_says_why_once(said_once, caplog, monkeypatch) -> None:
+def test_a_window_without_a_process_group_says_why_once(nothing_said_yet, caplog, monkeypatch) -> None:
     import torch
     import torch.distributed as dist
 
@@ -195,7 +195,7 @@ def test_a_window_without_a_process_group_says_why_once(said_once, caplog, monke
     assert "saw no collective: torch.distributed has no process group" in message
 
 
-def test_a_window_whose_module_was_not_called_or_ran_no_dtensor_op_says_so(said_once, caplog, tp_mlp) -> None:
+def test_a_window_whose_module_was_not_called_or_ran_no_dtensor_op_says_so(nothing_said_yet, caplog, tp_mlp) -> None:
     import torch
 
     model, _ = tp_mlp
@@ -206,7 +206,7 @@ def test_a_window_whose_module_was_not_called_or_ran_no_dtensor_op_says_so(said_
         "hp_otel: a CommDebugMode window saw no collective: the module= given (MLP) was not called inside "
         "the window (said once per process)"
     ]
-    hp_otel.mode._said_once.clear()
+    said_once.forget("hp_otel.mode")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="hp_otel"):
         with CommDebugMode():
@@ -214,7 +214,7 @@ def test_a_window_whose_module_was_not_called_or_ran_no_dtensor_op_says_so(said_
     assert ["no DTensor op ran inside it" in m for m in _hp_otel_warnings(caplog)] == [True]
 
 
-def test_a_window_with_collectives_says_nothing(said_once, caplog, tp_mlp) -> None:
+def test_a_window_with_collectives_says_nothing(nothing_said_yet, caplog, tp_mlp) -> None:
     model, x = tp_mlp
     with caplog.at_level(logging.WARNING, logger="hp_otel"):
         with CommDebugMode(module=model) as mode:
@@ -222,7 +222,7 @@ def test_a_window_with_collectives_says_nothing(said_once, caplog, tp_mlp) -> No
     assert mode.get_total_counts() > 0 and _hp_otel_warnings(caplog) == []
 
 
-def test_reading_inside_an_open_window_warns_once_that_it_is_partial(said_once, caplog, tp_mlp) -> None:
+def test_reading_inside_an_open_window_warns_once_that_it_is_partial(nothing_said_yet, caplog, tp_mlp) -> None:
     model, x = tp_mlp
     with caplog.at_level(logging.WARNING, logger="hp_otel"):
         with CommDebugMode(module=model) as mode:
@@ -237,7 +237,7 @@ def test_reading_inside_an_open_window_warns_once_that_it_is_partial(said_once, 
     assert sum(inside.values()) < sum(after.values())  # it was partial indeed
 
 
-def test_the_torch_drop_in_reads_inside_its_window_silently(said_once, caplog, tp_mlp) -> None:
+def test_the_torch_drop_in_reads_inside_its_window_silently(nothing_said_yet, caplog, tp_mlp) -> None:
     from hp_otel.torch import CommDebugMode as TorchCommDebugMode
 
     model, x = tp_mlp

@@ -11,7 +11,7 @@ import pytest
 import servers
 
 import hp_otel
-from hp_otel.always_on import steps
+from hp_otel.common import said_once
 from hp_otel.export import telemetry
 
 pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1
 
 def test_configure_opens_and_exports_nothing(monkeypatch, caplog) -> None:
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    monkeypatch.setattr(steps, "_warned", set())  # its once-per-process lines are said again here
+    monkeypatch.setattr(said_once, "_said", set())  # its once-per-process lines are said again here
     port = servers.free_port()
     with caplog.at_level(logging.INFO, logger="hp_otel"):
         configured = hp_otel.configure(prometheus_port=port, prometheus_host="127.0.0.1", endpoint="http://127.0.0.1:9")

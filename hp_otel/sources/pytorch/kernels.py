@@ -52,6 +52,7 @@ import time
 import warnings
 from typing import Any
 
+from hp_otel.common import said_once
 from hp_otel.record import installation
 from hp_otel.sources.patching import ObserverSlot
 from hp_otel.sources.pytorch import _compat, native
@@ -81,7 +82,6 @@ _state: dict[str, Any] = {
     "users": 0,
     "back_to_back": False,  # plain windows came one after another: kept between them (REOPEN_WITHIN_S)
     "unregistered_at": (-1, float("-inf")),  # (installation.uninstalls(), time.monotonic()) of the last one
-    "told": False,
     "gate": None,  # the native gate the kernels are registered behind (native/), or None: on the key directly
 }
 
@@ -296,13 +296,14 @@ def _set_recording(on: bool) -> None:
 
 
 def _tell_back_to_back() -> None:
-    if not _state["told"]:
-        _state["told"] = True
-        logger.info(
-            "hp_otel: windows opened one after another: the collective kernels stay registered between "
-            "them, passing calls through (hp_otel.uninstall() takes them out; hp_otel.install() says so "
-            "explicitly)"
-        )
+    said_once.log_once(
+        __name__,
+        "back to back",
+        "hp_otel: windows opened one after another: the collective kernels stay registered between "
+        "them, passing calls through (hp_otel.uninstall() takes them out; hp_otel.install() says so "
+        "explicitly)",
+        level=logging.INFO,
+    )
 
 
 def release() -> None:

@@ -40,6 +40,7 @@ from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils.hooks import RemovableHandle
 
+from hp_otel.common import said_once
 from hp_otel.record import installation
 from hp_otel.record.attribution import GroupCalls
 from hp_otel.record.observer import Observer
@@ -386,9 +387,6 @@ def _hide_hooks_from_dynamo() -> None:
         _compat.hide_from_dynamo(hook)
 
 
-_told_scripted: set[str] = set()  # the ScriptModule types already named in the log
-
-
 def _scripted(modules: list[tuple[str, nn.Module]]) -> list[str]:
     """The fqns of `torch.jit.script`ed modules: they take no Python hooks (torch raises
     "register_forward_pre_hook is not supported on ScriptModules"), so they and the modules
@@ -398,14 +396,14 @@ def _scripted(modules: list[tuple[str, nn.Module]]) -> list[str]:
     outermost = [(fqn, m) for fqn, m in scripted if not _within(fqn, [f for f, _ in scripted if f != fqn])]
     for fqn, module in outermost:
         kind = getattr(module, "original_name", "") or type(module).__qualname__
-        if kind not in _told_scripted:
-            _told_scripted.add(kind)
-            logger.warning(
-                "hp_otel: module %s (%s) is a torch.jit.script module, which takes no module hooks: "
-                "its collectives count for the module that calls it",
-                fqn or schema.ROOT_MODULE_FQN,
-                kind,
-            )
+        said_once.log_once(
+            __name__,
+            ("scripted", kind),
+            "hp_otel: module %s (%s) is a torch.jit.script module, which takes no module hooks: "
+            "its collectives count for the module that calls it",
+            fqn or schema.ROOT_MODULE_FQN,
+            kind,
+        )
     return [fqn for fqn, _ in outermost]
 
 

@@ -32,6 +32,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from hp_otel.common import said_once
 from hp_otel.common.cache_dir import UntrustedCache, cache_folder, make_private_folders, open_private
 from hp_otel.common.env_read import getenv
 
@@ -43,7 +44,7 @@ _CHOICES = {"": AUTO, "auto": AUTO, "1": AUTO, "on": AUTO, "off": OFF, "0": OFF}
 SOURCE = Path(__file__).with_name("passthrough.cpp")
 
 _lock = threading.Lock()
-_state: dict[str, object] = {"module": None, "tried": False, "told": False}
+_state: dict[str, object] = {"module": None, "tried": False}
 _loaded: dict[str, ModuleType] = {}  # name -> the module imported from its build (an extension loads once)
 
 
@@ -201,15 +202,15 @@ def _load() -> ModuleType | None:
 
 
 def _tell(message: str, level: int = logging.INFO) -> None:
-    if not _state["told"]:
-        _state["told"] = True
-        logger.log(level, message)
+    """The gate's state is told once per process (until `forget`): one line, whichever it is."""
+    said_once.log_once(__name__, "gate", "%s", message, level=level)
 
 
 def forget() -> None:
     """Look for the build again at the next need (tests: after building, or after `disable`)."""
     with _lock:
-        _state.update(module=None, tried=False, told=False)
+        _state.update(module=None, tried=False)
+    said_once.forget(__name__)
 
 
 def disable(reason: BaseException) -> None:
