@@ -907,13 +907,13 @@ class TorchModuleTracker:
         self._inside_chains: dict[tuple[ModuleInfo, ...], tuple[ModuleCall, tuple[ModuleCall, ...]]] = {}
         self._module_info: dict[int, ModuleInfo] = {}
         self._latest_call: dict[ModuleInfo, ModuleCall] = {}
-        self._stand_ins_found = False  # this window looked for stand-in parameters (`_stand_in_owner`)
+        self._stand_ins_searched = False  # this window looked for stand-in parameters (`_stand_in_owner`)
 
     def attach(self, observer: Observer) -> None:
         self.observer = observer
         self.backward_spans = observer.spans_enabled
         self._backward_end.reset()
-        self._stand_ins_found = False
+        self._stand_ins_searched = False
         self._local = threading.local()
         self._owners_by_thread = {}
         self._latest_owners = None
@@ -1040,9 +1040,9 @@ class TorchModuleTracker:
         behind a tensor attribute of a module of the tree (`stand_in_parameters`: replicate's local
         Parameter behind a TP module's DTensor weight).  The tree is searched once a window, at the
         first such Parameter, and what it finds kept with the other owners (for the next windows)."""
-        if self._stand_ins_found:
+        if self._stand_ins_searched:
             return None
-        self._stand_ins_found = True
+        self._stand_ins_searched = True
         owners = self._param_owner
         for module in self.root.modules():
             info = self._module_info.get(id(module))

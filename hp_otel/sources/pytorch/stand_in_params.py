@@ -1,12 +1,12 @@
 """Parameters a module holds only through a tensor made from them.
 
-`replicate(model, device_mesh=dp)` on a tensor-parallel model (and `DDP` after torch's
-`_pre_dp_module_transform`) replaces each DTensor parameter with a local `nn.Parameter` that
-DDP reduces, and at each forward sets the module's attribute to a DTensor made from it by
-`DTensor.from_local`: the local Parameter is in no module's `_parameters`, yet the bucket
-all_reduce runs in its AccumulateGrad.  Its owner is the module whose attribute was made from it:
-the attribute's autograd node leads straight to the Parameter's AccumulateGrad (public autograd
-attributes, whatever made the attribute).
+`replicate(model, device_mesh=dp)` on a tensor-parallel model replaces each DTensor parameter
+with a local `nn.Parameter` that DDP reduces, and at each forward sets the module's attribute to
+a DTensor made from it by `DTensor.from_local` (torch's `_pre_dp_module_transform` before `DDP`
+makes the same swap; untested here): the local Parameter is in no module's `_parameters`, yet the
+bucket all_reduce runs in its AccumulateGrad.  Its owner is the module whose attribute was made
+from it: the attribute's autograd node leads straight to the Parameter's AccumulateGrad (public
+autograd attributes, whatever made the attribute).
 """
 
 from __future__ import annotations
