@@ -14,8 +14,8 @@ every rank by searching it.
 A link must point at a span someone exports.  In a step's window every rank's spans are in
 the step's trace, so the group's first member (its group rank 0) gives its own collective
 span the derived span id, and every other member links to it: the link opens that rank's
-span of the same collective.  A window outside a step is a trace of each rank's own, which
-no other rank can name: its spans carry the match id and no link.
+span of the same collective.  A window outside a step is one trace of each rank's own
+(`Window.root_trace_id`), which no other rank can name: its spans carry the match id and no link.
 """
 
 from __future__ import annotations
@@ -73,6 +73,13 @@ class Window:
             return self.step_trace_id
         return int.from_bytes(hashlib.sha256(f"hp_otel/window/{self.key}".encode()).digest()[:16], "big") or 1
 
+    @functools.cached_property
+    def root_trace_id(self) -> int:
+        """The trace of this window's spans when no span encloses it (no step): chosen once, at random,
+        so every root span of the window (each top-level call, backward root and collective outside
+        every call) is in one trace; a trace of this rank's own, as no other rank can name it."""
+        return self.step_trace_id or RandomIdGenerator().generate_trace_id()
+
     def match_ids(self, group_id: str, seq: int) -> tuple[int, int]:
         """(trace id, span id) every rank derives for collective `seq` of the group `group_id` (its name
         and members, `spans/groups.py`) in this window."""
@@ -81,14 +88,17 @@ class Window:
 
 
 class _DerivedSpanIds(IdGenerator):
-    """Random ids, except the span id a collective's span is given while `forced` holds one."""
+    """Random ids, except the span id a collective's span is given while `forced` holds one, and the
+    trace id a window's root span is given while `forced_trace` holds one (its window's trace)."""
 
     def __init__(self) -> None:
         self.forced: contextvars.ContextVar[int | None] = contextvars.ContextVar("hp_otel_span_id", default=None)
+        self.forced_trace: contextvars.ContextVar[int | None] = contextvars.ContextVar("hp_otel_trace_id", default=None)
         self._random = RandomIdGenerator()
 
     def generate_trace_id(self) -> int:
-        return self._random.generate_trace_id()
+        forced = self.forced_trace.get()
+        return forced if forced is not None else self._random.generate_trace_id()
 
     def generate_span_id(self) -> int:
         forced = self.forced.get()
@@ -100,7 +110,8 @@ DERIVED_IDS = _DerivedSpanIds()
 
 def tracer_with_derived_ids(tracer: Any) -> Any:
     """A copy of the SDK tracer `tracer` (same provider, scope, sampler and processors) whose span ids
-    `DERIVED_IDS.forced` can choose; None for a tracer that is not the SDK's.  A copy, so the
+    `DERIVED_IDS.forced` can choose (and root spans' trace ids `DERIVED_IDS.forced_trace`); None for a
+    tracer that is not the SDK's.  A copy, so the
     tracer and its provider are left as they were."""
     if not hasattr(tracer, "id_generator"):
         return None

@@ -97,6 +97,11 @@ class SpanBuilder:
         self._fault_sink = weak_method(on_fault or _ignore_fault)
         self._store = store
         self._parent_ctx = parent_ctx
+        # A window under no span (no step): its root spans all get this one trace id, not one each
+        self._root_trace_id: int | None = None
+        if not trace.get_current_span(parent_ctx).get_span_context().is_valid:
+            window_trace = window.root_trace_id if window is not None else None
+            self._root_trace_id = window_trace or RandomIdGenerator().generate_trace_id()
         self._live = live  # live: make each open span the current span of this thread
         self._stack: list[_Frame] = []
         # Async collectives whose completion was awaited when built: ended at completion or window end.
@@ -252,14 +257,19 @@ class SpanBuilder:
     def _start_span(
         self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None, span_id: Any = None
     ) -> Span:
-        """The SDK span; with `span_id`, that id (a link target other ranks derive, matching.py)."""
+        """The SDK span; with `span_id`, that id (a link target other ranks derive, matching.py); a root
+        span of a window under no span, in the window's trace (`Window.root_trace_id`)."""
         tracer = self._tracer
-        token = None
-        if span_id is not None:
+        token = trace_token = None
+        root = parent_ctx is self._parent_ctx and self._root_trace_id is not None
+        if span_id is not None or root:
             if self._derived_tracer is None:
                 self._derived_tracer = matching.tracer_with_derived_ids(tracer) or tracer
             tracer = self._derived_tracer
-            token = matching.DERIVED_IDS.forced.set(span_id)
+            if span_id is not None:
+                token = matching.DERIVED_IDS.forced.set(span_id)
+            if root:
+                trace_token = matching.DERIVED_IDS.forced_trace.set(self._root_trace_id)
         try:
             return tracer.start_span(name, context=parent_ctx, attributes=attrs, start_time=time_ns, links=links)
         except Exception as exc:  # a span processor's on_start raised: the SDK span is lost to us
@@ -268,6 +278,8 @@ class SpanBuilder:
         finally:
             if token is not None:
                 matching.DERIVED_IDS.forced.reset(token)
+            if trace_token is not None:
+                matching.DERIVED_IDS.forced_trace.reset(trace_token)
 
     def _export(self, span: Span) -> None:
         if isinstance(span, ReadableSpan):  # sampled out spans record nothing
@@ -437,7 +449,8 @@ class SpanBuilder:
         attrs[schema.COLLECTIVE_IN_FLIGHT] = True
         if issue.stack:
             codec.encode_call_stack(attrs, issue.stack, module_of)
-        trace_id = parent.trace_id if parent.is_valid else RandomIdGenerator().generate_trace_id()
+        trace_id = parent.trace_id if parent.is_valid else self._root_trace_id
+        trace_id = trace_id or RandomIdGenerator().generate_trace_id()
         context = SpanContext(trace_id, RandomIdGenerator().generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
         events = ()
         if issue.dumped_to:

@@ -413,3 +413,87 @@ def compiled_ddp_worker(rank: int, world_size: int, port: int, out_dir: str) -> 
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+class _TpNet(nn.Module):
+    """A plain embedding-like input layer, then a tensor-parallel pair (fc1 column-, fc2 row-wise)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Linear(8, 16)
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(self.tok(x))))
+
+
+def storage_chains(model: nn.Module) -> dict[int, list[str]]:
+    """Each parameter's storage (data pointer; a DTensor's local shard) -> the calls its module sits
+    in, read from the model as `parallelize_module` left it, before `replicate` swaps any parameter."""
+    return {
+        (p.to_local() if isinstance(p, DTensor) else p).data_ptr(): _called_chain(model, fqn.rpartition(".")[0])
+        for fqn, p in model.named_parameters()
+    }
+
+
+def bucket_referee(model: nn.Module, chains: dict[int, list[str]]) -> Any:
+    """The referee's module counts (`referee.Referee`), plus what it leaves to no module: a collective
+    run in a parameter's AccumulateGrad (DDP's bucket all_reduce) counts, in backward, for the module
+    that held that parameter's storage (`chains`) and the modules enclosing it."""
+    from referee import Referee
+
+    class _Referee(Referee):
+        def _count(self, name: str) -> None:
+            node = torch._C._current_autograd_node()
+            if node is None or not node.name().endswith("AccumulateGrad"):
+                super()._count(name)
+                return
+            self.counts[name] += 1
+            for fqn in chains[node.variable.data_ptr()]:
+                self.module_counts[fqn]["backward"][name] += 1
+
+    return _Referee(model)
+
+
+def replicate_2d_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Issue 46 item 3: 2-D TP × `replicate` on 4 ranks (dp 2 × tp 2): fc1/fc2 tensor-parallel,
+    the model replicated over dp with small buckets.  replicate swaps each DTensor parameter for a
+    local Parameter that no module registers, whose AccumulateGrad runs the bucket all_reduce.
+    Two windows: the first step (replicate's lazy init inside it), and a later one."""
+    from torch.distributed._composable.replicate import replicate
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from hp_otel import CommDebugMode
+    from hp_otel.workloads.process_groups import init_gloo
+
+    init_gloo(rank, world_size, port)
+    try:
+        torch.manual_seed(0)
+        model = _TpNet()
+        mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+        chains = storage_chains(model)
+        replicate(model, device_mesh=mesh["dp"], bucket_cap_mb=0.0001)
+        x = torch.randn(4, 8)
+        result: dict[str, Any] = {}
+        for window in ("first", "later"):
+            if window == "later":
+                model(x).sum().backward()
+            referee = bucket_referee(model, chains)
+            with referee, CommDebugMode(module=model) as mode:
+                model(x).sum().backward()
+            assert mode.get_callback_error_counts() == {}
+            assert_counts_add_up(mode)
+            assert mode.get_comm_counts() == dict(referee.counts), (mode.get_comm_counts(), referee.counts)
+            result[window] = {
+                "ours": mode.get_comm_module_counts(),
+                "referee": referee.module_counts_dict(),
+                "buckets": mode.get_comm_counts().get("c10d.allreduce_", 0),
+            }
+        result["registered"] = sorted(name for name, _ in model.named_parameters())
+        _dump(out_dir, "replicate_2d", rank, result)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -47,6 +47,7 @@ from hp_otel.record.observer import Observer
 from hp_otel.sources import module_depth
 from hp_otel.sources.pytorch import _compat, compile_wrappers, fsdp
 from hp_otel.sources.pytorch.fsdp import fsdp1_patches, param_group_modules, param_group_phase
+from hp_otel.sources.pytorch.stand_in_params import stand_in_parameters
 from hp_otel.sources.pytorch.tensors import dtype_name
 from hp_otel.spans import schema
 from hp_otel.spans.codec import placements_text
@@ -904,11 +905,13 @@ class TorchModuleTracker:
         self._inside_chains: dict[tuple[ModuleInfo, ...], tuple[ModuleCall, tuple[ModuleCall, ...]]] = {}
         self._module_info: dict[int, ModuleInfo] = {}
         self._latest_call: dict[ModuleInfo, ModuleCall] = {}
+        self._stand_ins_searched = False  # this window looked for stand-in parameters (`_stand_in_owner`)
 
     def attach(self, observer: Observer) -> None:
         self.observer = observer
         self.backward_spans = observer.spans_enabled
         self._backward_end.reset()
+        self._stand_ins_searched = False
         self._local = threading.local()
         self._owners_by_thread = {}
         self._latest_owners = None
@@ -1016,8 +1019,11 @@ class TorchModuleTracker:
             return () if _graph_task_id() != -1 else None
         sequence_nr = _sequence_nr(node)
         if sequence_nr == _NO_SEQUENCE_NR:
-            key = id(getattr(node, "variable", None))
+            variable = getattr(node, "variable", None)
+            key = id(variable)
             info = self._param_owner.get(key)
+            if info is None and isinstance(variable, nn.Parameter):
+                info = self._stand_in_owner(key)
             call = self._latest_call.get(info) if info is not None else None
             if call is None:
                 return ()
@@ -1026,6 +1032,22 @@ class TorchModuleTracker:
         owners = self._owners_by_thread.get(threading.get_ident()) or self._latest_owners
         call = owners.owner(sequence_nr) if owners is not None else None
         return call.chain if call is not None else ()
+
+    def _stand_in_owner(self, key: int) -> ModuleInfo | None:
+        """The module owning the Parameter `id() == key` that no module registers, when it stands
+        behind a tensor attribute of a module of the tree (`stand_in_parameters`: replicate's local
+        Parameter behind a TP module's DTensor weight).  The tree is searched once a window, at the
+        first such Parameter, and what it finds kept with the other owners (for the next windows)."""
+        if self._stand_ins_searched:
+            return None
+        self._stand_ins_searched = True
+        owners = self._param_owner
+        for module in self.root.modules():
+            info = self._module_info.get(id(module))
+            if info is not None:
+                for param in stand_in_parameters(module):
+                    owners.setdefault(id(param), info)
+        return owners.get(key)
 
     def _chain_inside(self, region: ModuleCall, path: tuple[ModuleInfo, ...]) -> tuple[ModuleCall, ...]:
         """The calls of `path` (modules inside a compiled region, whose hooks ran in the graph) under the

@@ -62,3 +62,24 @@ def test_compiled_ddp_bucket_all_reduce_counts_for_the_parameters_module(tmp_pat
     for seen in _run(attribution_workers.compiled_ddp_worker, "compiled_ddp", 2, tmp_path):
         assert seen["buckets"] and all(b.startswith("module.") for b in seen["buckets"])
         assert seen["ours"] == seen["referee"]
+
+
+def test_replicate_over_tensor_parallel_bucket_counts_for_the_original_parameters_module(tmp_path) -> None:
+    """Item 3: 2-D TP × `replicate` (4 ranks): the bucket all_reduce run in the AccumulateGrad of the
+    local Parameter replicate put in place of a DTensor parameter counts for the module that owned
+    that parameter (fc1, fc2) and the root, in the first window (replicate's lazy init inside it)
+    and a later one (before: for no module)."""
+    for seen in _run(attribution_workers.replicate_2d_worker, "replicate_2d", 4, tmp_path):
+        assert seen["registered"] == ["tok.bias", "tok.weight"]  # fc1's and fc2's are registered by none
+        for window in ("first", "later"):
+            ours, referee = seen[window]["ours"], seen[window]["referee"]
+            assert ours == referee, window
+
+            def buckets(fqn: str, ours: dict = ours) -> int:
+                return ours.get(fqn, {}).get("backward", {}).get("c10d.allreduce_", 0)
+
+            # every bucket counts for the root (before: those of fc1's and fc2's stand-ins for none)
+            assert buckets("(root)") == seen[window]["buckets"], (window, ours)
+            # the first step has one bucket (DDP's first bucket is 1 MB), later steps one a parameter
+            owners = [fqn for fqn in ("tok", "fc1", "fc2") if buckets(fqn)]
+            assert owners == (["fc1"] if window == "first" else ["tok", "fc1", "fc2"]), (window, ours)
