@@ -30,7 +30,14 @@ def add_arguments(ranks: argparse.ArgumentParser) -> None:
         "spans_rank<N>.json, comm_rank<N>.json, nccl_trace_rank_<N>; one kind a folder, in that order)",
     )
     ranks.add_argument("--json", action="store_true", help="the report as JSON")
-    ranks.add_argument("--top", type=positive, default=5, metavar="N", help="largest skews to list")
+    ranks.add_argument(
+        "--top",
+        type=positive,
+        default=5,
+        metavar="N",
+        help="largest skews and slowest collectives to list, and runs shown per rank list of the text "
+        "(`0-4095 except 17`; past N runs, a count)",
+    )
     ranks.add_argument(
         "--per-collective",
         action="store_true",
