@@ -152,3 +152,22 @@ def test_small_rings_keep_their_last_steps(tmp_path: Path, keep: int) -> None:
     for n in range(7):
         ring.add(_step(n), RESOURCE)
         assert _read_back(Path(ring.path)) == _expected(range(max(0, n + 1 - keep), n + 1)), n
+
+
+def test_a_link_or_fifo_put_at_the_name_between_steps_is_replaced_never_written(tmp_path: Path) -> None:
+    """The folder may be shared: what is at the name since the last write is not the ring's file."""
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    ring = CollectivesRing(folder, KEEP, 0)
+    ring.add(_step(0), RESOURCE)
+    os.unlink(ring.path)
+    os.symlink(victim, ring.path)
+    ring.add(_step(1), RESOURCE)
+    assert victim.read_text() == "untouched" and not Path(ring.path).is_symlink()
+    assert _read_back(Path(ring.path)) == _expected(range(2))
+    os.unlink(ring.path)
+    os.mkfifo(ring.path)  # opening it to write would wait for a reader forever
+    ring.add(_step(2), RESOURCE)
+    assert Path(ring.path).is_file() and _read_back(Path(ring.path)) == _expected(range(3))
