@@ -225,7 +225,8 @@ class CommDebugMode:
             `HP_OTEL_STACK_DEPTH` setting, off when unset. Off, no frame is walked.
         metric_module_depth: how much of the module path the collective metrics carry
             (`hp.module.fqn`, their cardinality): an int k keeps the first k dotted parts
-            (`layers.3.attn` at 2 is `layers.3`), `"none"` (or 0) drops the attribute,
+            (`layers.3.attn` at 3 is `layers.*.attn`: a container index is `*`, so the series
+            do not grow with the blocks), `"none"` (or 0) drops the attribute,
             `"full"` keeps it. Default: $HP_OTEL_METRIC_MODULE_DEPTH, else `"full"` (the
             instrumentor's default is 1). A counts-only window hooks modules only that deep
             (see `module_depth`); spans keep the whole fqn of the modules they hook.

@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hp_otel.analysis.rank_call import UNKNOWN_MODULE
-from hp_otel.analysis.rank_input import fast_collectives
+from hp_otel.analysis.rank_input import decode_json, fast_collectives
 from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, rank_file_of_payload, rank_file_of_spans
-from hp_otel.common.input_files import InputFileError, checked_int, parse_json, parse_pickle, read_bytes
+from hp_otel.common.input_files import InputFileError, checked_int, parse_pickle, read_bytes
 from hp_otel.common.package_dirs import package_dirs
 from hp_otel.common.rank_set import EMPTY, RankSet
 
@@ -128,7 +128,7 @@ def _parse(path: str, data: bytes) -> tuple[Any, bool]:
     try:
         if data[:1] == _PICKLE_PROTOCOL_2_PLUS:
             return parse_pickle(data, path, "Flight Recorder dump"), True
-        return parse_json(data, path, "spans file"), False
+        return decode_json(path, data), False  # a ring file cut in an append: up to its last whole step
     except InputFileError as exc:
         raise RankInputError(str(exc)) from None
 

@@ -29,11 +29,11 @@ def ranks_text(ranks: Sequence[int]) -> str:
 LISTED = 16
 
 
-def ranks_listed(ranks: Sequence[int]) -> str:
-    """`0,1,2` for a few ranks; runs shortened for many (`0-1023`); a long list cut (a DP group's 512 ranks)."""
-    if len(ranks) <= LISTED:
-        return ",".join(map(str, ranks))
-    return ranks_with_exceptions(ranks, LISTED)  # `0-4095 except 17`, `3-4091:8`; at most LISTED runs
+def ranks_listed(ranks: Sequence[int], top: int = LISTED) -> str:
+    """A rank list as ranges, never rank by rank: `0-3`, `0-4095 except 17`, `3-4091:8`; at most `top`
+    runs (or excepted runs), then a count (`0-7,9-15,... (4000 ranks in 300 runs)`): one line whatever
+    the group. A RankSet is read off its runs (a 3-million-rank run is one piece, never listed)."""
+    return ranks_with_exceptions(ranks, max(1, top))
 
 
 def more_line(hidden: int, what: str) -> list[str]:

@@ -36,9 +36,15 @@ def read_bytes(path: str) -> bytes:
 
 
 def decode_json(path: str, data: bytes) -> Any:
+    """The file's JSON; a step loop's collectives file cut in an append is read up to its last whole step."""
     try:
         return input_files.parse_json(data, path, "spans file")
     except input_files.InputFileError as exc:
+        from hp_otel.spans.collectives_file import recover_torn_ring
+
+        recovered = recover_torn_ring(data, path)
+        if recovered is not None:
+            return recovered
         raise RankInputError(str(exc)) from None
 
 

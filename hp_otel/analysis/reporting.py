@@ -8,7 +8,7 @@ from typing import Any
 
 from hp_otel.analysis.bandwidth import bandwidth_report, bandwidth_to_json, format_bandwidth
 from hp_otel.analysis.comparing import GroupReport, RanksReport, Skew
-from hp_otel.analysis.listing import LISTED, more_line, ranks_listed, ranks_text
+from hp_otel.analysis.listing import LISTED, more_line, ranks_listed
 from hp_otel.analysis.rank_call import module_where
 from hp_otel.common.rank_set import RankSet
 from hp_otel.common.safe_text import printable
@@ -38,13 +38,13 @@ def exit_status(report: RanksReport) -> int:
     return EXIT_INCOMPLETE if report.missing_ranks else EXIT_AGREE
 
 
-def verdict_line(report: RanksReport) -> str:
+def verdict_line(report: RanksReport, top: int = LISTED) -> str:
     if not report.agree:
         return f"verdict: ranks DIVERGE or miss collectives (exit status {EXIT_DIVERGE})"
     if report.missing_ranks:
         return (
             f"verdict: INCOMPLETE: the {len(report.ranks)} ranks given agree, but ranks "
-            f"{ranks_text(report.missing_ranks)} have no file (exit status {EXIT_INCOMPLETE})"
+            f"{ranks_listed(report.missing_ranks, top)} have no file (exit status {EXIT_INCOMPLETE})"
         )
     return "verdict: ranks agree"
 
@@ -53,7 +53,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     lines = []
     total = sum(len(f.calls) for f in report.files)
     lines.append(
-        f"ranks {ranks_listed(report.ranks)}: {len(report.files)} files, {total} collectives, "
+        f"ranks {ranks_listed(report.ranks, top)}: {len(report.files)} files, {total} collectives, "
         f"{len(report.groups)} group windows"
     )
     for note in report.notes:
@@ -61,7 +61,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     missing = report.missing_ranks
     if missing:
         expected = _expected_text(report)
-        lines.append(f"note: no file for ranks {ranks_text(missing)} of {expected}: they are not compared")
+        lines.append(f"note: no file for ranks {ranks_listed(missing, top)} of {expected}: they are not compared")
     for f in report.files:
         if f.unsequenced:
             lines.append(
@@ -71,7 +71,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
     folded = {id(g) for g in agreeing} if len(agreeing) > LISTED else set()
     for g in report.groups:
         if id(g) not in folded:
-            lines += _group_lines(g)
+            lines += _group_lines(g, top)
     if folded:
         reached = sorted({g.compared for g in agreeing})
         each = f"{reached[0]}" if len(reached) == 1 else f"{reached[0]}-{reached[-1]}"
@@ -93,7 +93,7 @@ def format_report(report: RanksReport, top: int = 5) -> str:
             lines.append(f"    {k.op} #{k.seq} in {where}, {g.window}: {_ms(k.skew_ns)}, rank {k.last_rank} last")
     lines += exposure_lines(report)
     lines += format_bandwidth(bandwidth_report(report.files), top)
-    lines += ["", verdict_line(report)]
+    lines += ["", verdict_line(report, top)]
     # Module, op and group names and paths come from the files: escaped, not acted on by the terminal.
     return "\n".join(map(printable, lines))
 
@@ -102,13 +102,14 @@ def largest_skews(report: RanksReport, top: int) -> list[tuple[Skew, GroupReport
     return sorted(((k, g) for g in report.groups for k in g.skews), key=lambda kg: -kg[0].skew_ns)[:top]
 
 
-def _group_lines(g: GroupReport) -> list[str]:
+def _group_lines(g: GroupReport, top: int) -> list[str]:
+    """A group window's lines; its rank lists as ranges of at most `top` runs (`ranks_listed`)."""
     verdict = "agree" if g.agree else "DIVERGE" if g.divergence is not None else "INCOMPLETE"
-    ranks = ranks_listed(g.group_ranks or g.ranks)
+    ranks = ranks_listed(g.group_ranks or g.ranks, top)
     lines = ["", f"group {g.group or '?'} (ranks {ranks}), {g.window or 'no window'}: {verdict} "
              f"({g.compared} collectives reached by every rank)"]  # fmt: skip
     if g.absent_ranks:
-        lines.append(f"  no file for ranks {ranks_listed(g.absent_ranks)} (not compared)")
+        lines.append(f"  no file for ranks {ranks_listed(g.absent_ranks, top)} (not compared)")
     if g.divergence is not None:
         d = g.divergence
         lines.append(f"  first divergence at seq #{d.seq}:")
@@ -122,11 +123,11 @@ def _group_lines(g: GroupReport) -> list[str]:
         lines += more_line(len(d.calls) - len(shown), "ranks")
     for m in g.missing[:LISTED]:
         ref = m.reference
-        waiting = f"; rank {ranks_listed(m.in_flight_on)} waiting in it" if m.in_flight_on else ""
+        waiting = f"; rank {ranks_listed(m.in_flight_on, top)} waiting in it" if m.in_flight_on else ""
         at = f" at {ref.stack[0]}" if ref.stack else ""  # where the others issued it (stack=, FR frames)
         lines.append(
             f"  hang suspect: rank {m.rank} never reached {ref.op} #{m.seq} in {ref.where()} "
-            f"(issued by rank {ranks_listed(m.issued_by)}{at}{waiting})"
+            f"(issued by rank {ranks_listed(m.issued_by, top)}{at}{waiting})"
         )
     lines += more_line(len(g.missing) - LISTED, "ranks that never reached a collective")
     for seq in g.stuck_together:

@@ -1,9 +1,10 @@
-"""`hp-otel ranks FILE...`: compare the ranks' collective sequences (see `hp_otel.analysis`).
+"""`hp-otel ranks PATH...`: compare the ranks' collective sequences (see `hp_otel.analysis`).
 
 Exit status: 0 the ranks agree, 3 they diverge or one misses collectives, 4 the ranks given
 agree but the files name ranks that have no file (not compared), 2 bad input (one line on
 stderr, no traceback; also a rank outside its world size, and files with no collective: nothing
-to compare).
+to compare; also a folder holding no rank file, named). A folder stands for the rank files a run
+writes in it (`run_folders`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,20 @@ def add_arguments(ranks: argparse.ArgumentParser) -> None:
         "files",
         type=Path,
         nargs="+",
-        metavar="FILE",
-        help="one file per rank: spans (OTLP/JSON), JSON dump, or torch Flight Recorder dump",
+        metavar="PATH",
+        help="one file per rank: spans (OTLP/JSON), collectives file, JSON dump, or torch Flight Recorder dump; "
+        "or a folder: the rank files a run writes there, recognised by name (collectives-rank<N>.json, "
+        "spans_rank<N>.json, comm_rank<N>.json, nccl_trace_rank_<N>; one kind a folder, in that order)",
     )
     ranks.add_argument("--json", action="store_true", help="the report as JSON")
-    ranks.add_argument("--top", type=positive, default=5, metavar="N", help="largest skews to list")
+    ranks.add_argument(
+        "--top",
+        type=positive,
+        default=5,
+        metavar="N",
+        help="largest skews and slowest collectives to list, and runs shown per rank list of the text "
+        "(`0-4095 except 17`; past N runs, a count)",
+    )
     ranks.add_argument(
         "--per-collective",
         action="store_true",
@@ -64,7 +74,13 @@ def run_ranks(
     from hp_otel.analysis.reading_pool import default_jobs
     from hp_otel.analysis.reporting import EXIT_BAD_INPUT, exit_status
     from hp_otel.cli.progress import ReadProgress
+    from hp_otel.cli.run_folders import FolderError, expand
 
+    try:
+        files = expand(files, lambda line: print(printable(f"hp-otel ranks: {line}"), file=sys.stderr))
+    except FolderError as exc:
+        print(printable(f"hp-otel ranks: {exc}"), file=sys.stderr)
+        return EXIT_BAD_INPUT
     progress = ReadProgress("ranks") if sys.stderr.isatty() else None
     try:
         report = compare_files(files, jobs or default_jobs(), progress, by_module=per_collective)

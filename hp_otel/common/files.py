@@ -308,3 +308,47 @@ def write_in_folder(folder: str | os.PathLike[str], name: str, write: Callable[[
 
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+FileId = tuple[int, int, int]  # (st_dev, st_ino, st_size) of a file this process wrote
+_APPEND = os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def file_id(fd: int) -> FileId:
+    """The identity and size of an open file, to find it unchanged at the next `append_in_folder`."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size
+
+
+def append_in_folder(
+    folder: str | os.PathLike[str], name: str, offset: int, data: bytes, expect: FileId, argument: str
+) -> FileId | None:
+    """Write `data` at `offset` of `folder/name` if it is still the file this process left (`expect`:
+    same inode, same size, a regular file it owns), where other users may write `folder`: a link,
+    a FIFO or another file put at `name` since is never followed, opened blocking nor written
+    (None then: the caller rewrites with `write_in_folder`). Returns the file's new identity.
+
+    Writing at an offset rather than appending lets a writer overwrite its own closing bytes (a
+    JSON document stays whole after each complete write). An OSError names `argument`."""
+    path = os.path.join(os.fspath(folder), name)
+    dir_fd = _open_folder(os.fspath(folder), argument)
+    try:
+        try:
+            fd = os.open(name, _APPEND, dir_fd=dir_fd)
+        except OSError:  # gone, a link (ELOOP), a FIFO without reader (ENXIO): not the file left
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or file_id(fd) != expect:
+                return None
+            view = memoryview(data)
+            while view:  # a torn write (a crash meanwhile) is the reader's to recover: no temporary file
+                done = os.pwrite(fd, view, offset)
+                view, offset = view[done:], offset + done
+            return file_id(fd)
+        except OSError as exc:
+            raise _error(exc, argument, path) from exc
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)

@@ -248,8 +248,15 @@ def ranks_with_exceptions(ranks: Iterable[int], limit: int) -> str:
     if 0 < gaps < pieces:
         held = set(members)
         missing = RankSet.of(r for r in range(first, last + 1) if r not in held)
-        return f"{first}-{last} except {_cut(missing, limit)}"
+        return _readable(f"{first}-{last} except {_cut(missing, limit)}", listed, limit)
     return _cut(listed, limit)
+
+
+def _readable(excepted: str, ranks: RankSet, limit: int) -> str:
+    """The except form, unless the ranks are a few single ones (`0,2`, not `0-2 except 1`)."""
+    if len(ranks.runs) <= limit and all(first == last for first, last, _ in ranks.runs):
+        return str(ranks)
+    return excepted
 
 
 def _with_exceptions(ranks: RankSet, limit: int) -> str:
@@ -267,7 +274,7 @@ def _with_exceptions(ranks: RankSet, limit: int) -> str:
             for rank in range(start, end, step):
                 missing.extend(range(rank + 1, rank + step))
             previous = end
-        return f"{first}-{last} except {_cut(RankSet.of(missing), limit)}"
+        return _readable(f"{first}-{last} except {_cut(RankSet.of(missing), limit)}", ranks, limit)
     return _cut(ranks, limit)
 
 

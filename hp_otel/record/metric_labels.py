@@ -2,9 +2,12 @@
 
 Each module that issues collectives is one label set per metric per rank; a 96-layer
 model has hundreds.  `metric_module_depth` keeps the first k dotted parts of the fqn
-(`layers.3.attention` at depth 2 is `layers.3`, at depth 1 `layers`), `"none"` (or 0)
-drops the attribute, `"full"` keeps it whole.  The cut is made when the series key is
-made, not with an SDK View: the calls and bytes counters are observable counters over
+(`layers.3.attention` at depth 2 is `layers.*`, at depth 1 `layers`), `"none"` (or 0)
+drops the attribute, `"full"` keeps it whole.  Within the kept parts a container index (a
+part that is all digits: `nn.ModuleList` / `nn.Sequential` children) becomes `*`, so the label
+values are bounded by the model's named structure, not by how many blocks it repeats: an
+`nn.Sequential` of blocks at depth 1 is one `*`, whether it holds 2 blocks or 96.  The cut is
+made when the series key is made, not with an SDK View: the calls and bytes counters are observable counters over
 hp_otel's own totals, and a View that drops an attribute of an observable counter keeps
 one of the merged observations instead of their sum (the SDK's asynchronous sum takes
 the last value per attribute set), so the totals themselves are merged here.
@@ -17,6 +20,7 @@ from hp_otel.common.env_read import getenv
 ENV_VAR = "HP_OTEL_METRIC_MODULE_DEPTH"
 FULL = "full"
 NONE = "none"
+INDEX = "*"  # a container index's label part: one series for all the repeated blocks
 ALWAYS_ON_DEFAULT = 1  # the instrumentor's: the model's top-level children, whatever its depth
 
 
@@ -62,7 +66,7 @@ class ModuleLabel:
         cache = self._cache
         if fqn in cache:
             return cache[fqn]
-        label = None if depth == 0 else ".".join(fqn.split(".")[:depth])
+        label = None if depth == 0 else ".".join(INDEX if p.isdigit() else p for p in fqn.split(".")[:depth])
         if len(cache) < 4096:
             cache[fqn] = label
         return label

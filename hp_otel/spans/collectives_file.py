@@ -19,10 +19,17 @@ the same (name, attributes, start, end) a spans file gives for its collective sp
 A step loop's file (`CollectivesRing`: the always-on instrumentor's steps) holds the last
 few steps instead, one window each, so its size stays bounded however long the run:
 
-    {"format": "hp_otel.collectives", "version": 2, "resource": {...}, "keep": 4,
-     "windows": [{"groups": {...}, "kinds": [...], "calls": [...]}, ...]}        # oldest step first
+    {"format": "hp_otel.collectives", "version": 2, "resource": {...}, "keep": 4, "windows": [
+    {"groups": {...}, "kinds": [...], "calls": [...]}
+    ,{...}                                                          # a line per step, oldest first
+    ]}
 
-Each step is encoded once, when it ends; rewriting the file joins the kept steps' text.
+The file is one JSON document after every complete write, and each step is appended: the new
+window's line is written over the closing `]}` (which it ends with again), so a sampled step
+writes its own window, not the kept ones again. Once the file holds 2 x `keep` windows the next
+step rewrites it with the last `keep` (atomically, by rename). A reader takes the last `keep`
+windows, and a file cut in the middle of an append (a crash, or read while being written) is
+read up to its last whole window (`recover_torn_ring`).
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hp_otel.common.files import write_in_folder, write_text_atomically
+from hp_otel.common.files import FileId, append_in_folder, file_id, write_in_folder, write_text_atomically
+from hp_otel.common.input_files import InputFileError, parse_json
 from hp_otel.spans import schema
 from hp_otel.spans.groups import GroupTable
 
@@ -122,22 +130,83 @@ RING_NAME = "collectives-rank{rank}.json"  # a step loop's file in its folder: o
 DEFAULT_KEEP = 4  # steps a step loop's file keeps
 
 
+_TAIL = "\n]}\n"  # a ring file's closing bytes: each append writes over them and ends with them again
+COMPACT_FACTOR = 2  # a ring file is rewritten (to `keep` windows) once it holds this many times `keep`
+
+
 class CollectivesRing:
-    """The collectives of a rank's last `keep` steps in one file (`folder/collectives-rank<R>.json`),
-    rewritten atomically after each step: bounded however long the run, and what `hp-otel ranks`
-    compares across ranks at any moment (every rank's file holds the same last steps)."""
+    """The collectives of a rank's last `keep` steps in one file (`folder/collectives-rank<R>.json`):
+    each step appended, the file rewritten to the last `keep` once it holds `COMPACT_FACTOR` x `keep`,
+    so bounded however long the run, and what `hp-otel ranks` compares across ranks at any moment
+    (every rank's file holds the same last steps)."""
 
     def __init__(self, folder: str | os.PathLike[str], keep: int, rank: int) -> None:
-        self.path = os.path.join(os.fspath(folder), RING_NAME.format(rank=rank))
+        self.folder = os.fspath(folder)
+        self.name = RING_NAME.format(rank=rank)
+        self.path = os.path.join(self.folder, self.name)
         self.keep = keep
         self._windows: collections.deque[str] = collections.deque(maxlen=keep)
+        self._head = ""  # the header line the file has
+        self._held = 0  # windows in the file
+        self._file: FileId | None = None  # the file as this ring left it; None: rewrite at the next step
+        self.bytes_written = 0  # this ring's writes, appends and rewrites
+        self.rewrites = 0
 
     def add(self, spans: Iterable[Any], resource: Mapping[str, Any]) -> None:
-        """Keep this step's collectives (dropping the oldest past `keep`) and rewrite the file."""
-        self._windows.append(json.dumps(_window(spans), separators=(",", ":")))
+        """Keep this step's collectives (dropping the oldest past `keep`) and append them to the file."""
+        window = json.dumps(_window(spans), separators=(",", ":"))
+        self._windows.append(window)
         head = json.dumps({**_header(resource), "keep": self.keep}, separators=(",", ":"))
-        text = f'{head[:-1]},"windows":[{",".join(self._windows)}]}}'
-        write_in_folder(*os.path.split(self.path), lambda handle: handle.write(text), "collectives file")
+        head = f'{head[:-1]},"windows":['
+        if self._file is not None and head == self._head and self._held < COMPACT_FACTOR * self.keep:
+            piece = f"\n,{window}{_TAIL}".encode()
+            expect, self._file = self._file, None  # None until the write is known whole
+            left = append_in_folder(self.folder, self.name, expect[2] - len(_TAIL), piece, expect, "collectives file")
+            if left is not None:
+                self._file, self._held = left, self._held + 1
+                self.bytes_written += len(piece)
+                return
+        self._rewrite(head)
+
+    def _rewrite(self, head: str) -> None:
+        text = f"{head}\n" + "\n,".join(self._windows) + _TAIL
+        left: list[FileId] = []
+
+        def write(handle: Any) -> None:
+            handle.write(text)
+            handle.flush()
+            left.append(file_id(handle.fileno()))
+
+        self._file = None
+        write_in_folder(self.folder, self.name, write, "collectives file")
+        self._file, self._head, self._held = left[0], head, len(self._windows)
+        self.bytes_written += len(text)  # ASCII: json.dumps escapes the rest
+        self.rewrites += 1
+
+
+def recover_torn_ring(data: bytes, path: str) -> dict[str, Any] | None:
+    """A ring file cut in the middle of an append (a crash, or read while written): its header and the
+    whole windows before the cut. None: not a ring file's layout (the caller reports it as not JSON)."""
+    head, newline, rest = data.partition(b"\n")
+    if not newline or not head.startswith(b'{"format":"hp_otel.collectives"') or not head.endswith(b'"windows":['):
+        return None
+    try:
+        payload = parse_json(head + b"]}", path, "collectives file")
+    except InputFileError:
+        return None
+    windows = []
+    for i, line in enumerate(rest.split(b"\n")):
+        if i and not line.startswith(b","):
+            break  # the closing `]}` of a whole file, or the cut
+        try:
+            window = parse_json(line[1:] if i else line, path, "collectives file")
+        except InputFileError:
+            break
+        if not isinstance(window, dict):
+            break
+        windows.append(window)
+    payload["windows"] = windows
+    return payload  # type: ignore[no-any-return]
 
 
 def is_collectives_payload(payload: Any) -> bool:
@@ -192,4 +261,7 @@ def windows_of(payload: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     windows = payload["windows"]
     if not isinstance(windows, list) or not all(isinstance(w, dict) for w in windows):
         raise ValueError("its windows are not a list of objects")
+    keep = payload.get("keep")
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1:
+        return windows[-keep:]  # appended since the last rewrite: up to COMPACT_FACTOR x keep
     return windows

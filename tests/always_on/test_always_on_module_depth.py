@@ -54,8 +54,8 @@ class TestAlwaysOnModuleDepth(TestBase):
 
     def test_the_env_var(self) -> None:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setenv(ENV_VAR, "2")
-            assert self._labels() == ["layers.3", "layers.5"]
+            patch.setenv(ENV_VAR, "3")
+            assert self._labels() == ["layers.*.attn"]  # layers 3 and 5 share one label set
 
     def test_the_argument_wins_over_the_env_var(self) -> None:
         with pytest.MonkeyPatch.context() as patch:

@@ -48,8 +48,11 @@ def _steps(steps, rank: int, calls: int = 1) -> None:  # type: ignore[no-untyped
 
 
 def _windows(path) -> list[str]:  # type: ignore[no-untyped-def]
+    """The steps the file keeps: its last `keep` windows (appended since its last rewrite: up to twice that)."""
     payload = json.loads(path.read_text())
-    return [w["kinds"][0]["hp.collective.window"] for w in payload["windows"]]
+    keep, windows = payload["keep"], payload["windows"]
+    assert len(windows) <= 2 * keep
+    return [w["kinds"][0]["hp.collective.window"] for w in windows[-keep:]]
 
 
 def test_the_file_keeps_the_last_steps_and_ranks_reads_them(tmp_path, instrument) -> None:
