@@ -2,8 +2,8 @@
 gloo ranks, on CPU, with a plain torch optimizer (no DeepSpeed op to compile).
 
 The referee is the training loop itself: a dispatch mode of the test's own (`CollectiveLog`) sees every
-collective op, labelled with the engine call the loop is in (`engine(x)`: forward, `engine.backward(loss)`:
-backward, `engine.step()`: optimizer), which is what a DeepSpeed user calls those phases.
+collective op, labelled with the engine call the loop is in (`engine(x)`: forward, `engine.backward(loss)` or
+`loss.backward()`: backward, `engine.step()`: optimizer), which is what a DeepSpeed user calls those phases.
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ def _engine(stage: int) -> Any:
     return engine
 
 
-def zero_phases_worker(rank: int, world_size: int, port: int, out_dir: str, stage: int) -> None:
+def zero_phases_worker(rank: int, world_size: int, port: int, out_dir: str, stage: int, backward: str) -> None:
     """Two steps of ZeRO `stage` (the first outside the window), the second's collectives per phase, ours
-    and the referee's; what the window patched, restored object for object."""
+    and the referee's; what the window patched, restored object for object. `backward`: "engine"
+    (`engine.backward(loss)`) or "tensor" (`loss.backward()`, which DeepSpeed supports for ZeRO: its
+    epilogue then runs from a gradient hook inside autograd)."""
     os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     from hp_otel import CommDebugMode
@@ -76,8 +78,10 @@ def zero_phases_worker(rank: int, world_size: int, port: int, out_dir: str, stag
                 try:
                     if call == "forward":
                         loss = nn.functional.mse_loss(engine(x), y)
-                    elif call == "backward":
+                    elif call == "backward" and backward == "engine":
                         engine.backward(loss)
+                    elif call == "backward":
+                        loss.backward()
                     else:
                         engine.step()
                 finally:
@@ -110,7 +114,7 @@ def zero_phases_worker(rank: int, world_size: int, port: int, out_dir: str, stag
             "not_restored": sorted(k for k in before if after.get(k) is not before[k]),
             "added": sorted(set(after) - set(before)),
         }
-        with open(os.path.join(out_dir, f"zero{stage}_rank{rank}.json"), "w") as f:
+        with open(os.path.join(out_dir, f"zero{stage}_{backward}_rank{rank}.json"), "w") as f:
             json.dump(result, f)
     finally:
         dist.destroy_process_group()
