@@ -122,5 +122,9 @@ def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
         from hp_otel.sources.pytorch.optimizer import OptimizerStepSource
 
         sources.append(OptimizerStepSource())
+        if "deepspeed" in sys.modules:  # DeepSpeed's engine step and backward epilogue: only once it is imported
+            from hp_otel.sources.pytorch.deepspeed import DeepSpeedPhaseSource
+
+            sources.append(DeepSpeedPhaseSource(module))
     sources.append(GraphModeWatch())  # says once when the window met graph-mode code it cannot trace
     return sources

@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from opentelemetry.semconv.attributes import error_attributes
-
-try:  # stable since semantic conventions 1.33 (opentelemetry-semantic-conventions 0.54b0)
-    from opentelemetry.semconv.attributes import code_attributes
-except ImportError:  # 1.30 - 1.32 (the SDK releases we accept): the same names, still incubating
-    from opentelemetry.semconv._incubating.attributes import code_attributes  # type: ignore[no-redef]
+# code_attributes: stable since semantic conventions 1.33 (opentelemetry-semantic-conventions 0.54b0);
+# the lowest SDK accepted (1.42, pyproject.toml) brings 0.63b0
+from opentelemetry.semconv.attributes import code_attributes, error_attributes
 
 INSTRUMENTATION_NAME: Final = "hp_otel"
 # The instrumentation scope's schema URL: the semantic-conventions release the standard names

@@ -8,6 +8,7 @@ While a window is active the step is reported as a module span of the pseudo-mod
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import torch
@@ -29,6 +30,23 @@ def _info(optimizer: Any) -> ModuleInfo:
 
 
 _attached: list[OptimizerStepSource] = []  # the sources of the windows open now, outermost first
+# True inside a framework's own step that is reported as the optimizer phase already (DeepSpeed's
+# `engine.step()`, hp_otel.sources.pytorch.deepspeed): the torch optimizer it runs opens no second span.
+_outer_step: contextvars.ContextVar[bool] = contextvars.ContextVar("hp_otel_outer_optimizer_step", default=False)
+
+
+def outer_step_starts() -> contextvars.Token[bool]:
+    """A framework's step, reported as the optimizer phase by its own source, starts on this thread."""
+    return _outer_step.set(True)
+
+
+def outer_step_ends(token: contextvars.Token[bool]) -> None:
+    try:
+        _outer_step.reset(token)
+    except ValueError:  # ended in another context than started: leave that context alone
+        _outer_step.set(False)
+
+
 _registered: list[bool] = []
 
 
@@ -47,14 +65,14 @@ def _register_once() -> None:
 
 
 def _pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if _is_compiling():
+    if _is_compiling() or _outer_step.get():
         return
     for source in tuple(_attached):
         source.step_starts(optimizer)
 
 
 def _post(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if _is_compiling():
+    if _is_compiling() or _outer_step.get():
         return
     for source in tuple(_attached):
         source.step_ends()
