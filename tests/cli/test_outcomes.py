@@ -14,9 +14,9 @@ from events import ALL_REDUCE
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 
-from hp_otel.common import said_once
 from hp_otel import CommDebugMode
 from hp_otel.cli import EXIT_BROKEN_PIPE, main
+from hp_otel.common import said_once
 from hp_otel.spans import schema
 from hp_otel.spans.otlp_json import write_spans
 
