@@ -93,7 +93,8 @@ def test_agreeing_ranks_match_hp_otels_spans_seq_for_seq_and_frame_for_frame(tmp
     report = json.loads(_cli(*_fr(tmp_path), json_out=True).stdout)
     (group,) = report["groups"]
     skews = {k["seq"]: k for k in group["skews"]}
-    assert skews[4]["op"] == "broadcast" and skews[4]["last_rank"] == 1 and skews[4]["skew_ns"] >= 0.95e9
+    assert skews[4]["op"] == "broadcast" and skews[4]["last_rank"] == 1
+    assert skews[4]["skew_ns"] >= 0.95e9 * fr_workers.LATE_S
     assert report["stragglers"][0]["rank"] == 1
 
 

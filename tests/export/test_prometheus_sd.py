@@ -105,15 +105,21 @@ def test_the_target_is_removed_when_the_rank_is_killed_or_exits(tmp_path, how) -
 
     env = {**os.environ, SD_DIR_VARIABLE: str(tmp_path / "sd"), "RANK": "5", "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
-        [sys.executable, "-c", KEEP_SERVING, how], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-X", "faulthandler", "-c", KEEP_SERVING, how],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         path = Path(child.stdout.readline().strip())
         assert path.name == "killed-rank5.json"
         if how != "exit":
             assert path.exists()
             child.send_signal(getattr(signal, how))
-        _, stderr = child.communicate(timeout=60)
+        try:
+            _, stderr = child.communicate(timeout=60)
+        except subprocess.TimeoutExpired as timed_out:  # once seen under load in CI: say where the child is stuck
+            child.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            stacks = child.communicate()[1][-4000:]
+            raise AssertionError(f"the child did not exit within 60 s of {how}:\n{stacks}") from timed_out
     finally:
         if child.poll() is None:
             child.kill()

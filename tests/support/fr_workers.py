@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 FR_PREFIX = "fr_trace_rank_"
+LATE_S = 3.0  # rank 1's planted lateness: well above a loaded 2-core machine's noise (1 s was not)
 
 
 def _issued(referee: list[list[object]], op: str) -> None:
@@ -53,7 +54,7 @@ def fr_worker(rank: int, world_size: int, port: int, out_dir: str, scenario: str
             dist.all_gather_into_tensor(torch.empty(shape[0] * world_size, shape[1]), torch.ones(shape))
             _issued(referee, "all_gather")
             if scenario == "agree" and rank == 1:
-                time.sleep(1.0)
+                time.sleep(LATE_S)
             dist.broadcast(x, 0)
             _issued(referee, "broadcast")
             if rank == 0:

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 GLOO_TIMEOUT_S = 4.0  # short: a rank waiting for a peer that never comes gives up
+LATE_S = 3.0  # the consistent run's planted lateness: well above a loaded 2-core machine's noise (1 s was not)
 
 
 class Referee(TorchDispatchMode):
@@ -58,14 +59,12 @@ class Model(nn.Module):
         return x
 
 
-def _init(rank: int, world_size: int, port: int) -> None:
+def _init(rank: int, world_size: int, port: int, timeout_s: float = GLOO_TIMEOUT_S) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), HP_OTEL_RUN_ID=f"ranks-test-{port}",
     )  # fmt: skip
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S)
-    )
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def _write_referee(out_dir: str, rank: int, referee: Referee) -> None:
@@ -74,15 +73,15 @@ def _write_referee(out_dir: str, rank: int, referee: Referee) -> None:
 
 
 def consistent_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Every rank issues the same all_reduces; rank 1 arrives 1 s late at layers.2's (more than a
-    loaded machine's noise)."""
+    """Every rank issues the same all_reduces; rank 1 arrives `LATE_S` late at layers.2's (rank 0
+    waits that long in it, so this run's gloo timeout is longer than the hang tests')."""
     from hp_otel import CommDebugMode, HangWatchdog
 
-    _init(rank, world_size, port)
+    _init(rank, world_size, port, timeout_s=4 * LATE_S)
 
     def action(index: int, x: torch.Tensor) -> torch.Tensor:
         if rank == 1 and index == 2:
-            time.sleep(1.0)
+            time.sleep(LATE_S)
         dist.all_reduce(x)
         return x
 

@@ -7,6 +7,7 @@ calls from its own forward hooks."""
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import Counter, defaultdict
 from typing import Any
@@ -116,6 +117,9 @@ def _worker(rank: int, port: int) -> None:
             _eq(got, module_counts_from_spans(mode.get_finished_spans()))  # the spans say the same
             _eq(mode.get_callback_error_counts(), {})
             assert any(p.get("backward", {}).get("c10d._reduce_scatter_base_") for p in got.values()), got
+            del model, net, referee, mode  # FSDP's handles hold the group: let it go here, not at exit
+        gc.collect()
+        dist.barrier()  # neither rank tears its group down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
