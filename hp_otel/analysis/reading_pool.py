@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import gc
 import multiprocessing
 import os
 import signal
@@ -71,8 +72,17 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 def read_one(path: str, by_module: bool = True) -> RankFile:
-    """One rank's file, with its exposure per module only if `by_module`."""
-    return read_any_rank_file(path, by_module)
+    """One rank's file, with its exposure per module only if `by_module`.
+
+    The collector is paused meanwhile (as torch's `fr_trace` does): a decoded file is acyclic
+    plain data, so the passes its thousands of new containers would trigger find nothing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return read_any_rank_file(path, by_module)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _read_task(task: tuple[str, bool]) -> RankFile:

@@ -9,7 +9,8 @@ or an unbounded amount of memory:
 - the size limit is checked before anything is parsed, and at most limit + 1 bytes are read
   (a file that grows meanwhile is refused too);
 - JSON nested deeper than the decoder can follow is refused as such (not a RecursionError);
-- a pickle is checked opcode by opcode before the C unpickler builds anything: only what
+- a pickle is checked before the C unpickler builds anything, opcode by opcode unless its bytes
+  alone bound what it can build (`_plainly_bounded`, the usual case): only what
   dicts, lists, tuples, strings, bytes and numbers need (no class, set, persistent id,
   extension or buffer), at most `MAX_PICKLE_CONTAINERS` containers, memo references to
   entries stored before, at most `MAX_NESTING` levels;
@@ -55,6 +56,12 @@ _REFUSED = {
     **dict.fromkeys(("EMPTY_SET", "ADDITEMS", "FROZENSET"), "a set"),
     **dict.fromkeys(("BYTEARRAY8", "NEXT_BUFFER", "READONLY_BUFFER"), "a buffer"),
 }
+# The opcode bytes of MARK, EMPTY_TUPLE, EMPTY_LIST, EMPTY_DICT, TUPLE1-3 and EMPTY_SET (LIST, DICT,
+# TUPLE and FROZENSET close a MARK).
+_CONTAINER_BYTES = (b"(", b")", b"]", b"}", b"\x85", b"\x86", b"\x87", b"\x8f")
+_SEQUENCES = (list, tuple)
+_WALKED = frozenset({dict, list, tuple})  # what the unpickler builds: exact types, never subclasses
+_NOT_PLAIN = frozenset({set, frozenset, bytearray})
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 
@@ -150,18 +157,37 @@ class _NoClasses(pickle.Unpickler):
 
 def parse_pickle(data: bytes, name: str, what: str = "pickle") -> Any:
     """A pickle of plain data only, checked before it is built (see the module doc); else an InputFileError."""
-    _check_pickle(data, name, what)
+    if not _plainly_bounded(data):
+        _check_pickle(data, name, what)
     try:
         payload = _NoClasses(io.BytesIO(data)).load()
-    except Exception as exc:  # a damaged pickle the scan let through: say so rather than guess
+    except Exception as exc:  # a damaged pickle (or one naming a class): the scan says why where it can
+        _check_pickle(data, name, what)
         raise InputFileError(f"{what} {name!r} is a pickle that cannot be read ({type(exc).__name__}: {exc})") from None
-    if _nesting(payload) > MAX_NESTING:  # the unpickler builds any depth; str() of it would recurse
+    depth, not_plain = _shape(payload)
+    if not_plain:  # a set or bytearray the byte bound let through: the scan names it
+        _check_pickle(data, name, what)
+    if depth > MAX_NESTING:  # the unpickler builds any depth; str() of it would recurse
         raise InputFileError(f"{what} {name!r} is refused: it nests more than {MAX_NESTING} levels")
     return payload
 
 
-def _nesting(value: Any) -> int:
-    """How deep lists, tuples and dicts nest in `value` (iterative; stops past MAX_NESTING).
+def _plainly_bounded(data: bytes) -> bool:
+    """True when the bytes alone show the C unpickler may build `data` without the opcode scan.
+
+    Every container opcode is one of `_CONTAINER_BYTES` (the MARK-based ones need a MARK), so their
+    count bounds the containers built (those bytes also occur in strings and binary numbers, which
+    only loosens the bound). Classes, persistent ids and extensions need `find_class` or
+    `persistent_load`, which the unpickler refuses; out-of-band buffers need `buffers`, which it is
+    not given; the unpickler checks the memo itself; a set or bytearray is found after the build
+    (`_shape`), and the exact scan then names it.
+    """
+    return sum(data.count(byte) for byte in _CONTAINER_BYTES) <= MAX_PICKLE_CONTAINERS
+
+
+def _shape(value: Any) -> tuple[int, bool]:
+    """(how deep lists, tuples and dicts nest in `value`, whether a set or bytearray is in it);
+    iterative, and stops past MAX_NESTING.
 
     A container shared by reference (the memo) is walked again only when reached deeper than
     before: at most MAX_NESTING times, so a diamond of shared lists costs no more than that."""
@@ -170,9 +196,9 @@ def _nesting(value: Any) -> int:
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
+        if type(item) is dict:
             children: Any = item.values()
-        elif isinstance(item, (list, tuple)):
+        elif type(item) in _SEQUENCES:
             children = item
         else:
             continue
@@ -181,9 +207,13 @@ def _nesting(value: Any) -> int:
         reached[id(item)] = depth
         deepest = max(deepest, depth)
         if deepest > MAX_NESTING:
-            return deepest
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
-    return deepest
+            return deepest, False
+        kinds = set(map(type, children))  # at C speed: most containers of a dump hold only leaves
+        if not kinds.isdisjoint(_NOT_PLAIN):
+            return deepest, True
+        if not kinds.isdisjoint(_WALKED):
+            stack.extend((child, depth + 1) for child in children if type(child) in _WALKED)
+    return deepest, type(value) in _NOT_PLAIN
 
 
 def _check_pickle(data: bytes, name: str, what: str) -> None:
