@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hp_otel.cli.bench_telemetry import format_telemetry_bench, run_telemetry_bench
+from benchmarks.telemetry import format_telemetry_bench, run_telemetry_bench
 
 pytestmark = pytest.mark.multiprocess
 

@@ -121,11 +121,11 @@ def test_evidence_must_be_spans_or_collectives() -> None:
 
 _LLAMA = """
 import os, sys
-from hp_otel.cli.rank_files import record_template
+from benchmarks.rank_files import record_template
 import hp_otel
 from hp_otel import CommDebugMode
 from hp_otel.workloads.process_groups import fake_process_group
-from hp_otel.workloads.llama import build_llama_step
+from benchmarks.models.llama import build_llama_step
 fake_process_group(16)
 model, step = build_llama_step(2, 8)
 step()

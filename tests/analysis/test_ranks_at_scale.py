@@ -26,7 +26,7 @@ from hp_otel.common.rank_set import RankSet
 
 _MAKE = """
 import json, sys
-from hp_otel.cli.rank_files import plant_faults, record_template, split_template, write_rank_files
+from benchmarks.rank_files import plant_faults, record_template, split_template, write_rank_files
 folder, ranks, tp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 template = split_template(record_template(tp), tp)
 faults = plant_faults(ranks, tp, template.tp_seqs)

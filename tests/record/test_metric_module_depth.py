@@ -109,7 +109,7 @@ def test_series_count_per_setting_on_a_transformer(fake_world: int) -> None:
     from torch.distributed.tensor import distribute_tensor
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from hp_otel.workloads.dtensor_transformer import Transformer, TransformerShape, parallelize
+    from benchmarks.models.dtensor_transformer import Transformer, TransformerShape, parallelize
 
     counts: dict[int, dict[object, int]] = {}
     for layers in (4, 8):

@@ -1,4 +1,4 @@
-"""`hp-otel bench`: what tracing costs a training step, against torch's own tools.
+"""`python -m benchmarks`: what tracing costs a training step, against torch's own tools.
 
 Variants (bench_variants.py) of a workload's step (bench_workloads.py) run interleaved,
 round after round in shuffled order, each timed block after `gc.collect()`. The ratio
@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hp_otel.cli.bench_events import EventCosts, Run, Unsolvable, describe, events_header, format_events, solve_events
-from hp_otel.cli.bench_instructions import InstructionCount
-from hp_otel.cli.bench_variants import UNTRACED, Variant, build_variants
-from hp_otel.cli.bench_workloads import Workload
+from benchmarks.events import EventCosts, Run, Unsolvable, describe, events_header, format_events, solve_events
+from benchmarks.instructions import InstructionCount
+from benchmarks.variants import UNTRACED, Variant, build_variants
+from benchmarks.workloads import Workload
 from hp_otel.cli.progress import Progress, quiet
 
 
@@ -263,8 +263,8 @@ def run_bench(
     `instruction_steps`, then count each timed variant's instructions over that many steps,
     `jobs` callgrind children at a time (valgrind and the client library are checked first,
     so a missing tool stops the bench before any timing: `bench_instructions.ToolMissing`)."""
-    from hp_otel.cli.bench_instructions import count_variants, find_tools
-    from hp_otel.cli.bench_workloads import build_workload
+    from benchmarks.instructions import count_variants, find_tools
+    from benchmarks.workloads import build_workload
 
     tools = find_tools() if instruction_steps else None
     results = []
