@@ -3,7 +3,7 @@ private attribute of a torch object that hp_otel uses is named here and nowhere 
 
 Why: these are not covered by torch's compatibility promise, so a torch upgrade may move or
 remove any of them.  `SYMBOLS` lists each one (where torch keeps it, what hp_otel uses it
-for, what happens without it); tests/sources/pytorch/test_compat.py probes every entry on
+for, what happens without it); the repository's test suite (not shipped) probes every entry on
 the installed torch, so an upgrade that removes one fails there, with the symbol's name,
 and not deep inside a hook.  Checked on torch 2.13.
 
