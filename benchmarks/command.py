@@ -137,6 +137,11 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
 
 
+def _progress(option: str) -> to_stderr:
+    """`python -m benchmarks --scale [12.3 s]: ...` lines on stderr."""
+    return to_stderr(option, program="python -m benchmarks")
+
+
 def _bench_ranks(args: argparse.Namespace) -> int:
     import json
 
@@ -144,7 +149,7 @@ def _bench_ranks(args: argparse.Namespace) -> int:
 
     try:
         result = run_ranks_bench(
-            args.ranks, args.tp, args.jobs, args.keep_files, to_stderr("bench --ranks"), args.evidence, args.layout
+            args.ranks, args.tp, args.jobs, args.keep_files, _progress("--ranks"), args.evidence, args.layout
         )
     except ValueError as exc:
         print(f"python -m benchmarks: {exc}", file=sys.stderr)
@@ -169,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
 
         from benchmarks.telemetry import format_telemetry_bench, run_telemetry_bench, telemetry_bench_json
 
-        results = run_telemetry_bench(steps=args.steps or 8, progress=to_stderr("bench --telemetry"))
+        results = run_telemetry_bench(steps=args.steps or 8, progress=_progress("--telemetry"))
         print(
             json.dumps(telemetry_bench_json(results), indent=2)
             if args.json
@@ -179,17 +184,17 @@ def run(args: argparse.Namespace) -> int:
     if args.export_down:
         from benchmarks.export_down import main as bench_export
 
-        print("\n".join(bench_export(args.rounds or 15, args.steps or 20, to_stderr("bench --export-down"))))
+        print("\n".join(bench_export(args.rounds or 15, args.steps or 20, _progress("--export-down"))))
         return 0
     if args.scale:
         from benchmarks.scale import format_scale_results, run_scale_bench
 
-        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=to_stderr("bench --scale")))))
+        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=_progress("--scale")))))
         return 0
     if args.pieces:
         from benchmarks.pieces import main as bench_pieces
 
-        print(bench_pieces(args.model, args.rounds, args.steps, to_stderr("bench --pieces")))
+        print(bench_pieces(args.model, args.rounds, args.steps, _progress("--pieces")))
         return 0
     import json
 
@@ -204,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
             rounds=args.rounds,
             steps=args.steps,
             only=args.variant,
-            progress=to_stderr("bench"),
+            progress=_progress(""),
             instruction_steps=args.counted_steps if args.instructions else None,
             jobs=args.jobs or 1,
         )

@@ -239,8 +239,8 @@ def test_every_command_runs_without_numpy(args, stdout_has, progress, tmp_path) 
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert stdout_has in result.stdout, result.stdout
-    command = "bench" if args[0] == "benchmarks" else args[0]
-    assert (f"hp-otel {command}" in result.stderr) is progress  # progress on stderr, stdout stays the result
+    program = "python -m" if args[0] == "benchmarks" else "hp-otel"
+    assert (f"{program} {args[0]}" in result.stderr) is progress  # progress on stderr, stdout stays the result
 
 
 @pytest.mark.multiprocess  # a real 2-process torchrun
