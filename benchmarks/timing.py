@@ -1,14 +1,14 @@
 """`python -m benchmarks`: what tracing costs a training step, against torch's own tools.
 
-Variants (bench_variants.py) of a workload's step (bench_workloads.py) run interleaved,
+Variants (variants.py) of a workload's step (workloads.py) run interleaved,
 round after round in shuffled order, each timed block after `gc.collect()`. The ratio
 to untraced is the median of per-round ratios (each round's variant time over that
 round's untraced time), so a slow spell of the machine moves both sides of a ratio
 instead of one variant; the interquartile range of those ratios says how steady it was. With `instructions`, each
-variant's instructions per step under callgrind are counted too (bench_instructions.py):
+variant's instructions per step under callgrind are counted too (instructions.py):
 the figure that stays put when the machine is loaded. Workloads of one family (the llama's
 sizes, with and without TP) also give each variant's cost per module call, per collective and
-per window (`per_event_tables`, solved by bench_events).
+per window (`per_event_tables`, solved by events.py).
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def run_bench(
     """Build and time each workload in turn (one at a time: the models are not kept); with
     `instruction_steps`, then count each timed variant's instructions over that many steps,
     `jobs` callgrind children at a time (valgrind and the client library are checked first,
-    so a missing tool stops the bench before any timing: `bench_instructions.ToolMissing`)."""
+    so a missing tool stops the bench before any timing: `instructions.ToolMissing`)."""
     from benchmarks.instructions import count_variants, find_tools
     from benchmarks.workloads import build_workload
 

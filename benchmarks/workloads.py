@@ -6,7 +6,7 @@ costs most relative to the step; `realistic` is big enough that compute dominate
 real training, so its ratio shows what a user would see. The `llama-*` workloads are the
 torchtitan-like llama (`benchmarks.models.llama`) at several depths and widths, with TP + sequence
 parallel and without TP (no collectives): runs that differ in module calls and collectives,
-from which `bench_events` solves each variant's cost per module call, per collective and
+from which `events` solves each variant's cost per module call, per collective and
 per window.
 """
 
@@ -28,7 +28,7 @@ class WorkloadSpec:
     summary: str
     rounds: int
     steps: int
-    family: str = ""  # workloads of one family are solved together for per-event costs (bench_events)
+    family: str = ""  # workloads of one family are solved together for per-event costs (events)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """metric_module_depth: how many label sets the collective metrics have, per setting.
 
-Measured on the TP + sequence-parallel transformer (torch's test Transformer, `workloads/dtensor_transformer.py`)
-with 4 and 8 layers, one training step over the fake process group; the referee is the set of module
-fqns the window counted collectives for (`get_comm_module_counts`), cut to the depth by hand.
+Measured on the TP + sequence-parallel transformer (torch's test Transformer,
+`benchmarks/models/dtensor_transformer.py`) with 4 and 8 layers, one training step over the fake
+process group; the referee is the set of module fqns the window counted collectives for
+(`get_comm_module_counts`), cut to the depth by hand.
 """
 
 from __future__ import annotations
