@@ -42,6 +42,7 @@ def _make_files(folder: Path, ranks: int, tp: int) -> tuple[list[str], dict[str,
         text=True,
         timeout=300,
         check=True,
+        cwd=Path(__file__).resolve().parents[2],  # the repository: `benchmarks` is not installed
     )
     return [str(folder / f"spans_rank{r}.json") for r in range(ranks)], json.loads(done.stdout)
 
