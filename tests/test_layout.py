@@ -253,6 +253,16 @@ def test_frameworks_only_in_sources_and_telemetry_never_in_sources() -> None:
     assert wrong == [], "\n".join(wrong)
 
 
+def test_the_package_imports_nothing_the_wheel_leaves_out() -> None:
+    """`benchmarks/` and `tests/` stay in the repository (tests/test_packaging.py): no hp_otel module imports them."""
+    wrong = [
+        f"{module} imports {sorted(names & {'benchmarks', 'tests'})}"
+        for module, names in sorted(external_imports().items())
+        if names & {"benchmarks", "tests"}
+    ]
+    assert wrong == [], "\n".join(wrong)
+
+
 # Training frameworks a callback is written for: each imported by its own module of integrations/ only,
 # so `import hp_otel` (and every other module) works without them.
 TRAINING_FRAMEWORKS = {

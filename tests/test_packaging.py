@@ -1,6 +1,6 @@
 """The wheel users install holds the whole package: every subpackage, `py.typed`, and entry
 points that name modules inside it (a re-layout that forgets a folder fails here, not at a
-user's `import`)."""
+user's `import`); and only the product: the benchmarks and the tests stay in the repository."""
 
 from __future__ import annotations
 
@@ -43,8 +43,12 @@ def _build_wheel(tmp: Path) -> Path:
     return wheel
 
 
-def test_wheel_holds_every_package_py_typed_and_its_entry_points(tmp_path: Path) -> None:
-    wheel = _build_wheel(tmp_path)
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_wheel_holds_every_package_py_typed_and_its_entry_points(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         (entry_points_file,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
@@ -67,3 +71,21 @@ def test_wheel_holds_every_package_py_typed_and_its_entry_points(tmp_path: Path)
             assert module.replace(".", "/") + ".py" in names or module.replace(".", "/") + "/__init__.py" in names, (
                 f"{group}:{name} names {module}, which is not in the wheel"
             )
+
+
+def test_wheel_holds_the_product_only(wheel: Path) -> None:
+    """hp_otel and its metadata: no `benchmarks/` (run from the repository), no tests, no bench module."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"hp_otel"}, sorted(tops)
+    assert [n for n in names if "bench" in n.rsplit("/", 1)[-1] or "/tests/" in n or "rank_files" in n] == []
+    shipped_cli = {n.rsplit("/", 1)[-1] for n in names if n.startswith("hp_otel/cli/")}
+    assert shipped_cli == {f"{m}.py" for m in _CLI_MODULES}, sorted(shipped_cli)
+
+
+# What `hp-otel` runs (hp_otel/cli/__init__.py's COMMANDS) and the helpers its commands share.
+_CLI_MODULES = (
+    "__init__", "__main__", "arguments", "build_native", "demo", "diff", "pictures", "progress", "ranks",
+    "render", "run_folders",
+)  # fmt: skip

@@ -2,7 +2,7 @@
 
 demo: a real 2-process CPU run; render: a table from a saved spans file; ranks: compare the
 ranks' files (divergence, hang, stragglers); diff: compare two runs' communication;
-plot / chrome-trace: pictures; bench: what tracing costs; build-native: the optional C++ gate
+plot / chrome-trace: pictures; build-native: the optional C++ gate
 in front of the collective kernels.
 """
 
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from hp_otel.cli import bench_command, build_native, demo, diff, pictures, ranks, render
+from hp_otel.cli import build_native, demo, diff, pictures, ranks, render
 from hp_otel.cli.arguments import DefaultsFormatter
 from hp_otel.common.safe_text import printable
 from hp_otel.version import __version__
@@ -42,17 +42,6 @@ COMMANDS: tuple[Command, ...] = (
         description="A real 2-process CPU (gloo) tensor-parallel forward+backward under CommDebugMode "
         "(a TP MLP, or a 2-layer TP + sequence-parallel transformer): prints rank 0's counts and tables, "
         "writes every rank's JSON dump and spans into --out.",
-    ),
-    Command(
-        "bench",
-        "what tracing costs a step, against untraced and torch's own tools (1-2 min a workload)",
-        bench_command.add_arguments,
-        bench_command.run,
-        description="Times a training step (forward + backward + zero_grad) in one process over torch's fake "
-        "process group, each variant interleaved round after round; prints per variant the median µs per "
-        "step, the ratio to untraced (median of per-round ratios, with their interquartile range) and, for "
-        "hp_otel's variants, the µs added per recorded event. "
-        "--export-down and --scale measure other things instead (see their help).",
     ),
     Command(
         "render",

@@ -14,19 +14,22 @@ def quiet(message: str) -> None:
 
 
 class to_stderr:  # lower case: called like a function, progress = to_stderr("bench")
-    """A Progress printing `hp-otel COMMAND [12.3 s]: message` lines to stderr.
+    """A Progress printing `hp-otel COMMAND [12.3 s]: message` lines to stderr (`program`: other
+    than `hp-otel`, as the repository's `python -m benchmarks`).
 
     Seconds count from `started` (a `time.time()`, so a child process can report on its
     parent's clock: pass it `progress.started`).
     """
 
-    def __init__(self, command: str, started: float | None = None) -> None:
+    def __init__(self, command: str, started: float | None = None, program: str = "hp-otel") -> None:
         self.command = command
         self.started = time.time() if started is None else started
+        self.program = program
 
     def __call__(self, message: str) -> None:
         elapsed = time.time() - self.started
-        print(f"hp-otel {self.command} [{elapsed:5.1f} s]: {message}", file=sys.stderr, flush=True)
+        who = f"{self.program} {self.command}".rstrip()
+        print(f"{who} [{elapsed:5.1f} s]: {message}", file=sys.stderr, flush=True)
 
 
 class ReadProgress:

@@ -27,7 +27,7 @@ class FileKind:
 
 KINDS: tuple[FileKind, ...] = (
     # the step loop's ring (`collectives_dir=`: spans/collectives_file.RING_NAME) and a window's
-    # `write_collectives` as the docs and `hp-otel bench --ranks` name it
+    # `write_collectives` as the docs and `python -m benchmarks --ranks` name it
     FileKind("collectives files", re.compile(r"collectives[-_]rank(\d+)\.json"), "collectives-rank<N>.json"),
     FileKind("spans files", re.compile(r"(?:.+_)?spans_rank(\d+)\.json"), "spans_rank<N>.json"),  # write_spans
     FileKind("JSON dumps", re.compile(r"(?:.+_)?comm_rank(\d+)\.json"), "comm_rank<N>.json"),  # generate_json_dump

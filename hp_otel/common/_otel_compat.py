@@ -2,8 +2,8 @@
 every private OTel module hp_otel relies on is named here and nowhere else.
 
 Why: the SDK may rename any of them in a minor release.  `MEMBERS` lists each one (owner,
-what hp_otel uses it for, what happens without it) and tests/common/test_otel_compat.py
-probes every entry on the installed SDK, so an upgrade that drops one fails there by name.
+what hp_otel uses it for, what happens without it) and the repository's test suite
+(not shipped) probes every entry on the installed SDK, so an upgrade that drops one fails there by name.
 Every accessor has a fallback that keeps hp_otel working (slower, or with less detail);
 none raises.  Checked on opentelemetry-sdk 1.45.
 

@@ -87,8 +87,9 @@ class CallStack:
         self._stdlib = (*stdlib, "<frozen ")
         self._keep = keep
         # id(code) -> (code, its lines as text or None for a library's code). Keyed by id: hashing a
-        # code object hashes its constants (nested code included) on every lookup, ≈100× a dict hit
-        # for torch's large functions. The entry holds the code, so its id is not reused meanwhile.
+        # code object hashes its constants (nested code included) on every lookup, far dearer than a
+        # dict hit for torch's large functions (docs/how-it-works/costs.md). The entry holds the code,
+        # so its id is not reused meanwhile.
         self._codes: dict[int, tuple[CodeType, dict[int, str] | None]] = {}
 
     def capture(self) -> tuple[str, ...]:

@@ -82,8 +82,8 @@ class CollectiveTotals:
 class DeferredDurations:
     """Collective durations handed to the histogram when a metric reader collects.
 
-    The SDK's `Histogram.record` costs ≈30 µs (it cleans and hashes the attributes each
-    time); a window that ends hands its durations over here instead, and the calls
+    The SDK's `Histogram.record` is dear (it cleans and hashes the attributes each time:
+    docs/how-it-works/costs.md); a window that ends hands its durations over here instead, and the calls
     counter's callback — which every collection runs before it reads the instruments —
     records them.  Without collections (a provider with no reader: traces only) they are
     recorded once `max_pending` values or `max_labels` (attributes, step) pairs wait, so memory

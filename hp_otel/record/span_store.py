@@ -10,8 +10,9 @@ A kept span is stored as one compact record: a tuple of plain values (ids, times
 attribute names — one tuple shared by every span with the same names — and values),
 not the SDK span with its lock, bounded dict, lists and contexts.  CPython's cyclic
 garbage collector stops tracking a tuple of plain values, so 10⁵ kept spans add nothing
-to the work of each of its full collections (the SDK span is ≈25 tracked objects), and
-a record takes ≈0.5 KB instead of ≈4 KB.  `get_finished_spans()` rebuilds
+to the work of each of its full collections (the SDK span is a couple of dozen tracked
+objects), and a record is several times smaller (docs/how-it-works/costs.md has the
+figures).  `get_finished_spans()` rebuilds
 `ReadableSpan`s from the records, equal field by field to the spans the SDK ended
 (`StoredSpan`: the same class hierarchy, compared by content).  A span with anything a
 record cannot say exactly (counts of dropped attributes, events or links; a context that

@@ -2,14 +2,14 @@
 the llama step over 4 gloo ranks, a rank's Prometheus series do not grow with the model's depth, an
 unsampled step sends no span byte, and a metrics export stays the same size step after step.
 
-The receiver (`bench_telemetry.OtlpReceiver`) counts the bytes of the real OTLP/HTTP requests; the
+The receiver (`telemetry.OtlpReceiver`) counts the bytes of the real OTLP/HTTP requests; the
 series are counted on the rank's real `/metrics` page."""
 
 from __future__ import annotations
 
 import pytest
 
-from hp_otel.cli.bench_telemetry import format_telemetry_bench, run_telemetry_bench
+from benchmarks.telemetry import format_telemetry_bench, run_telemetry_bench
 
 pytestmark = pytest.mark.multiprocess
 

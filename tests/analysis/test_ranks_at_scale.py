@@ -26,7 +26,7 @@ from hp_otel.common.rank_set import RankSet
 
 _MAKE = """
 import json, sys
-from hp_otel.cli.rank_files import plant_faults, record_template, split_template, write_rank_files
+from benchmarks.rank_files import plant_faults, record_template, split_template, write_rank_files
 folder, ranks, tp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 template = split_template(record_template(tp), tp)
 faults = plant_faults(ranks, tp, template.tp_seqs)
@@ -42,6 +42,7 @@ def _make_files(folder: Path, ranks: int, tp: int) -> tuple[list[str], dict[str,
         text=True,
         timeout=300,
         check=True,
+        cwd=Path(__file__).resolve().parents[2],  # the repository: `benchmarks` is not installed
     )
     return [str(folder / f"spans_rank{r}.json") for r in range(ranks)], json.loads(done.stdout)
 

@@ -1,14 +1,18 @@
-"""The hp-otel command: demo (a real 2-process gloo run), render, bench."""
+"""The hp-otel command: demo (a real 2-process gloo run), render, the registry (the benchmarks are
+`python -m benchmarks`, tests/bench/)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hp_otel.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: `python -m benchmarks` runs from here
 
 
 def _hp_otel(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
@@ -117,26 +121,6 @@ def test_demo_seconds_must_be_a_finite_number_0_or_more(capsys, flag: str, value
     assert f"argument {flag}: must be a number of seconds, 0 or more" in err and "Traceback" not in err
 
 
-@pytest.mark.bench  # runs the benchmark
-def test_bench_runs_every_variant() -> None:
-    result = _hp_otel("bench", "--rounds", "1", "--steps", "2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    for variant in (
-        "untraced",
-        "hp_otel",
-        "hp_otel, counts only",
-        "hp_otel, stack=True",
-        "hp_otel instrumentor, unsampled",
-        "torch CommDebugMode",
-        "torch DebugMode",
-        "torch.profiler, record_shapes",
-        "hp_otel imported, inactive",
-        "floor",
-    ):
-        assert any(line.startswith(variant) for line in lines), result.stdout
-
-
 @pytest.mark.multiprocess  # a real 2-process gloo demo
 def test_demo_transformer(tmp_path) -> None:
     result = _hp_otel("demo", "--model", "transformer", "--out", str(tmp_path))
@@ -167,10 +151,6 @@ def test_version(capsys) -> None:
     [
         ("demo", ["--noise-level 0-3", "0 collectives only", "(default: 3)", "(default: hp_otel_out)"]),
         ("render", ["--noise-level 0-3", "(default: 3)", "an OTLP/JSON spans file"]),
-        (
-            "bench",
-            ["--rounds N", "mlp 15x20", "realistic 5x3", "(see --rounds)", "--spans N", "(default: 100000)"],
-        ),
         ("ranks", ["Lines up the ranks' collectives", "--top N", "(default: 5)"]),
         ("plot", ["(default: hp_otel_out/timeline.html)", "output: .svg or .html"]),
         ("chrome-trace", ["--merge TRACE", "(default: hp_otel_out/trace.json)", "(default: chrome)"]),
@@ -193,7 +173,6 @@ def test_help_lists_every_registered_command(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert [c.name for c in COMMANDS] == [
         "demo",
-        "bench",
         "render",
         "ranks",
         "diff",
@@ -229,8 +208,12 @@ _WITHOUT_NUMPY = """
 import sys
 sys.modules["numpy"] = None  # as if not installed: `import numpy` fails, find_spec says absent
 from hp_otel.cli import main
+if sys.argv[1] == "benchmarks":  # python -m benchmarks, from the repository (not a user's command)
+    import runpy
+    sys.argv = sys.argv[1:]
+    runpy.run_module("benchmarks", run_name="__main__")
 if sys.argv[1] == "render":
-    from hp_otel.cli.bench_scale import record_window
+    from benchmarks.scale import record_window
     from hp_otel.spans.otlp_json import write_spans
     write_spans(sys.argv[2], record_window(7).get_finished_spans())
 sys.exit(main(sys.argv[1:]))
@@ -241,8 +224,8 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize(
     ("args", "stdout_has", "progress"),
     [
-        (["bench", "--rounds", "1", "--steps", "1"], "skipped   cannot import it", True),
-        (["bench", "--scale", "--spans", "700"], "noise_level=3: table", True),
+        (["benchmarks", "--rounds", "1", "--steps", "1"], "skipped   cannot import it", True),
+        (["benchmarks", "--scale", "--spans", "700"], "noise_level=3: table", True),
         (["render", "{tmp}/spans.json", "--noise-level", "0"], "Collective(_c10d_functional.all_reduce)", False),
         (["demo", "--out", "{tmp}/demo"], "collectives on rank 0: {'all_reduce': 2}", True),
     ],
@@ -251,11 +234,13 @@ sys.exit(main(sys.argv[1:]))
 def test_every_command_runs_without_numpy(args, stdout_has, progress, tmp_path) -> None:
     argv = [arg.format(tmp=tmp_path) for arg in args]
     result = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_NUMPY, *argv], capture_output=True, text=True, timeout=240, check=False
-    )
+        [sys.executable, "-c", _WITHOUT_NUMPY, *argv],
+        capture_output=True, text=True, timeout=240, check=False, cwd=ROOT,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert stdout_has in result.stdout, result.stdout
-    assert (f"hp-otel {args[0]}" in result.stderr) is progress  # progress on stderr, stdout stays the result
+    program = "python -m" if args[0] == "benchmarks" else "hp-otel"
+    assert (f"{program} {args[0]}" in result.stderr) is progress  # progress on stderr, stdout stays the result
 
 
 @pytest.mark.multiprocess  # a real 2-process torchrun

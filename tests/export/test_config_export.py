@@ -9,7 +9,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from hp_otel.cli.bench_export import Blackhole, closed_port
+from benchmarks.export_down import Blackhole, closed_port
 from hp_otel.common.launcher_env import run_id as run_id_from_env
 from hp_otel.export.config import ConfigError, ExportConfig
 from hp_otel.export.providers import build_resource

@@ -17,8 +17,8 @@ import servers
 from events import design_mlp_forward
 
 import hp_otel
+from benchmarks.export_down import closed_port
 from hp_otel import CommDebugMode
-from hp_otel.cli.bench_export import closed_port
 from hp_otel.common.launcher_env import LOCAL_RANK_VARIABLES
 from hp_otel.export.config import ConfigError, ExportConfig
 from hp_otel.export.log_limits import NOISY_LOGGERS, RateLimitFilter

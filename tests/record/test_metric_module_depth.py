@@ -1,8 +1,9 @@
 """metric_module_depth: how many label sets the collective metrics have, per setting.
 
-Measured on the TP + sequence-parallel transformer (torch's test Transformer, `workloads/dtensor_transformer.py`)
-with 4 and 8 layers, one training step over the fake process group; the referee is the set of module
-fqns the window counted collectives for (`get_comm_module_counts`), cut to the depth by hand.
+Measured on the TP + sequence-parallel transformer (torch's test Transformer,
+`benchmarks/models/dtensor_transformer.py`) with 4 and 8 layers, one training step over the fake
+process group; the referee is the set of module fqns the window counted collectives for
+(`get_comm_module_counts`), cut to the depth by hand.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def test_series_count_per_setting_on_a_transformer(fake_world: int) -> None:
     from torch.distributed.tensor import distribute_tensor
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from hp_otel.workloads.dtensor_transformer import Transformer, TransformerShape, parallelize
+    from benchmarks.models.dtensor_transformer import Transformer, TransformerShape, parallelize
 
     counts: dict[int, dict[object, int]] = {}
     for layers in (4, 8):

@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import hp_otel
+from benchmarks.scale import mlp_forward_events, record_window
 from hp_otel import CommDebugMode
-from hp_otel.cli.bench_scale import mlp_forward_events, record_window
 from hp_otel.record import recorder as recorder_module
 from hp_otel.record import settings as settings_module
 from hp_otel.record import span_builder

@@ -145,16 +145,18 @@ def test_wrong_types_into_the_observer_never_raise(recorded: CommDebugMode) -> N
 
 
 def test_cli_rejects_bad_arguments(capsys, tmp_path) -> None:
-    for argv, message in (
-        (["bench", "--rounds", "0"], "must be a positive integer"),
-        (["bench", "--scale", "--spans", "x"], "must be a positive integer"),
-        (["render", str(tmp_path), "--noise-level", "1"], None),
+    from benchmarks.command import main as benchmarks_main
+
+    for run, argv, message in (
+        (benchmarks_main, ["--rounds", "0"], "must be a positive integer"),
+        (benchmarks_main, ["--scale", "--spans", "x"], "must be a positive integer"),
+        (main, ["render", str(tmp_path), "--noise-level", "1"], None),
     ):
         if message is None:
-            assert main(argv) == 2
+            assert run(argv) == 2
             assert "cannot be read" in capsys.readouterr().err
             continue
         with pytest.raises(SystemExit) as exc:
-            main(argv)
+            run(argv)
         assert exc.value.code == 2
         assert message in capsys.readouterr().err

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from benchmarks.scale import _ALL_REDUCE
 from hp_otel import CommDebugMode
-from hp_otel.cli.bench_scale import _ALL_REDUCE
 from hp_otel.spans import schema
 from hp_otel.testing import metric_points
 

@@ -15,8 +15,8 @@ from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExp
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
 import hp_otel
+from benchmarks.export_down import closed_port
 from hp_otel import CommDebugMode
-from hp_otel.cli.bench_export import closed_port
 from hp_otel.export import providers
 from hp_otel.export import telemetry as export
 

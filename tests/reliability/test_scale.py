@@ -1,5 +1,5 @@
 """Bounded memory and scale: the retention cap past the build threshold, the JSON dump
-written streaming and atomically, and the `hp-otel bench --scale` command (its figures
+written streaming and atomically, and the `python -m benchmarks --scale` command (its figures
 are reported, not asserted: timings depend on the machine)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from benchmarks.command import main
+from benchmarks.scale import format_scale_results, mlp_forward_events, record_window, run_scale_bench
 from hp_otel import CommDebugMode
-from hp_otel.cli import main
-from hp_otel.cli.bench_scale import format_scale_results, mlp_forward_events, record_window, run_scale_bench
 from hp_otel.record import settings as settings_module
 from hp_otel.render import json_dump
 from hp_otel.spans import schema
@@ -93,7 +93,7 @@ def test_scale_bench_reports_memory_and_times(capsys) -> None:
     assert set(results["outputs"]) >= {"table_level_0_s", "json_level_3_s"}
     lines = list(format_scale_results(results))
     assert lines[0].startswith("memory: 700 spans retained")
-    assert main(["bench", "--scale", "--spans", "700"]) == 0
+    assert main(["--scale", "--spans", "700"]) == 0
     assert "noise_level=3: table" in capsys.readouterr().out
 
 

@@ -23,8 +23,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from perfetto_ui import PerfettoUI, perfetto_ui_dir, serve, start_browser
 
+from benchmarks.scale import record_window
 from hp_otel.cli import main
-from hp_otel.cli.bench_scale import record_window
 from hp_otel.spans import schema
 from hp_otel.spans.otlp_json import read_spans, write_spans
 

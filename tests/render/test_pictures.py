@@ -10,8 +10,8 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 
+from benchmarks.scale import record_window
 from hp_otel.cli import main
-from hp_otel.cli.bench_scale import record_window
 from hp_otel.render.chrome_trace import PID_BASE
 from hp_otel.render.rank_spans import load_rank_spans
 from hp_otel.render.timeline import COLLECTIVE_COLOURS, bars, matched_collectives

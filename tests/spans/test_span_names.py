@@ -20,7 +20,7 @@ def _model(layers: int):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
 
-    from hp_otel.workloads.dtensor_transformer import Transformer, TransformerShape, parallelize
+    from benchmarks.models.dtensor_transformer import Transformer, TransformerShape, parallelize
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (2,))

@@ -9,9 +9,8 @@ PYTHONPATH makes `importlib.metadata` (and so the OpenTelemetry SDK and
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 

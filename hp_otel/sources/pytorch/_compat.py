@@ -3,7 +3,7 @@ private attribute of a torch object that hp_otel uses is named here and nowhere 
 
 Why: these are not covered by torch's compatibility promise, so a torch upgrade may move or
 remove any of them.  `SYMBOLS` lists each one (where torch keeps it, what hp_otel uses it
-for, what happens without it); tests/sources/pytorch/test_compat.py probes every entry on
+for, what happens without it); the repository's test suite (not shipped) probes every entry on
 the installed torch, so an upgrade that removes one fails there, with the symbol's name,
 and not deep inside a hook.  Checked on torch 2.13.
 
@@ -367,14 +367,14 @@ _TABLE: tuple[Symbol, ...] = (
         "at exit",
         fallback="nothing is released at exit", member="pg_map",
     ),
-    # the CLI's benchmark
+    # the benchmarks (python -m benchmarks, from a checkout) and the tests
     Symbol(
         "FakeProcessGroup", "torch._C._distributed_c10d", "FakeProcessGroup._create_internal", CALLABLE,
-        "`hp-otel bench` runs a 2-rank world in one process whose collectives return at once",
+        "the benchmarks run a 2-rank world in one process whose collectives return at once",
     ),
     Symbol(
         "DebugMode", "torch.utils._debug_mode", "DebugMode", CLASS,
-        "`hp-otel bench` compares with torch's DebugMode", fallback="that benchmark variant is skipped",
+        "the benchmarks compare with torch's DebugMode", fallback="that benchmark variant is skipped",
     ),
 )
 # fmt: on
@@ -664,7 +664,7 @@ def live_process_groups() -> set[int]:
     return {id(group) for group in world.pg_map}
 
 
-# --- the CLI's benchmark --------------------------------------------------------------------
+# --- the benchmarks -------------------------------------------------------------------------
 
 
 def register_fake_backend() -> None:

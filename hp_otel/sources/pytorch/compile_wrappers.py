@@ -11,7 +11,7 @@ on, whatever the class.
 
 Nothing on the model points to its wrapper and torch keeps no list of them, but every instance
 refers to its class: `gc.get_referrers(OptimizedModule)` lists the live wrappers (one pass over
-the heap, ≈45 ms for 370 k objects on a loaded machine).  It runs again only when the number of
+the heap, tens of ms on a large process: docs/how-it-works/costs.md).  It runs again only when the number of
 references to the wrapper class (and its subclasses) changed by more than the known wrappers
 that died, i.e. when a wrapper may have been made since: an O(1) check per window.
 """

@@ -1,7 +1,7 @@
 """Python kernels on torch's collective ops: how collectives are seen without a dispatch mode.
 
-A TorchDispatchMode sends every aten op of a step through Python (measured 1.24–1.33×
-per step with a mode that does nothing).  Instead, each collective op overload that
+A TorchDispatchMode sends every aten op of a step through Python (even a mode that does
+nothing slows a step by a quarter or more: docs/how-it-works/costs.md).  Instead, each collective op overload that
 `collective_specs()` knows gets a Python kernel on the `BackendSelect` dispatch key; no
 other op pays anything.  `BackendSelect` is in every thread's included keys (also inside
 DTensor's dispatch, which turns autograd and `ADInplaceOrView` off) and sits just above
@@ -15,7 +15,7 @@ The kernel goes on with `OperatorHandle.redispatch_boxed` to the keys after
 from Python does.  (A kernel that replaces the CPU kernel and calls the one it replaced
 through `call_boxed` keeps the GIL: gloo's worker thread, freeing a finished work's
 tensors under the lock the next collective takes, then needs the GIL — a deadlock, seen
-in the real-gloo tests and reproduced by tests/support/repro_kernel_gil_deadlock.py.)
+in the repository's real-gloo tests, which reproduce it on their own.)
 
 Rules:
 - registered while a window records through them: the first window that needs them

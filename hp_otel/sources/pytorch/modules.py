@@ -53,7 +53,7 @@ from hp_otel.spans import schema
 from hp_otel.spans.codec import placements_text
 from hp_otel.spans.infos import ModuleCall, ModuleInfo, ParameterInfo
 
-# True while dynamo traces our hook into a graph (torch's constant there; ≈80 ns a call eagerly).
+# True while dynamo traces our hook into a graph (torch's constant there; a cheap call eagerly).
 _is_compiling: Callable[[], bool] = torch.compiler.is_compiling
 _next_sequence_nr = _compat.next_sequence_nr  # this thread's next autograd node number
 _current_node = _compat.current_autograd_node

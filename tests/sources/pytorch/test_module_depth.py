@@ -13,9 +13,9 @@ from referee import Referee
 from torch import nn
 
 import hp_otel
+from benchmarks.models.llama import LlamaShape, build_llama_step
 from hp_otel import CommDebugMode
 from hp_otel.record import installation
-from hp_otel.workloads.llama import LlamaShape, build_llama_step
 
 
 @pytest.fixture(autouse=True)
@@ -198,7 +198,7 @@ def test_a_bad_module_depth_is_refused_in_one_line(bad) -> None:
 
 
 def test_the_instrumentors_unsampled_steps_hook_only_its_label_depth(llama) -> None:
-    from hp_otel.cli.bench_variants import INSTRUMENTOR, build_variants
+    from benchmarks.variants import INSTRUMENTOR, build_variants
 
     model, step = llama
     before = _hooks(model)

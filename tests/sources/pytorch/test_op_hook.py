@@ -66,7 +66,7 @@ def _span_names(mode: CommDebugMode) -> list[str]:
 
 
 def _workload(name: str) -> Any:
-    from hp_otel.cli.bench_workloads import build_workload
+    from benchmarks.workloads import build_workload
 
     return build_workload(name)
 

@@ -9,7 +9,8 @@
 // Python kernel with the same (keyset, *args, **kwargs) torch's own Python kernels get. Python decides
 // everything else, so the two paths record the same collectives.
 //
-// Built on first need by native.py (torch.utils.cpp_extension) and cached; never required.
+// Built by `hp-otel build-native` (native/__init__.py: torch.utils.cpp_extension, once per machine, into
+// the cache folder); windows use it when it is there (HP_OTEL_TORCH_NATIVE=off: not); never required.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <pybind11/pybind11.h>

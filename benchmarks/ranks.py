@@ -1,4 +1,4 @@
-"""`hp-otel bench --ranks N`: `hp-otel ranks` on N ranks' files of the llama step, with faults planted.
+"""`python -m benchmarks --ranks N`: `hp-otel ranks` on N ranks' files of the llama step, with faults planted.
 
 Makes the files (`rank_files`: the step recorded once, re-keyed per rank of an
 (N / tp) x tp mesh, a hang, a desync and a straggler planted), runs `hp-otel ranks --json`
@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hp_otel.cli.progress import Progress, quiet
-from hp_otel.cli.rank_files import (
+from benchmarks.rank_files import (
     PlantedFaults,
     check_mesh,
     plant_faults,
@@ -30,6 +29,7 @@ from hp_otel.cli.rank_files import (
     split_template,
     write_rank_files,
 )
+from hp_otel.cli.progress import Progress, quiet
 from hp_otel.common.input_files import read_json
 
 

@@ -13,7 +13,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.testing._internal.distributed._tensor.common_dtensor import ModelArgs
 from torch.testing._internal.distributed._tensor.common_dtensor import Transformer as TorchTransformer
 
-from hp_otel.workloads.dtensor_transformer import Transformer, TransformerShape, parallelize
+from benchmarks.models.dtensor_transformer import Transformer, TransformerShape, parallelize
 
 
 def _pair(vocab: int = 8, dim: int = 16, heads: int = 4) -> tuple[Transformer, TorchTransformer]:

@@ -1,9 +1,9 @@
-"""`hp-otel bench --pieces`: each variant adds one part, and the table says what each part added."""
+"""`python -m benchmarks --pieces`: each variant adds one part, and the table says what each part added."""
 
 from __future__ import annotations
 
-from hp_otel.cli.bench_pieces import format_pieces, piece_variants, run_pieces
-from hp_otel.cli.bench_workloads import build_workload
+from benchmarks.pieces import format_pieces, piece_variants, run_pieces
+from benchmarks.workloads import build_workload
 from hp_otel.record import installation
 
 

@@ -1,4 +1,4 @@
-"""`hp-otel bench --pieces`: what each part of tracing costs a step, measured one by one.
+"""`python -m benchmarks --pieces`: what each part of tracing costs a step, measured one by one.
 
 Each variant adds one piece to the one before it, so the difference between
 neighbours is that piece's cost; all run interleaved on the same step:
@@ -110,7 +110,7 @@ def format_pieces(per_round: dict[str, list[float]]) -> Iterator[str]:
     """One line per variant: median µs, median per-round ratio with its interquartile range,
     and the piece: the median over rounds of (this variant − the line above) in the same
     round, so a slow spell of the machine moves both sides of each difference."""
-    from hp_otel.cli.bench import _quartiles
+    from benchmarks.timing import _quartiles
 
     base = per_round["untraced"]
     yield f"{'variant':<32}{'µs/step':>9}{'ratio':>8}  {'IQR of ratios':<14}{'piece µs':>9}"
@@ -128,11 +128,11 @@ def format_pieces(per_round: dict[str, list[float]]) -> Iterator[str]:
 
 
 def main(model_name: str, rounds: int | None, steps: int | None, progress: Progress = quiet) -> str:
-    """`hp-otel bench --pieces --model NAME` (every workload for "all", a group's): the tables, with the load."""
+    """`python -m benchmarks --pieces --model NAME` (every workload for "all", a group's): the tables, with the load."""
     import os
 
-    from hp_otel.cli.bench import load_warning
-    from hp_otel.cli.bench_workloads import build_workload, workload_names
+    from benchmarks.timing import load_warning
+    from benchmarks.workloads import build_workload, workload_names
 
     tables = []
     for name in workload_names(model_name):

@@ -1,14 +1,14 @@
-"""`hp-otel bench`: what tracing costs a training step, against torch's own tools.
+"""`python -m benchmarks`: what tracing costs a training step, against torch's own tools.
 
-Variants (bench_variants.py) of a workload's step (bench_workloads.py) run interleaved,
+Variants (variants.py) of a workload's step (workloads.py) run interleaved,
 round after round in shuffled order, each timed block after `gc.collect()`. The ratio
 to untraced is the median of per-round ratios (each round's variant time over that
 round's untraced time), so a slow spell of the machine moves both sides of a ratio
 instead of one variant; the interquartile range of those ratios says how steady it was. With `instructions`, each
-variant's instructions per step under callgrind are counted too (bench_instructions.py):
+variant's instructions per step under callgrind are counted too (instructions.py):
 the figure that stays put when the machine is loaded. Workloads of one family (the llama's
 sizes, with and without TP) also give each variant's cost per module call, per collective and
-per window (`per_event_tables`, solved by bench_events).
+per window (`per_event_tables`, solved by events.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hp_otel.cli.bench_events import EventCosts, Run, Unsolvable, describe, events_header, format_events, solve_events
-from hp_otel.cli.bench_instructions import InstructionCount
-from hp_otel.cli.bench_variants import UNTRACED, Variant, build_variants
-from hp_otel.cli.bench_workloads import Workload
+from benchmarks.events import EventCosts, Run, Unsolvable, describe, events_header, format_events, solve_events
+from benchmarks.instructions import InstructionCount
+from benchmarks.variants import UNTRACED, Variant, build_variants
+from benchmarks.workloads import Workload
 from hp_otel.cli.progress import Progress, quiet
 
 
@@ -262,9 +262,9 @@ def run_bench(
     """Build and time each workload in turn (one at a time: the models are not kept); with
     `instruction_steps`, then count each timed variant's instructions over that many steps,
     `jobs` callgrind children at a time (valgrind and the client library are checked first,
-    so a missing tool stops the bench before any timing: `bench_instructions.ToolMissing`)."""
-    from hp_otel.cli.bench_instructions import count_variants, find_tools
-    from hp_otel.cli.bench_workloads import build_workload
+    so a missing tool stops the bench before any timing: `instructions.ToolMissing`)."""
+    from benchmarks.instructions import count_variants, find_tools
+    from benchmarks.workloads import build_workload
 
     tools = find_tools() if instruction_steps else None
     results = []

@@ -1,4 +1,4 @@
-"""`hp-otel bench --instructions`: instructions per step under valgrind's callgrind, the steady figure.
+"""`python -m benchmarks --instructions`: instructions per step under valgrind's callgrind, the steady figure.
 
 Wall clock on a shared machine drifts 0.5-2 % between identical blocks; the instructions
 a step executes repeat within ±0.2 % whatever else runs. Each variant runs in its own
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hp_otel.cli.bench_variants import UNTRACED
+from benchmarks.variants import UNTRACED
 from hp_otel.common.cache_dir import cache_folder
 
 DEFAULT_STEPS = 10  # callgrind runs the step ≈50x slower: few counted steps (they repeat exactly)
@@ -138,7 +138,7 @@ def read_counted_total(folder: Path) -> int:
 
 def count_variant(workload: str, variant: str, steps: int, tools: Tools) -> int:
     """Instructions in `steps` counted steps of `variant` on `workload`, in a child under callgrind."""
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(__file__).resolve().parents[1])  # the checkout: `benchmarks` and `hp_otel`
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env["PYTHONHASHSEED"] = "0"  # the same dict layouts every run
@@ -152,7 +152,7 @@ def count_variant(workload: str, variant: str, steps: int, tools: Tools) -> int:
                 f"--callgrind-out-file={work}/callgrind.out.%p",
                 sys.executable,
                 "-m",
-                "hp_otel.cli.bench_instructions",
+                "benchmarks.instructions",
                 workload,
                 variant,
                 str(steps),
@@ -209,8 +209,8 @@ def _counted_child(workload_name: str, variant_name: str, steps: int, library: s
     requests = ctypes.CDLL(library)
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
     import hp_otel
-    from hp_otel.cli.bench_variants import build_variants
-    from hp_otel.cli.bench_workloads import build_workload
+    from benchmarks.variants import build_variants
+    from benchmarks.workloads import build_workload
 
     workload = build_workload(workload_name)
     variants, skipped = build_variants(workload.model)

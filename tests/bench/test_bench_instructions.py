@@ -1,4 +1,4 @@
-"""`hp-otel bench --instructions`: a missing tool is named with its package before any timing; the
+"""`python -m benchmarks --instructions`: a missing tool is named with its package before any timing; the
 client library builds once into its cache; callgrind's dump is read; the table and JSON carry the
 counts; and (slow) real callgrind runs: traced counts more than untraced, and a variant repeats."""
 
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from servers import missing
 
-from hp_otel.cli import main
-from hp_otel.cli.bench import RatioSummary, VariantResult, WorkloadResult, format_results, results_json
-from hp_otel.cli.bench_instructions import (
+from benchmarks.command import main
+from benchmarks.instructions import (
     DUMP_LABEL,
     InstructionCount,
     ToolMissing,
@@ -25,7 +24,8 @@ from hp_otel.cli.bench_instructions import (
     find_tools,
     read_counted_total,
 )
-from hp_otel.cli.bench_variants import HP_OTEL, UNTRACED
+from benchmarks.timing import RatioSummary, VariantResult, WorkloadResult, format_results, results_json
+from benchmarks.variants import HP_OTEL, UNTRACED
 
 
 def _fake_compiler(tmp_path: Path, stderr: str) -> str:
@@ -38,15 +38,15 @@ def _fake_compiler(tmp_path: Path, stderr: str) -> str:
 def test_missing_valgrind_stops_the_bench_before_any_timing(monkeypatch, capsys) -> None:
     real_which = shutil.which
     monkeypatch.setattr("shutil.which", lambda name, *a, **k: None if name == "valgrind" else real_which(name))
-    monkeypatch.setattr("hp_otel.cli.bench.run_workload", lambda *a, **k: pytest.fail("timed without valgrind"))
-    assert main(["bench", "--instructions"]) == 2
+    monkeypatch.setattr("benchmarks.timing.run_workload", lambda *a, **k: pytest.fail("timed without valgrind"))
+    assert main(["--instructions"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["hp-otel bench: valgrind is not on PATH (Debian/Ubuntu: apt-get install valgrind)"]
+    assert err == ["python -m benchmarks: valgrind is not on PATH (Debian/Ubuntu: apt-get install valgrind)"]
 
 
 @pytest.mark.parametrize("other", ["--export-down", "--scale", "--pieces"])
 def test_instructions_is_refused_with_the_other_measurements(other, capsys) -> None:
-    assert main(["bench", "--instructions", other]) == 2
+    assert main(["--instructions", other]) == 2
     assert "not with --export-down, --scale or --pieces" in capsys.readouterr().err
 
 
@@ -121,7 +121,7 @@ def test_traced_counts_more_than_untraced_and_a_variant_repeats_within_one_perce
         tools = find_tools()
     except ToolMissing as exc:
         missing(str(exc))
-    argv = ["bench", "--model", "mlp", "--variant", HP_OTEL, "--rounds", "1", "--steps", "1"]
+    argv = ["--model", "mlp", "--variant", HP_OTEL, "--rounds", "1", "--steps", "1"]
     assert main([*argv, "--instructions", "--counted-steps", "3", "--jobs", "2", "--json"]) == 0
     (mlp,) = json.loads(capsys.readouterr().out)["workloads"]
     counted = {v["name"]: v["instructions"] for v in mlp["variants"]}

@@ -1,4 +1,4 @@
-"""The ways `hp-otel bench` runs a step: untraced, under hp_otel's modes, under torch's tools.
+"""The ways `python -m benchmarks` runs a step: untraced, under hp_otel's modes, under torch's tools.
 
 Each variant is a factory for the context one step runs in (a new one per step, as a
 user writes `with CommDebugMode(...): step()`), plus an optional context around a whole

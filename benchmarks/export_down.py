@@ -1,6 +1,6 @@
-"""`hp-otel bench --export-down`: what an unreachable OTLP endpoint costs a traced step.
+"""`python -m benchmarks --export-down`: what an unreachable OTLP endpoint costs a traced step.
 
-Same step as `hp-otel bench` (TP MLP over torch's fake process group, one process),
+Same step as `python -m benchmarks` (TP MLP over torch's fake process group, one process),
 traced with `hp_otel.step(n)` + `CommDebugMode(module=model)`, spans built at the end
 of each window and handed to the providers. Variants, interleaved round after round:
 

@@ -1,4 +1,4 @@
-"""N ranks' spans files from one recorded step, with faults planted: the input of `hp-otel bench --ranks`.
+"""N ranks' spans files from one recorded step, with faults planted: the input of `python -m benchmarks --ranks`.
 
 The llama step (`llama.py`) runs once on torch's fake process group as rank 0 of a
 (2 x tp) mesh; its spans file is then re-keyed per rank of an (N / tp) x tp mesh: the
@@ -68,9 +68,9 @@ def record_template(tp: int) -> dict[str, Any]:
     """The llama step (two steps, one window) as rank 0 of a (TEMPLATE_DP x tp) fake world: its OTLP/JSON."""
     import torch
 
+    from benchmarks.models.llama import build_llama_step
     from hp_otel import CommDebugMode
     from hp_otel.spans.otlp_json import spans_to_otlp_json
-    from hp_otel.workloads.llama import build_llama_step
     from hp_otel.workloads.process_groups import fake_process_group
 
     torch.set_num_threads(1)

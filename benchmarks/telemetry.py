@@ -1,4 +1,4 @@
-"""`hp-otel bench --telemetry`: what one rank sends, with the always-on instrumentor's defaults.
+"""`python -m benchmarks --telemetry`: what one rank sends, with the always-on instrumentor's defaults.
 
 The llama step (`llama.py`) on real gloo ranks of a (dp x tp) CPU mesh, each rank recorded by
 `HpOtelInstrumentor().instrument(module=model)` and nothing else set but what a deployment
@@ -129,10 +129,10 @@ def rank_volume(rank: int, world_size: int, port: int, tp: int, layers: int, ste
         HP_OTEL_RUN_ID=RUN_ID,
     )
     import hp_otel
+    from benchmarks.models.llama import LlamaShape, build_llama_step
     from hp_otel.always_on.instrumentor import HpOtelInstrumentor
     from hp_otel.export.telemetry import configured
     from hp_otel.export.telemetry import shutdown as shutdown_export
-    from hp_otel.workloads.llama import LlamaShape, build_llama_step
     from hp_otel.workloads.process_groups import init_gloo
 
     torch.set_num_threads(1)

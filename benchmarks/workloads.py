@@ -1,12 +1,12 @@
-"""The training steps `hp-otel bench` times: one forward + backward + zero_grad each.
+"""The training steps `python -m benchmarks` times: one forward + backward + zero_grad each.
 
 All run in one process over torch's fake process group (DTensor dispatches and calls the
 same collectives; they return at once). The small ones are pure dispatch, where tracing
 costs most relative to the step; `realistic` is big enough that compute dominates, as in
 real training, so its ratio shows what a user would see. The `llama-*` workloads are the
-torchtitan-like llama (`hp_otel.workloads.llama`) at several depths and widths, with TP + sequence
+torchtitan-like llama (`benchmarks.models.llama`) at several depths and widths, with TP + sequence
 parallel and without TP (no collectives): runs that differ in module calls and collectives,
-from which `bench_events` solves each variant's cost per module call, per collective and
+from which `events` solves each variant's cost per module call, per collective and
 per window.
 """
 
@@ -28,7 +28,7 @@ class WorkloadSpec:
     summary: str
     rounds: int
     steps: int
-    family: str = ""  # workloads of one family are solved together for per-event costs (bench_events)
+    family: str = ""  # workloads of one family are solved together for per-event costs (events)
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def _dtensor_transformer(
     from torch.distributed.tensor import distribute_tensor
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from hp_otel.workloads.dtensor_transformer import Transformer, TransformerShape, parallelize
+    from benchmarks.models.dtensor_transformer import Transformer, TransformerShape, parallelize
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (WORLD_SIZE,))
@@ -203,7 +203,7 @@ def _llama(size: LlamaSize) -> tuple[Any, Callable[[], None]]:
     or without TP: the plain model's forward, backward and zero_grad, no collective."""
     import torch
 
-    from hp_otel.workloads.llama import Llama, LlamaShape, build_llama_step
+    from benchmarks.models.llama import Llama, LlamaShape, build_llama_step
 
     shape = LlamaShape(layers=size.layers, dim=size.dim)
     if size.tp:

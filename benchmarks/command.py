@@ -1,22 +1,31 @@
-"""`hp-otel bench`: its options and which measurement they choose; the measurements are in the
-`bench*` modules (`bench.py` times the variants, `bench_export`, `bench_scale`, `bench_pieces`,
-`bench_ranks` the other measurements, `bench_instructions` the instruction counts)."""
+"""`python -m benchmarks`: its options and which measurement they choose; the measurements are in
+the other modules (`timing` times the variants, `export_down`, `scale`, `pieces`, `ranks` and
+`telemetry` the other measurements, `instructions` the instruction counts)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from hp_otel.cli.arguments import positive
 from hp_otel.cli.progress import to_stderr
 from hp_otel.common.safe_text import printable
 
+DESCRIPTION = (
+    "Times a training step (forward + backward + zero_grad) in one process over torch's fake "
+    "process group, each variant interleaved round after round; prints per variant the median µs per "
+    "step, the ratio to untraced (median of per-round ratios, with their interquartile range) and, for "
+    "hp_otel's variants, the µs added per recorded event. "
+    "--export-down, --scale, --pieces, --ranks and --telemetry measure other things instead (see their help)."
+)
+
 
 def add_arguments(bench: argparse.ArgumentParser) -> None:
-    """`hp-otel bench`'s options (the workloads' and variants' names read from their modules)."""
-    from hp_otel.cli.bench_instructions import DEFAULT_STEPS
-    from hp_otel.cli.bench_variants import UNTRACED, VARIANT_NAMES
-    from hp_otel.cli.bench_workloads import ALIASES, GROUPS, WORKLOADS
+    """`python -m benchmarks`'s options (the workloads' and variants' names read from their modules)."""
+    from benchmarks.instructions import DEFAULT_STEPS
+    from benchmarks.variants import UNTRACED, VARIANT_NAMES
+    from benchmarks.workloads import ALIASES, GROUPS, WORKLOADS
 
     per_workload = ", ".join(f"{name} {spec.rounds}x{spec.steps}" for name, spec in WORKLOADS.items())
     bench.add_argument(
@@ -128,27 +137,33 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     )
 
 
+def _progress(option: str) -> to_stderr:
+    """`python -m benchmarks --scale [12.3 s]: ...` lines on stderr."""
+    return to_stderr(option, program="python -m benchmarks")
+
+
 def _bench_ranks(args: argparse.Namespace) -> int:
     import json
 
-    from hp_otel.cli.bench_ranks import format_ranks_bench, ranks_bench_json, run_ranks_bench
+    from benchmarks.ranks import format_ranks_bench, ranks_bench_json, run_ranks_bench
 
     try:
         result = run_ranks_bench(
-            args.ranks, args.tp, args.jobs, args.keep_files, to_stderr("bench --ranks"), args.evidence, args.layout
+            args.ranks, args.tp, args.jobs, args.keep_files, _progress("--ranks"), args.evidence, args.layout
         )
     except ValueError as exc:
-        print(f"hp-otel bench: {exc}", file=sys.stderr)
+        print(f"python -m benchmarks: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(ranks_bench_json(result), indent=2) if args.json else "\n".join(format_ranks_bench(result)))
     return 0 if all(result.found.values()) else 1
 
 
 def run(args: argparse.Namespace) -> int:
-    """`hp-otel bench`: the measurement the options choose; exit 0, 1 (a planted fault not named), 2 (bad input)."""
+    """The measurement the options choose; exit 0, 1 (a planted fault not named), 2 (bad input)."""
     if args.instructions and (args.export_down or args.scale or args.pieces):
         print(
-            "hp-otel bench: --instructions counts the variants' steps; not with --export-down, --scale or --pieces",
+            "python -m benchmarks: --instructions counts the variants' steps; "
+            "not with --export-down, --scale or --pieces",
             file=sys.stderr,
         )
         return 2
@@ -157,9 +172,9 @@ def run(args: argparse.Namespace) -> int:
     if args.telemetry:
         import json
 
-        from hp_otel.cli.bench_telemetry import format_telemetry_bench, run_telemetry_bench, telemetry_bench_json
+        from benchmarks.telemetry import format_telemetry_bench, run_telemetry_bench, telemetry_bench_json
 
-        results = run_telemetry_bench(steps=args.steps or 8, progress=to_stderr("bench --telemetry"))
+        results = run_telemetry_bench(steps=args.steps or 8, progress=_progress("--telemetry"))
         print(
             json.dumps(telemetry_bench_json(results), indent=2)
             if args.json
@@ -167,25 +182,25 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.export_down:
-        from hp_otel.cli.bench_export import main as bench_export
+        from benchmarks.export_down import main as bench_export
 
-        print("\n".join(bench_export(args.rounds or 15, args.steps or 20, to_stderr("bench --export-down"))))
+        print("\n".join(bench_export(args.rounds or 15, args.steps or 20, _progress("--export-down"))))
         return 0
     if args.scale:
-        from hp_otel.cli.bench_scale import format_scale_results, run_scale_bench
+        from benchmarks.scale import format_scale_results, run_scale_bench
 
-        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=to_stderr("bench --scale")))))
+        print("\n".join(format_scale_results(run_scale_bench(spans=args.spans, progress=_progress("--scale")))))
         return 0
     if args.pieces:
-        from hp_otel.cli.bench_pieces import main as bench_pieces
+        from benchmarks.pieces import main as bench_pieces
 
-        print(bench_pieces(args.model, args.rounds, args.steps, to_stderr("bench --pieces")))
+        print(bench_pieces(args.model, args.rounds, args.steps, _progress("--pieces")))
         return 0
     import json
 
-    from hp_otel.cli.bench import format_results, per_event_tables, results_json, run_bench
-    from hp_otel.cli.bench_instructions import ToolMissing
-    from hp_otel.cli.bench_workloads import workload_names
+    from benchmarks.instructions import ToolMissing
+    from benchmarks.timing import format_results, per_event_tables, results_json, run_bench
+    from benchmarks.workloads import workload_names
 
     names = workload_names(args.model)
     try:
@@ -194,12 +209,12 @@ def run(args: argparse.Namespace) -> int:
             rounds=args.rounds,
             steps=args.steps,
             only=args.variant,
-            progress=to_stderr("bench"),
+            progress=_progress(""),
             instruction_steps=args.counted_steps if args.instructions else None,
             jobs=args.jobs or 1,
         )
     except ToolMissing as exc:
-        print(printable(f"hp-otel bench: {exc}"), file=sys.stderr)
+        print(printable(f"python -m benchmarks: {exc}"), file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(results_json(results), indent=2))
@@ -209,3 +224,18 @@ def run(args: argparse.Namespace) -> int:
         if events:
             print("\n" + "\n".join(events).rstrip())
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hp_otel.cli.arguments import DefaultsFormatter
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=DESCRIPTION, formatter_class=DefaultsFormatter
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m benchmarks ARGS` (run from the repository's root); the exit status as `run` says."""
+    return run(build_parser().parse_args(argv))

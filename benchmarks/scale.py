@@ -1,4 +1,4 @@
-"""`hp-otel bench --scale`: memory per retained span, and rendering time for a long window.
+"""`python -m benchmarks --scale`: memory per retained span, and rendering time for a long window.
 
 Spans come from the design's MLP forward (module, op and collective spans with real
 attributes) fed through the observer interface, so no distributed run is needed.

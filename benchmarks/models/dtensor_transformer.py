@@ -1,4 +1,4 @@
-"""The transformer `hp-otel bench --model dtensor-transformer` times: a reproduction of the
+"""The transformer `python -m benchmarks --model dtensor-transformer` times: a reproduction of the
 toy Transformer in PyTorch's DTensor tests (`common_dtensor.Transformer`, nanoGPT-like),
 written here so the shipped CLI does not import `torch.testing._internal`.
 
@@ -6,7 +6,7 @@ What is reproduced is what the benchmark depends on: the module tree and its nam
 (`tok_embeddings`, `pos_embeddings`, `layers.<i>.attention.wq`, ..., `feed_forward.w2`,
 `norm`, `output`, the output weight tied to the embedding), the ops of a step, and the
 tensor-parallel plan, with or without sequence parallelism, so a step issues the same
-collectives as torch's model under `Transformer.parallelize` (tests/cli/test_dtensor_transformer.py
+collectives as torch's model under `Transformer.parallelize` (tests/bench/test_dtensor_transformer.py
 compares the two).  Unlike the demo's transformer (`tp_transformer.py`), attention runs
 on DTensors (the projections keep DTensor outputs), so SDPA needs a backend with a DTensor
 rule: the benchmark selects the math one.

@@ -1,4 +1,4 @@
-"""`hp-otel bench`: every workload builds and runs, the per-round ratio arithmetic, the load
+"""`python -m benchmarks`: every workload builds and runs, the per-round ratio arithmetic, the load
 warning, skipped variants. Timings themselves are never asserted (they depend on the machine)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 import pytest
 from referee import Referee
 
-from hp_otel.cli import main
-from hp_otel.cli.bench import format_results, load_warning, results_json, run_workload, summarise_rounds
-from hp_otel.cli.bench_variants import COUNTS_ONLY, HP_OTEL, INSTRUMENTOR, PROFILER, TORCH_COMM, UNTRACED
-from hp_otel.cli.bench_workloads import WORKLOADS, build_workload
+from benchmarks.command import main
+from benchmarks.timing import format_results, load_warning, results_json, run_workload, summarise_rounds
+from benchmarks.variants import COUNTS_ONLY, HP_OTEL, INSTRUMENTOR, PROFILER, TORCH_COMM, UNTRACED
+from benchmarks.workloads import WORKLOADS, build_workload
 
 SMALL = [
     name for name, spec in WORKLOADS.items() if name != "realistic" and spec.family != "llama"
@@ -124,8 +124,8 @@ def _collective_calls(reader) -> int:
 
 
 def test_the_instrumentor_variant_counts_every_step_and_samples_none(fake_world) -> None:
+    from benchmarks.variants import build_variants
     from hp_otel.always_on.instrumentation import active_session
-    from hp_otel.cli.bench_variants import build_variants
     from hp_otel.export.providers import default_meter_provider
 
     workload = build_workload("mlp")
@@ -162,7 +162,7 @@ def test_the_profiler_variant_runs_or_says_why(fake_world) -> None:
 
 @pytest.mark.bench  # every variant of the mlp, in this process: about 6 s
 def test_bench_command_prints_json(capsys, fake_world) -> None:
-    assert main(["bench", "--rounds", "1", "--steps", "1", "--json"]) == 0
+    assert main(["--rounds", "1", "--steps", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     (mlp,) = out["workloads"]
     assert mlp["workload"] == "mlp" and mlp["collectives_per_step"] == 2

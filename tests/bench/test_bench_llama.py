@@ -1,4 +1,4 @@
-"""`hp-otel bench` on the llama: the per-event solver (exact on constructed runs, least squares on
+"""`python -m benchmarks` on the llama: the per-event solver (exact on constructed runs, least squares on
 more, and refusing runs that cannot tell a module call from a collective), the llama workloads'
 wiring (collectives counted by the referee, module calls by the test's own hook), the per-event
 table; and (slow) a real callgrind count of the smallest llama."""
@@ -12,7 +12,9 @@ from referee import Referee
 from servers import missing
 from torch import nn
 
-from hp_otel.cli.bench import (
+from benchmarks.events import Run, Unsolvable, solve_events
+from benchmarks.instructions import InstructionCount, ToolMissing, count_variants, find_tools
+from benchmarks.timing import (
     RatioSummary,
     VariantResult,
     WorkloadResult,
@@ -21,10 +23,8 @@ from hp_otel.cli.bench import (
     results_json,
     run_workload,
 )
-from hp_otel.cli.bench_events import Run, Unsolvable, solve_events
-from hp_otel.cli.bench_instructions import InstructionCount, ToolMissing, count_variants, find_tools
-from hp_otel.cli.bench_variants import COUNTS_ONLY, HP_OTEL, UNTRACED
-from hp_otel.cli.bench_workloads import GROUPS, WORKLOADS, build_workload, workload_names
+from benchmarks.variants import COUNTS_ONLY, HP_OTEL, UNTRACED
+from benchmarks.workloads import GROUPS, WORKLOADS, build_workload, workload_names
 
 # a = per module call, b = per collective, c = per window (instructions)
 A, B, C = 135_000.0, 200_000.0, 400_000.0
