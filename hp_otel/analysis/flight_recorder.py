@@ -284,13 +284,23 @@ def _user_frames(frames: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     """FR's frames (innermost first) without torch's and hp_otel's, as `file:line:function`."""
     out = []
     for frame in frames:
-        filename = str(frame.get("filename", ""))
-        if _is_library_frame(filename):
+        filename, line, name = frame.get("filename", ""), frame.get("line", 0), frame.get("name", "")
+        if type(filename) is str and type(line) is int and type(name) is str:
+            text = _frame_text(filename, line, name)  # the same few frames recur in every entry
+        else:
+            text = None if _is_library_frame(str(filename)) else f"{filename}:{checked_int(line, 'line')}:{name}"
+        if text is None:
             continue
-        out.append(f"{filename}:{checked_int(frame.get('line', 0), 'line')}:{frame.get('name', '')}")
+        out.append(text)
         if len(out) >= STACK_DEPTH:
             break
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=16384)
+def _frame_text(filename: str, line: int, name: str) -> str | None:
+    """`file:line:function`, or None for a library's frame."""
+    return None if _is_library_frame(filename) else f"{filename}:{checked_int(line, 'line')}:{name}"
 
 
 @functools.lru_cache(maxsize=1)

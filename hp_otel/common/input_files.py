@@ -28,6 +28,7 @@ import pickle
 import pickletools
 import stat
 from collections.abc import Mapping
+from itertools import chain, compress
 from typing import Any
 
 MAX_BYTES_VARIABLE = "HP_OTEL_RENDER_MAX_BYTES"
@@ -59,7 +60,6 @@ _REFUSED = {
 # The opcode bytes of MARK, EMPTY_TUPLE, EMPTY_LIST, EMPTY_DICT, TUPLE1-3 and EMPTY_SET (LIST, DICT,
 # TUPLE and FROZENSET close a MARK).
 _CONTAINER_BYTES = (b"(", b")", b"]", b"}", b"\x85", b"\x86", b"\x87", b"\x8f")
-_SEQUENCES = (list, tuple)
 _WALKED = frozenset({dict, list, tuple})  # what the unpickler builds: exact types, never subclasses
 _NOT_PLAIN = frozenset({set, frozenset, bytearray})
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
@@ -187,33 +187,28 @@ def _plainly_bounded(data: bytes) -> bool:
 
 def _shape(value: Any) -> tuple[int, bool]:
     """(how deep lists, tuples and dicts nest in `value`, whether a set or bytearray is in it);
-    iterative, and stops past MAX_NESTING.
+    stops past MAX_NESTING.
 
-    A container shared by reference (the memo) is walked again only when reached deeper than
-    before: at most MAX_NESTING times, so a diamond of shared lists costs no more than that."""
-    deepest = 0
-    reached: dict[int, int] = {}
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if type(item) is dict:
-            children: Any = item.values()
-        elif type(item) in _SEQUENCES:
-            children = item
-        else:
-            continue
-        if reached.get(id(item), 0) >= depth:
-            continue
-        reached[id(item)] = depth
-        deepest = max(deepest, depth)
-        if deepest > MAX_NESTING:
-            return deepest, False
-        kinds = set(map(type, children))  # at C speed: most containers of a dump hold only leaves
+    Level by level, each level's children gathered, typed and filtered by C builtins (a dump's
+    thousands of containers hold mostly leaves). A container shared by reference (the memo) is
+    walked once per level it is reached on: at most MAX_NESTING times."""
+    if type(value) in _NOT_PLAIN:
+        return 0, True
+    level = [value] if type(value) in _WALKED else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > MAX_NESTING:
+            return depth, False
+        children = list(chain.from_iterable(item.values() if type(item) is dict else item for item in level))
+        kinds = set(map(type, children))
         if not kinds.isdisjoint(_NOT_PLAIN):
-            return deepest, True
-        if not kinds.isdisjoint(_WALKED):
-            stack.extend((child, depth + 1) for child in children if type(child) in _WALKED)
-    return deepest, type(value) in _NOT_PLAIN
+            return depth, True
+        if kinds.isdisjoint(_WALKED):
+            break
+        inner = list(compress(children, map(_WALKED.__contains__, map(type, children))))
+        level = list(dict(zip(map(id, inner), inner, strict=True)).values())  # each shared one once a level
+    return depth, False
 
 
 def _check_pickle(data: bytes, name: str, what: str) -> None:
@@ -258,6 +253,8 @@ def checked_int(value: Any, field: str) -> int:
     NaN, Infinity, a fraction, a bool, None or anything beyond int64 raises a ValueError naming `field`
     (`int(float("inf"))` raises OverflowError, which readers catching ValueError let through).
     """
+    if type(value) is int and INT64_MIN <= value <= INT64_MAX:  # nearly every call: a plain int in range
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{field} must be an integer, got {value!r}")
     if isinstance(value, float):
