@@ -157,11 +157,11 @@ def test_the_instrumentor_gives_its_hooks_to_every_sampled_step() -> None:
         collective_hook=collective_hook,
     )
     try:
-        from hp_otel import mode as mode_module
+        from hp_otel.mode import registry
 
         for n in range(2):
             with hp_otel.step(n, run_id="hooks", rank=0):
-                design_mlp_forward(mode_module._current_mode.get().observer)
+                design_mlp_forward(registry.current_mode.get().observer)
     finally:
         instrumentor.uninstrument()
     exported = exporter.get_finished_spans()
