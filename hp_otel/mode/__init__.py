@@ -6,12 +6,29 @@
 - `window`: opening and closing a window (claim, attach, watchdog; and undoing them);
 - `files`: what a window writes (table, JSON dump, spans, collectives file);
 - `former_sources`: the adapter for sources written with the former method names.
+
+The names below are loaded when first used (PEP 562): the instrumentor parses its options
+with `hp_otel.mode.options` without loading the recording machinery.
 """
 
 from __future__ import annotations
 
-from hp_otel.mode.facade import STACK_SKIPPED_PACKAGES, CommDebugMode
-from hp_otel.mode.options import DEFAULT_MAX_SPANS, NOT_GIVEN, WindowOptions, check_module, check_providers
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hp_otel.mode.facade import STACK_SKIPPED_PACKAGES, CommDebugMode
+    from hp_otel.mode.options import DEFAULT_MAX_SPANS, NOT_GIVEN, WindowOptions, check_module, check_providers
+
+_WHERE = {
+    "CommDebugMode": "hp_otel.mode.facade",
+    "STACK_SKIPPED_PACKAGES": "hp_otel.mode.facade",
+    "DEFAULT_MAX_SPANS": "hp_otel.mode.options",
+    "NOT_GIVEN": "hp_otel.mode.options",
+    "WindowOptions": "hp_otel.mode.options",
+    "check_module": "hp_otel.mode.options",
+    "check_providers": "hp_otel.mode.options",
+}
 
 __all__ = [
     "DEFAULT_MAX_SPANS",
@@ -22,3 +39,16 @@ __all__ = [
     "check_module",
     "check_providers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'hp_otel.mode' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

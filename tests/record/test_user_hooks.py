@@ -239,3 +239,16 @@ def test_clear_from_a_hook_is_refused_with_a_clear_error_not_a_hang(tp_mlp, capl
     assert sum(_kind(s) == schema.KIND_COLLECTIVE for s in spans) == 2  # the build went on, nothing forgotten
     assert mode.get_callback_error_counts() == {"user_collective_hook": 2}
     assert "clear() was called from a span hook" in caplog.text
+
+
+def test_repr_runs_no_user_span_hook() -> None:
+    """`repr(mode)` reads what is there: a deferred window's spans are not built by it, so no hook runs
+    (a debugger or a log line showing the mode must not call the user's code); reading them does."""
+    seen: list[object] = []
+    with CommDebugMode(live_spans=False, **_tagging_hooks(seen)) as mode:
+        design_mlp_forward(mode.observer)
+        assert "CommDebugMode(active" in repr(mode) and seen == []
+    text = repr(mode)
+    assert seen == [] and "collectives=1" in text and "unbuilt_events=" in text
+    assert mode.get_finished_spans() and seen  # reading the spans builds them: the hooks run then
+    assert "unbuilt_events" not in repr(mode)
