@@ -9,9 +9,7 @@ options, parsed once), `registry` (which windows are open on which thread and mo
 
 from __future__ import annotations
 
-import contextvars
 import os
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,35 +18,20 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
-from hp_otel.export.providers import (
-    default_meter_provider,
-    default_tracer_provider,
-    get_tracer,
-    is_internal_tracer_provider,
-)
 from hp_otel.mode import files, window
 from hp_otel.mode.former_sources import attachable
 from hp_otel.mode.options import DEFAULT_MAX_SPANS, WindowOptions
-from hp_otel.mode.registry import Claim
-from hp_otel.record.call_stack import shared_call_stack
-from hp_otel.record.instruments import get_instruments
 from hp_otel.record.memory import return_freed_memory
-from hp_otel.record.metric_labels import ModuleLabel
 from hp_otel.record.observer import Observer, Source
-from hp_otel.record.recorder import WindowRecorder
-from hp_otel.record.settings import RecorderSettings
 from hp_otel.record.user_hooks import CollectiveHook, ModuleHook, OpHook
 from hp_otel.record.watchdog import HangWatchdog
-from hp_otel.render import module_info, table
-from hp_otel.render.levels import noise_level as parse_noise_level
+from hp_otel.render import module_info
 from hp_otel.sources import default_sources
-from hp_otel.spans.call_tree import CallRecord, build_call_tree
+from hp_otel.spans.call_tree import build_call_tree
 from hp_otel.spans.exposure import ExposureReport
 
 _LARGE_WINDOW_SPANS = 10_000  # clear() of a window this large hands the freed memory back to the system
-# Packages whose frames a call stack leaves out (`stack=`): hp_otel's, the frameworks' own, and
-# typing_extensions (its @deprecated wrapper sits between torch's deprecated collectives and the caller).
-STACK_SKIPPED_PACKAGES = ("hp_otel", "torch", "mindspore", "hyper_parallel", "typing_extensions")
+STACK_SKIPPED_PACKAGES = window.STACK_SKIPPED_PACKAGES  # frames a call stack leaves out (`stack=`)
 
 
 class CommDebugMode:
@@ -148,8 +131,7 @@ class CommDebugMode:
         metric_module_depth: int | str | None = None,
         module_depth: int | str | None = None,
     ) -> None:
-        options = WindowOptions.parse(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
-        self._setup(options)
+        self._setup(WindowOptions.parse(**{k: v for k, v in locals().items() if k != "self"}))
 
     @classmethod
     def from_options(cls, options: WindowOptions) -> CommDebugMode:
@@ -159,40 +141,12 @@ class CommDebugMode:
         return mode
 
     def _setup(self, options: WindowOptions) -> None:
-        self.options = options
-        self.engine, self.module = options.engine, options.module
-        self._metric_reader: InMemoryMetricReader | None = None
-        tracer_provider, meter_provider = options.tracer_provider, options.meter_provider
-        if tracer_provider is None:
-            tracer_provider = default_tracer_provider()
-        if meter_provider is None:
-            meter_provider, self._metric_reader = default_meter_provider()
-        internal = is_internal_tracer_provider(tracer_provider)
-        # Deferred spans meant for real processors (an exporter) are built when the window ends.
-        self._build_on_exit = not options.live and not internal
-        settings = RecorderSettings(
-            live=options.live,
-            max_spans=options.max_spans,
-            spans_enabled=options.record_spans,
-            ops_enabled=options.ops,
-            hooks=options.hooks,
-            store_only=internal,  # past max_spans: counted, not built
-            call_stack=shared_call_stack(options.stack_depth, STACK_SKIPPED_PACKAGES),
-            module_label=ModuleLabel(options.metric_depth),
-            module_depth=options.hooked_depth,
-        )
-        self._recorder = WindowRecorder(get_tracer(tracer_provider), get_instruments(meter_provider), settings)
+        self.options, self.engine, self.module = options, options.engine, options.module
+        self._recorder, self._metric_reader, self._build_on_exit = window.build_recorder(options)
         self._store = self._recorder.store
         self._sources: tuple[Source, ...] = (*default_sources(self.module, self.engine), *options.extra_sources)
-        # (the source's class name, what attach/detach is called on): the source itself, or its adapter
-        self._attachable = tuple((type(source).__name__, attachable(source)) for source in self._sources)
-        # The open window's state (hp_otel.mode.window): what it attached, its place in the registries.
-        self._attached: list[tuple[str, Source]] = []
-        self._token: contextvars.Token[CommDebugMode | None] | None = None
-        self._outer: CommDebugMode | None = None
-        self._guarded = False  # this window holds the signal guard (entered on the main thread)
-        self._claim = Claim()
-        self._watchdog_started = False
+        self._attachable = tuple((type(src).__name__, attachable(src)) for src in self._sources)  # src or adapter
+        self._open = window.OpenState()  # the open window's state (hp_otel.mode.window)
 
     __enter__ = window.enter  # signal-guarded from their first instruction: see hp_otel.mode.window
     __exit__ = window.exit
@@ -200,7 +154,7 @@ class CommDebugMode:
     @property
     def active(self) -> bool:
         """True between `__enter__` and `__exit__`."""
-        return self._token is not None
+        return self._open.token is not None
 
     @property
     def sources(self) -> tuple[Source, ...]:
@@ -212,16 +166,13 @@ class CommDebugMode:
         """The observer interface that sources feed (also the way to drive the mode from tests or a new engine)."""
         return self._recorder
 
-    def _partial_view(self, what: str) -> None:
-        window.partial_view(self, what)
-
     # --- counts ------------------------------------------------------------------
     def get_comm_counts(self, normalized: bool = False) -> dict[str, int]:
         """Collective calls by the framework's own name (`_c10d_functional.all_reduce`).
 
         With `normalized=True`, by normalised op instead (`all_reduce`, `all_gather`, ...).
         """
-        self._partial_view("get_comm_counts()")
+        window.partial_view(self, "get_comm_counts()")
         return _by_op(self._recorder.comm_counts, self._ops(normalized))
 
     def get_total_counts(self) -> int:
@@ -232,7 +183,7 @@ class CommDebugMode:
 
         With `normalized=True`, by normalised op (`all_reduce`), as `get_comm_counts(normalized=True)`.
         """
-        self._partial_view("get_comm_module_counts()")
+        window.partial_view(self, "get_comm_module_counts()")
         ops = self._ops(normalized)
         return {
             fqn: {phase: _by_op(counts, ops) for phase, counts in phases.items()}
@@ -251,11 +202,11 @@ class CommDebugMode:
 
     def get_parameter_info(self) -> dict[str, dict[str, dict[str, Any]]]:
         """`{module fqn: {param: {shape, dtype, placements}}}` of the modules that ran (needs `module=`)."""
-        return module_info.parameter_info(self._tree())
+        return module_info.parameter_info(build_call_tree(self.get_finished_spans()))
 
     def get_sharding_info(self) -> dict[str, str]:
         """`{"fc2.weight": "Shard(dim=1)"}` for DTensor parameters of the modules that ran (needs `module=`)."""
-        return module_info.sharding_info(module_info.parameter_info(self._tree()))
+        return module_info.sharding_info(module_info.parameter_info(build_call_tree(self.get_finished_spans())))
 
     def get_callback_error_counts(self) -> dict[str, int]:
         """Faults inside hp_otel's own callbacks, by where they happened; the traced code never saw them."""
@@ -281,22 +232,10 @@ class CommDebugMode:
         """The in-memory reader of hp_otel's default meter provider (None with your own provider)."""
         return self._metric_reader
 
-    def _tree(self) -> list[CallRecord]:
-        return build_call_tree(self.get_finished_spans())
-
     # --- output ------------------------------------------------------------------
     def generate_comm_debug_tracing_table(self, noise_level: int | None = None) -> str:
         """The call tree as text: 0 collectives, 1 (default) + ops, 2 + modules (every phase), 3 + detail."""
-        level = parse_noise_level(noise_level)
-        self._partial_view("the tracing table")
-        if level.modules and self.module is None:
-            warnings.warn(
-                f"noise_level={level.level} shows module boundaries, which needs CommDebugMode(module=...); "
-                "showing module-less output",
-                UserWarning,
-                stacklevel=2,
-            )
-        return table.render_table(self.get_finished_spans(), level, dropped=self.get_dropped_record_count())
+        return files.table_text(self, noise_level)
 
     generate_tracing_table = generate_comm_debug_tracing_table
 
@@ -315,23 +254,13 @@ class CommDebugMode:
     def write_spans(
         self, path: str | os.PathLike[str], *, in_flight: bool = True, pause: Callable[[], None] | None = None
     ) -> None:
-        """Write the window's spans as OTLP/JSON (what `hp-otel render` and `hp-otel ranks` read), atomically.
-
-        Safe from another thread while the window records (the hang watchdog writes from
-        its own). `in_flight`: also the collectives issued and not completed yet, as
-        spans marked `hp.collective.in_flight` (start = issue time, end = now). The
-        file's resource names this rank (`hp.rank`) even when no launcher variable does.
-        `pause`: called between pieces of the encoding (the watchdog's thread yields there).
-        """
+        """Write the window's spans as OTLP/JSON (what `hp-otel render` and `hp-otel ranks` read), atomically;
+        safe from another thread while the window records (see `hp_otel.mode.files.write_spans`)."""
         files.write_spans(self, path, in_flight, pause)
 
     def write_collectives(self, path: str | os.PathLike[str], *, in_flight: bool = True) -> None:
-        """Write the window's collectives file (what `hp-otel ranks` compares, a few percent of the spans file).
-
-        The collectives as `write_spans` writes them (`in_flight` the same), without the module
-        and op spans: group, seq, op, shapes, dtype, bytes, times, module, phase, waits,
-        bandwidths, call site (with `stack=`). Safe from another thread, atomic.
-        """
+        """Write the window's collectives file (what `hp-otel ranks` compares, a few percent of the spans file),
+        atomically; safe from another thread (see `hp_otel.mode.files.write_collectives`)."""
         files.write_collectives(self, path, in_flight)
 
     def clear(self) -> None:
@@ -347,7 +276,7 @@ class CommDebugMode:
 
     def __repr__(self) -> str:
         """What is there now: no deferred span is built (that would run the user's span hooks)."""
-        state = "active" if self._token is not None else "inactive"
+        state = "active" if self._open.token is not None else "inactive"
         module = type(self.module).__name__ if self.module is not None else None
         unbuilt = self._recorder.unbuilt_events()
         return (

@@ -11,14 +11,71 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
 from hp_otel.common import said_once
+from hp_otel.export.providers import (
+    default_meter_provider,
+    default_tracer_provider,
+    get_tracer,
+    is_internal_tracer_provider,
+)
 from hp_otel.mode import registry
 from hp_otel.mode.former_sources import SAID_ONCE_KEY
+from hp_otel.mode.options import WindowOptions
 from hp_otel.record import signal_guard
+from hp_otel.record.call_stack import shared_call_stack
+from hp_otel.record.instruments import get_instruments
+from hp_otel.record.metric_labels import ModuleLabel
 from hp_otel.record.observer import Source
+from hp_otel.record.recorder import WindowRecorder
+from hp_otel.record.settings import RecorderSettings
 from hp_otel.record.signal_guard import GUARD
 
+# Packages whose frames a call stack leaves out (`stack=`): hp_otel's, the frameworks' own, and
+# typing_extensions (its @deprecated wrapper sits between torch's deprecated collectives and the caller).
+STACK_SKIPPED_PACKAGES = ("hp_otel", "torch", "mindspore", "hyper_parallel", "typing_extensions")
+
 CommDebugMode = Any  # the facade's class (not imported: it imports this module)
+
+
+class OpenState:
+    """What an open window holds, besides its recorder: set by `activate`, undone by `deactivate`."""
+
+    __slots__ = ("attached", "claim", "guarded", "outer", "token", "watchdog_started")
+
+    def __init__(self) -> None:
+        self.attached: list[tuple[str, Source]] = []  # (the source's class name, what was attached)
+        self.token: contextvars.Token[Any] | None = None  # registry.current_mode's, while open
+        self.outer: Any = None  # the window this one suspends
+        self.guarded = False  # this window holds the signal guard (entered on the main thread)
+        self.claim = registry.Claim()  # its place among the open windows of its thread and model
+        self.watchdog_started = False
+
+
+def build_recorder(options: WindowOptions) -> tuple[WindowRecorder, InMemoryMetricReader | None, bool]:
+    """The window's recorder, the in-memory metric reader (with hp_otel's default meter provider), and
+    whether its deferred spans are built when it closes (they are meant for real processors then)."""
+    reader: InMemoryMetricReader | None = None
+    tracer_provider, meter_provider = options.tracer_provider, options.meter_provider
+    if tracer_provider is None:
+        tracer_provider = default_tracer_provider()
+    if meter_provider is None:
+        meter_provider, reader = default_meter_provider()
+    internal = is_internal_tracer_provider(tracer_provider)
+    settings = RecorderSettings(
+        live=options.live,
+        max_spans=options.max_spans,
+        spans_enabled=options.record_spans,
+        ops_enabled=options.ops,
+        hooks=options.hooks,
+        store_only=internal,  # past max_spans: counted, not built
+        call_stack=shared_call_stack(options.stack_depth, STACK_SKIPPED_PACKAGES),
+        module_label=ModuleLabel(options.metric_depth),
+        module_depth=options.hooked_depth,
+    )
+    recorder = WindowRecorder(get_tracer(tracer_provider), get_instruments(meter_provider), settings)
+    return recorder, reader, not options.live and not internal
 
 
 @signal_guard.protect
@@ -29,10 +86,10 @@ def enter(mode: CommDebugMode) -> CommDebugMode:
     entering = False
     try:
         try:
-            if mode._token is not None:
+            if mode._open.token is not None:
                 raise RuntimeError("this CommDebugMode is already active; create a new one to nest")
             entering = True
-            mode._guarded = signal_guard.acquire()
+            mode._open.guarded = signal_guard.acquire()
             activate(mode)
         finally:
             GUARD.critical -= 1  # first in the block: nothing can interrupt before it
@@ -54,7 +111,7 @@ def exit(mode: CommDebugMode, exc_type: Any, exc: BaseException | None, tb: Any)
     GUARD.critical += 1  # first: see enter
     later: list[CommDebugMode] = []
     try:
-        later = mode._claim.later_windows(mode)
+        later = mode._open.claim.later_windows(mode)
         for window in reversed(later):  # innermost first
             deactivate(window, None)
         deactivate(mode, exc)
@@ -75,27 +132,27 @@ def exit(mode: CommDebugMode, exc_type: Any, exc: BaseException | None, tb: Any)
 
 
 def activate(mode: CommDebugMode) -> None:
-    registry.claim(mode, mode.module, mode._claim)
+    registry.claim(mode, mode.module, mode._open.claim)
     recorder = mode._recorder
     recorder.reset()
     mode._store.clear()
     stale = registry.current_mode.get()
     if stale is not None and not stale.active:  # closed on another thread, it stayed in this context
         registry.current_mode.set(None)
-    mode._token = registry.current_mode.set(mode)
-    outer = mode._token.old_value if mode._token.old_value is not contextvars.Token.MISSING else None
+    mode._open.token = registry.current_mode.set(mode)
+    outer = mode._open.token.old_value if mode._open.token.old_value is not contextvars.Token.MISSING else None
     if outer is not None:
         outer._recorder.suspended += 1
-        mode._outer = outer
+        mode._open.outer = outer
     recorder.start()
     with registry.install_lock:
         for name, source in mode._attachable:
-            mode._attached.append((name, source))  # listed first: a half-attached source is detached too
+            mode._open.attached.append((name, source))  # listed first: a half-attached source is detached too
             try:
                 source.attach(recorder)
             except Exception as exc:  # a source that cannot attach must not stop training
                 recorder.on_fault(f"attach:{name}", exc)
-                mode._attached.pop()
+                mode._open.attached.pop()
                 _detach_one(mode, name, source)
     if mode.options.watchdog is not None:
         _start_watchdog(mode)
@@ -111,7 +168,7 @@ def _start_watchdog(mode: CommDebugMode) -> None:
         else:
             writer = lambda path: mode.write_spans(path, pause=watchdog.pause)  # noqa: E731
         watchdog.start(recorder, writer)
-        mode._watchdog_started = True
+        mode._open.watchdog_started = True
     except Exception as exc:  # a watchdog that cannot start must not stop training
         recorder.wants_completion = False
         recorder.on_fault("watchdog_start", exc)
@@ -121,8 +178,8 @@ def deactivate(mode: CommDebugMode, exc: BaseException | None) -> None:
     """Undo `activate` (or the part of it that ran); safe to call again."""
     interrupted: list[BaseException] = []
     recorder = mode._recorder
-    if mode._watchdog_started:
-        mode._watchdog_started = False
+    if mode._open.watchdog_started:
+        mode._open.watchdog_started = False
         try:
             mode.options.watchdog.stop()  # type: ignore[union-attr]
         except Exception as error:
@@ -130,8 +187,8 @@ def deactivate(mode: CommDebugMode, exc: BaseException | None) -> None:
         finally:
             recorder.wants_completion = False
     with registry.install_lock:
-        while mode._attached:
-            name, source = mode._attached.pop()
+        while mode._open.attached:
+            name, source = mode._open.attached.pop()
             try:
                 _detach_one(mode, name, source)
             except BaseException as error:  # not an Exception: finish the others, then raise it
@@ -142,17 +199,17 @@ def deactivate(mode: CommDebugMode, exc: BaseException | None) -> None:
             recorder.materialise()
         if exc is None and not recorder.comm_counts and not said_once.already_said(SAID_ONCE_KEY, "empty window"):
             _say_why_empty(mode)
-    outer, mode._outer = mode._outer, None
+    outer, mode._open.outer = mode._open.outer, None
     if outer is not None:
         outer._recorder.suspended -= 1
-    token, mode._token = mode._token, None
+    token, mode._open.token = mode._open.token, None
     if token is not None:
         try:
             registry.current_mode.reset(token)
         except ValueError:  # exited in another context than entered: leave that context alone
             pass
-    mode._claim.release(mode)
-    guarded, mode._guarded = mode._guarded, False
+    mode._open.claim.release(mode)
+    guarded, mode._open.guarded = mode._open.guarded, False
     if guarded:
         signal_guard.release()
     if interrupted:

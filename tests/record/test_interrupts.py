@@ -378,7 +378,7 @@ def test_a_window_closed_on_another_thread_keeps_the_users_error_and_is_freed(
         signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is users_handler and not signal_guard.is_installed()
     with CommDebugMode(model, engine="torch") as after:  # the main thread's next window: nested in nothing stale
-        assert after._outer is None
+        assert after._open.outer is None
     assert registry.current_mode.get() is None
     assert _state(model) == (*before[:5], users_handler)  # both mode stacks as they were
 
