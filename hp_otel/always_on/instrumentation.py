@@ -37,7 +37,6 @@ from hp_otel.always_on.steps import StepCollectives, StepSpans, begin_step, runn
 from hp_otel.common import launcher_env
 from hp_otel.common.env_read import getenv
 from hp_otel.record import installation, metric_labels
-from hp_otel.record.user_hooks import UserHooks
 from hp_otel.spans import schema
 
 if TYPE_CHECKING:
@@ -125,10 +124,10 @@ class StepSession:
         options: WindowOptions | None = None,
         collectives: StepCollectives | None = None,
     ) -> None:
-        self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
         from hp_otel.mode.options import WindowOptions
 
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
         self.collectives = collectives  # each sampled step's collectives file (None: off)
         # every step's window is made from these (parsed once: hooks, stack depth, metric depth, module)
         self.options = (options or WindowOptions.parse(metric_depth_default=metric_labels.ALWAYS_ON_DEFAULT)).replace(
@@ -293,10 +292,6 @@ class SessionSettings:
     window: WindowOptions
     collectives: StepCollectives | None = None
     configure_export: bool | None = None  # None: HP_OTEL_CONFIGURE_EXPORT, else yes
-
-    @property
-    def hooks(self) -> UserHooks:
-        return self.window.hooks
 
     @classmethod
     def checked(cls, kwargs: Mapping[str, Any], *, strict: bool = False) -> SessionSettings:
