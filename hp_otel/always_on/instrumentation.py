@@ -25,7 +25,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 from opentelemetry import context as otel_context
@@ -37,9 +37,10 @@ from hp_otel.always_on.steps import StepCollectives, StepSpans, begin_step, runn
 from hp_otel.common import launcher_env
 from hp_otel.common.env_read import getenv
 from hp_otel.record import installation, metric_labels
-from hp_otel.record.call_stack import check_depth, depth_from_env
-from hp_otel.record.user_hooks import NO_HOOKS, UserHooks
 from hp_otel.spans import schema
+
+if TYPE_CHECKING:
+    from hp_otel.mode.options import WindowOptions
 
 logger = logging.getLogger("hp_otel")
 
@@ -120,19 +121,19 @@ class StepSession:
         self,
         tracer_provider: Any,
         meter_provider: Any,
-        module: Any = None,
-        hooks: UserHooks = NO_HOOKS,
-        stack_depth: int = 0,
-        metric_module_depth: int | None = metric_labels.ALWAYS_ON_DEFAULT,
+        options: WindowOptions | None = None,
         collectives: StepCollectives | None = None,
     ) -> None:
+        from hp_otel.mode.options import WindowOptions
+
         self.tracer_provider = tracer_provider
-        self.collectives = collectives  # each sampled step's collectives file (None: off)
-        self.stack_depth = stack_depth  # user frames per collective in sampled steps (0: off)
-        self.metric_module_depth = metric_module_depth  # parsed: None keeps the whole fqn
         self.meter_provider = meter_provider
-        self.module = module
-        self.hooks = hooks  # the user's span hooks, given to every step's window
+        self.collectives = collectives  # each sampled step's collectives file (None: off)
+        # every step's window is made from these (parsed once: hooks, stack depth, metric depth, module)
+        self.options = (options or WindowOptions.parse(metric_depth_default=metric_labels.ALWAYS_ON_DEFAULT)).replace(
+            tracer_provider=tracer_provider, meter_provider=meter_provider, live=False
+        )  # live=False: the step pays an append per event; spans are built when it ends
+        self.module = self.options.module
         # No module given (zero-code): find the model the optimizer trains, for module attribution.
         self.tracker = ModelTracker()
         self.implicit_steps = 0  # optimizer.step() calls seen
@@ -157,18 +158,8 @@ class StepSession:
     def _open_window(self, spans: StepSpans, module: Any) -> Any:
         from hp_otel.mode import CommDebugMode
 
-        mode = CommDebugMode(
-            module=module if module is not None else self._model(),
-            tracer_provider=self.tracer_provider,
-            meter_provider=self.meter_provider,
-            live_spans=False,  # the step pays an append per event; spans are built when it ends
-            record_spans=spans.sampled,
-            collective_hook=self.hooks.collective,
-            module_hook=self.hooks.module,
-            op_hook=self.hooks.op,
-            stack=self.stack_depth,
-            metric_module_depth="full" if self.metric_module_depth is None else self.metric_module_depth,
-        )
+        model = module if module is not None else self._model()
+        mode = CommDebugMode.from_options(self.options.replace(module=model, record_spans=spans.sampled))
         token = otel_context.attach(spans.context)  # the window's spans nest under rank_step
         try:
             mode.__enter__()
@@ -264,17 +255,6 @@ def _warn_if_resource_lacks_rank(tracer_provider: Any) -> None:
     )
 
 
-def _stack_depth(kwargs: dict[str, Any]) -> int:
-    """`stack=` if given (a bad one raises), else HP_OTEL_STACK_DEPTH (a bad one is logged: stacks off)."""
-    if kwargs.get("stack") is not None:
-        return check_depth(kwargs["stack"])
-    try:
-        return depth_from_env()
-    except ValueError as exc:  # zero-code runs: a typo in a setting must not stop training
-        logger.warning("hp_otel: %s; recording no call stacks", exc)
-        return 0
-
-
 # The settings `instrument(...)` takes besides the providers' defaults; the training callbacks
 # (hp_otel.integrations) take the same ones, checked by the same code.
 SETTING_NAMES = (
@@ -290,19 +270,26 @@ SETTING_NAMES = (
     "collectives_steps",
     "configure_export",
 )
+# Those of them that are a window's options (`WindowOptions.parse`), by the same names.
+WINDOW_SETTING_NAMES = (
+    "tracer_provider",
+    "meter_provider",
+    "module",
+    "collective_hook",
+    "module_hook",
+    "op_hook",
+    "stack",
+    "metric_module_depth",
+)
 
 
 @dataclass(frozen=True)
 class SessionSettings:
     """The instrumentor's settings, checked once (a bad one raises, naming it): what `instrument(...)`
-    takes, and what a training callback takes, so both record their steps the same way."""
+    takes, and what a training callback takes, so both record their steps the same way. The window's
+    options are parsed by the one parser every window uses (`hp_otel.mode.options.WindowOptions`)."""
 
-    tracer_provider: Any = None
-    meter_provider: Any = None
-    module: Any = None
-    hooks: UserHooks = NO_HOOKS
-    stack_depth: int = 0
-    metric_module_depth: int | None = metric_labels.ALWAYS_ON_DEFAULT
+    window: WindowOptions
     collectives: StepCollectives | None = None
     configure_export: bool | None = None  # None: HP_OTEL_CONFIGURE_EXPORT, else yes
 
@@ -310,49 +297,32 @@ class SessionSettings:
     def checked(cls, kwargs: Mapping[str, Any], *, strict: bool = False) -> SessionSettings:
         """From `instrument()`'s keyword arguments; `strict`: an unknown name is a TypeError (a
         callback's typo), where `instrument()` ignores what it does not know, as contrib's do."""
-        from hp_otel.mode import check_module, check_providers
+        from hp_otel.mode.options import WindowOptions
         from hp_otel.sources import check_settings
 
         unknown = sorted(set(kwargs) - set(SETTING_NAMES))
         if strict and unknown:
             raise TypeError(f"unknown setting(s) {', '.join(unknown)}; the settings are: {', '.join(SETTING_NAMES)}")
         # What every step's window is made from: a wrong one raises now, not at each step (as a lost step)
-        check_providers(kwargs.get("tracer_provider"), kwargs.get("meter_provider"))
-        check_module(kwargs.get("module"))
+        window = WindowOptions.parse(
+            **{name: kwargs[name] for name in WINDOW_SETTING_NAMES if name in kwargs},
+            metric_depth_default=metric_labels.ALWAYS_ON_DEFAULT,
+            lenient_env=True,  # zero-code runs: a typo in $HP_OTEL_STACK_DEPTH must not stop training
+        )
         check_settings()
-        hooks = UserHooks.checked(kwargs.get("collective_hook"), kwargs.get("module_hook"), kwargs.get("op_hook"))
-        stack_depth = _stack_depth(kwargs)
         collectives = step_collectives(kwargs.get("collectives_dir"), kwargs.get("collectives_steps"))
-        depth = metric_labels.resolve_depth(kwargs.get("metric_module_depth"), metric_labels.ALWAYS_ON_DEFAULT)
         configure_export = kwargs.get("configure_export")
         if configure_export is not None:
             _configure_export(configure_export)  # a bad one raises now, not at the first step
-        return cls(
-            kwargs.get("tracer_provider"),
-            kwargs.get("meter_provider"),
-            kwargs.get("module"),
-            hooks,
-            stack_depth,
-            depth,
-            collectives,
-            configure_export,
-        )
+        return cls(window, collectives, configure_export)
 
     def session(self) -> StepSession:
         """A step session with these settings (providers resolved now: `hp_otel.configure()` may run late)."""
         tracer_provider, meter_provider = _resolve_providers(
-            self.tracer_provider, self.meter_provider, _configure_export(self.configure_export)
+            self.window.tracer_provider, self.window.meter_provider, _configure_export(self.configure_export)
         )
         _warn_if_resource_lacks_rank(tracer_provider)
-        return StepSession(
-            tracer_provider,
-            meter_provider,
-            self.module,
-            self.hooks,
-            self.stack_depth,
-            self.metric_module_depth,
-            self.collectives,
-        )
+        return StepSession(tracer_provider, meter_provider, self.window, self.collectives)
 
 
 def start(settings: Mapping[str, Any]) -> None:

@@ -38,6 +38,12 @@ class Observer(Protocol):
         """False when the window leaves out op spans (`ops=False`): sources install no op hook."""
 
     @property
+    def module_depth(self) -> int | None:
+        """How deep module sources hook (`CommDebugMode(module_depth=)`; None: every module): the root
+        is 0, a module of k dotted parts is k. A deeper module's work, forward and backward, runs
+        inside its ancestor's hooks at the depth, so it counts there."""
+
+    @property
     def wants_completion(self) -> bool:
         """True while a hang watchdog watches the window: a source that can tell when a returned
         collective's work is done passes that probe as `on_collective(..., done=)`, so the

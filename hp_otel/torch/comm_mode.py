@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import TracerProvider
 
 from hp_otel.common.files import check_path, write_text_atomically
-from hp_otel.mode import DEFAULT_MAX_SPANS
 from hp_otel.mode import CommDebugMode as OtelCommDebugMode
+from hp_otel.mode.options import DEFAULT_MAX_SPANS, WindowOptions
 from hp_otel.torch import op_keys, report
 from hp_otel.torch.module_tracker import GLOBAL
 from hp_otel.torch.source import TorchCompatSource, TorchRecordMode, new_phase_counts
@@ -49,7 +49,7 @@ class CommDebugMode(TorchRecordMode):
         live_spans: bool | None = None,
     ) -> None:
         super().__init__()
-        self._otel = OtelCommDebugMode(
+        options = WindowOptions.parse(  # checked as every window's options are
             engine="torch",
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
@@ -57,6 +57,7 @@ class CommDebugMode(TorchRecordMode):
             live_spans=live_spans,
             extra_sources=[TorchCompatSource(self)],
         )
+        self._otel = OtelCommDebugMode.from_options(options)
         self._otel._warns_partial_view = False  # torch's API reads counts inside the window without a word
 
     # --- window ---------------------------------------------------------------------

@@ -21,13 +21,13 @@ class TestAlwaysOnModuleDepth(TestBase):
         super().tearDown()
 
     def _labels(self, metric: str = schema.METRIC_CALLS, **kwargs: object) -> list[str | None]:
-        from hp_otel import mode as mode_module
+        from hp_otel.mode import registry
 
         HpOtelInstrumentor().instrument(
             tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **kwargs
         )
         with hp_otel.step(0, run_id="r", rank=0):
-            observer = mode_module._current_mode.get().observer
+            observer = registry.current_mode.get().observer
             for i, fqn in enumerate(("layers.3.attn", "layers.5.attn")):
                 observer.on_module_enter(ModuleInfo(fqn, fqn, "Attention"), "forward")
                 observer.on_collective(ALL_REDUCE, i * 10_000, i * 10_000 + 1000)

@@ -14,11 +14,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 import hp_otel
-from hp_otel import mode as mode_module
 from hp_otel.always_on.instrumentation import active_session
 from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.analysis import compare_files
 from hp_otel.cli import main as cli_main
+from hp_otel.mode import registry
 
 
 def _instrument(**kwargs):  # type: ignore[no-untyped-def]
@@ -42,7 +42,7 @@ def instrument():  # type: ignore[no-untyped-def]
 def _steps(steps, rank: int, calls: int = 1) -> None:  # type: ignore[no-untyped-def]
     for n in steps:
         with hp_otel.step(n, run_id="r", rank=rank):
-            observer = mode_module._current_mode.get().observer
+            observer = registry.current_mode.get().observer
             for _ in range(calls):
                 design_mlp_forward(observer)
 

@@ -137,11 +137,11 @@ class TestAlwaysOn(TestBase):
         return sum(p.value for p in metrics[schema.METRIC_CALLS].data.data_points)
 
     def test_each_marked_step_is_recorded_with_the_callers_providers(self) -> None:
-        from hp_otel import mode as mode_module
+        from hp_otel.mode import registry
 
         for n in range(2):
             with hp_otel.step(n, run_id="r", rank=0) as spans:
-                design_mlp_forward(mode_module._current_mode.get().observer)
+                design_mlp_forward(registry.current_mode.get().observer)
                 assert trace.get_current_span() is spans.rank_span
         finished = self.memory_exporter.get_finished_spans()
         steps = ("step 0", "step 1", "rank 0")
@@ -151,23 +151,23 @@ class TestAlwaysOn(TestBase):
         assert self._calls() == 2
 
     def test_unsampled_steps_count_but_build_no_spans(self) -> None:
-        from hp_otel import mode as mode_module
+        from hp_otel.mode import registry
 
         provider = TracerProvider(sampler=TraceIdRatioBased(0.0), shutdown_on_exit=False)
         provider.add_span_processor(SimpleSpanProcessor(self.memory_exporter))
         HpOtelInstrumentor().uninstrument()
         HpOtelInstrumentor().instrument(tracer_provider=provider, meter_provider=self.meter_provider)
         with hp_otel.step(0, run_id="r", rank=0) as spans:
-            design_mlp_forward(mode_module._current_mode.get().observer)
+            design_mlp_forward(registry.current_mode.get().observer)
         assert not spans.sampled
         assert self.memory_exporter.get_finished_spans() == ()
         assert self._calls() == 1
 
     def test_a_suppressed_step_is_not_recorded(self) -> None:
-        from hp_otel import mode as mode_module
+        from hp_otel.mode import registry
 
         with suppress_instrumentation(), hp_otel.step(0, run_id="r", rank=0):
-            assert mode_module._current_mode.get() is None
+            assert registry.current_mode.get() is None
         assert self.memory_exporter.get_finished_spans() == ()
 
     def test_the_instrumentor_refuses_a_step_out_of_range_too(self) -> None:
@@ -181,20 +181,20 @@ class TestAlwaysOn(TestBase):
     def test_without_marked_steps_optimizer_steps_delimit_them(self) -> None:
         import torch
 
-        from hp_otel import mode as mode_module
+        from hp_otel.mode import registry
 
         session = active_session()
         assert session is not None
         param = torch.nn.Parameter(torch.ones(2))
         optimizer = torch.optim.SGD([param], lr=0.1)
         for _ in range(3):
-            current = mode_module._current_mode.get()
+            current = registry.current_mode.get()
             if current is not None:
                 design_mlp_forward(current.observer)
             param.grad = torch.ones(2)
             optimizer.step()
         HpOtelInstrumentor().uninstrument()  # closes the open step
-        assert mode_module._current_mode.get() is None
+        assert registry.current_mode.get() is None
         rank_steps = [
             s for s in self.memory_exporter.get_finished_spans() if schema.is_rank_step_span(s.name, s.attributes)
         ]

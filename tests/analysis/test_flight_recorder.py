@@ -203,7 +203,7 @@ def test_library_frames_are_told_by_where_the_packages_are_not_by_folder_names(t
     """A checkout folder named `hp_otel` (a plain clone) or `torch` holds the user's files; the
     libraries' frames are dropped wherever they were installed on the machine that wrote the dump."""
     here_torch = Path(torch.__file__).parent / "distributed" / "distributed_c10d.py"
-    here_hp_otel = Path(hp_otel.__file__).parent / "mode.py"
+    here_hp_otel = Path(hp_otel.__file__).parent / "mode" / "facade.py"
     library = [
         str(here_torch),
         str(here_hp_otel),

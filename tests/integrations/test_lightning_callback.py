@@ -24,9 +24,9 @@ from referee import Referee
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from hp_otel import mode as mode_module
 from hp_otel.always_on.instrumentation import SessionSettings
 from hp_otel.integrations.lightning import HpOtelCallback
+from hp_otel.mode import registry
 from hp_otel.record import installation
 from hp_otel.spans import schema
 from hp_otel.testing import metric_points
@@ -163,7 +163,7 @@ def test_a_step_that_raises_is_closed_marked_failed(fake_world, tmp_path, capsys
     assert sorted(rank_steps) == [0, 1, 2]
     statuses = [rank_steps[n].status.status_code for n in (0, 1, 2)]
     assert statuses == [StatusCode.UNSET, StatusCode.UNSET, StatusCode.ERROR]
-    assert mode_module._current_mode.get() is None and not installation.keeping() and callback.faults == 0
+    assert registry.current_mode.get() is None and not installation.keeping() and callback.faults == 0
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hp_otel: HpOtelCallback")]
     assert said == [  # on the exception too; each step's window holds its 2 micro-batches' all_reduces
         "hp_otel: HpOtelCallback traced 3 steps (0..2) on rank 0 (training stopped: RuntimeError): "

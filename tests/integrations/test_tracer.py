@@ -22,10 +22,10 @@ from opentelemetry.trace import StatusCode
 from referee import Referee
 from torch import nn
 
-from hp_otel import mode as mode_module
 from hp_otel.always_on.instrumentation import SessionSettings
 from hp_otel.always_on.instrumentor import HpOtelInstrumentor
 from hp_otel.integrations.tracer import StepTracer
+from hp_otel.mode import registry
 from hp_otel.record import installation
 from hp_otel.spans import schema
 from hp_otel.testing import metric_points
@@ -137,7 +137,7 @@ def test_an_error_ends_the_step_marked_failed(run) -> None:
     tracer.close(RuntimeError("the step failed"))
     (rank_step,) = [s for s in run.exporter.get_finished_spans() if schema.is_rank_step_span(s.name, s.attributes)]
     assert rank_step.status.status_code is StatusCode.ERROR
-    assert mode_module._current_mode.get() is None and not installation.keeping()
+    assert registry.current_mode.get() is None and not installation.keeping()
 
 
 def test_faults_are_counted_and_logged_once_and_training_goes_on(run, monkeypatch, caplog) -> None:
@@ -160,7 +160,7 @@ def test_a_fault_while_closing_leaves_no_window_open(run, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="hp_otel"):
         tracer.end()
     assert tracer.faults == 1 and "closing step 0" in caplog.text
-    assert mode_module._current_mode.get() is None
+    assert registry.current_mode.get() is None
     assert run.steps() == [0]
     tracer.close()
 
@@ -219,7 +219,7 @@ def test_the_torchtitan_recipe_wraps_train_step(run) -> None:
     with pytest.raises(RuntimeError, match="step 2 failed"), tracer.step(2, run.model):
         raise RuntimeError("step 2 failed")
     failed = [s for s in run.exporter.get_finished_spans() if schema.is_rank_step_span(s.name, s.attributes)][-1]
-    assert failed.status.status_code is StatusCode.ERROR and mode_module._current_mode.get() is None
+    assert failed.status.status_code is StatusCode.ERROR and registry.current_mode.get() is None
     tracer.close()
 
 

@@ -232,7 +232,7 @@ def test_the_instrumentor_records_stacks_of_sampled_steps(fake_world, monkeypatc
     instrumentor = HpOtelInstrumentor()
     instrumentor.instrument(tracer_provider=provider, meter_provider=meters, stack=1)
     try:
-        assert active_session().stack_depth == 1
+        assert active_session().options.stack_depth == 1
         with hp_otel.step(0, run_id="r", rank=0):
             inner, _ = _caller(torch.ones(4))
     finally:
@@ -244,7 +244,7 @@ def test_the_instrumentor_records_stacks_of_sampled_steps(fake_world, monkeypatc
     monkeypatch.setenv(call_stack.DEPTH_VARIABLE, "lots")  # zero-code runs: a bad setting is logged, stacks off
     instrumentor.instrument(tracer_provider=provider, meter_provider=meters)
     try:
-        assert active_session().stack_depth == 0
+        assert active_session().options.stack_depth == 0
     finally:
         instrumentor.uninstrument()
     with pytest.raises(ValueError, match="stack must be True"):

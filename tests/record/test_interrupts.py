@@ -23,8 +23,8 @@ import torch.distributed.tensor
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-import hp_otel.mode as mode_module
 from hp_otel import CommDebugMode
+from hp_otel.mode import registry
 from hp_otel.record import signal_guard
 
 REDISTRIBUTE_MODULES = (
@@ -48,7 +48,7 @@ def _state(model: torch.nn.Module) -> tuple[object, ...]:
         len(_get_current_dispatch_mode_stack()),
         hooks,
         redistribute,
-        mode_module._current_mode.get(),
+        registry.current_mode.get(),
         signal.getsignal(signal.SIGINT),
     )
 
@@ -144,9 +144,9 @@ def test_sigint_at_every_point_of_enter_and_exit_leaves_nothing_installed(model:
         if swallowed or after != before or signal_guard.GUARD.critical or signal_guard.GUARD.held:
             leaks.append((point, where, error is not None, after))
             for _ in range(3):  # clean up for the next point
-                if mode_module._current_mode.get() is not None:
-                    mode_module._current_mode.get().__exit__(None, None, None)
-            mode_module._current_mode.set(None)
+                if registry.current_mode.get() is not None:
+                    registry.current_mode.get().__exit__(None, None, None)
+            registry.current_mode.set(None)
     assert not leaks, f"{len(leaks)} of {total} points left hp_otel installed or swallowed the signal: {leaks[:2]}"
     assert unreached < total // 10, f"only {total - unreached} of {total} points were reached"  # still every path
 
@@ -176,7 +176,7 @@ def test_a_users_handler_gets_the_held_signal_once_and_is_put_back(model: torch.
         assert signal.getsignal(signal.SIGINT) is mine
         _, error, where = _interrupted_window(model, 40)  # held while installing, then delivered once
         assert error is None and seen == [signal.SIGINT] * 2, where
-        assert signal.getsignal(signal.SIGINT) is mine and mode_module._current_mode.get() is None
+        assert signal.getsignal(signal.SIGINT) is mine and registry.current_mode.get() is None
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -362,7 +362,7 @@ def test_a_window_closed_on_another_thread_keeps_the_users_error_and_is_freed(
     closer.start()
     closer.join()
     assert [type(exc) for exc in raised] == [KeyError], raised
-    assert not mode.active and mode_module._traced_modules == {} and mode_module._windows_of_this_thread() == []
+    assert not mode.active and registry.traced_modules == {} and registry.windows_of_this_thread() == []
     assert _state(model)[2:4] == before[2:4]  # every module hook and patch out
     assert len(mode.get_finished_spans()) == MODULES + 1  # its records kept
     assert mode.get_callback_error_counts() == {}
@@ -378,8 +378,8 @@ def test_a_window_closed_on_another_thread_keeps_the_users_error_and_is_freed(
         signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is users_handler and not signal_guard.is_installed()
     with CommDebugMode(model, engine="torch") as after:  # the main thread's next window: nested in nothing stale
-        assert after._outer is None
-    assert mode_module._current_mode.get() is None
+        assert after._open.outer is None
+    assert registry.current_mode.get() is None
     assert _state(model) == (*before[:5], users_handler)  # both mode stacks as they were
 
 

@@ -21,7 +21,7 @@ from referee import Referee
 
 import hp_otel
 from hp_otel import CommDebugMode
-from hp_otel import mode as mode_module
+from hp_otel.mode import registry
 from hp_otel.record import collective_metrics as recorder_module
 from hp_otel.record import installation
 from hp_otel.spans import schema
@@ -132,13 +132,13 @@ def test_counts_only_window_over_many_real_steps_stays_bounded(transformer, kept
 def test_windows_with_kept_hooks_walk_no_module_tree(transformer, kept_hooks, monkeypatch) -> None:
     model, tokens = transformer
     walks: list[object] = []
-    real_tree = mode_module._module_tree
+    real_tree = registry.module_tree
 
     def counting_tree(module):
         walks.append(module)
         return real_tree(module)
 
-    monkeypatch.setattr(mode_module, "_module_tree", counting_tree)
+    monkeypatch.setattr(registry, "module_tree", counting_tree)
     for _ in range(5):
         with CommDebugMode(module=model) as mode:
             _step(model, tokens)
@@ -166,4 +166,4 @@ def test_windows_with_kept_hooks_walk_no_module_tree(transformer, kept_hooks, mo
     finally:
         release.set()
         holder.join()
-    assert mode_module._traced_modules == {}
+    assert registry.traced_modules == {}

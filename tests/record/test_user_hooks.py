@@ -157,11 +157,11 @@ def test_the_instrumentor_gives_its_hooks_to_every_sampled_step() -> None:
         collective_hook=collective_hook,
     )
     try:
-        from hp_otel import mode as mode_module
+        from hp_otel.mode import registry
 
         for n in range(2):
             with hp_otel.step(n, run_id="hooks", rank=0):
-                design_mlp_forward(mode_module._current_mode.get().observer)
+                design_mlp_forward(registry.current_mode.get().observer)
     finally:
         instrumentor.uninstrument()
     exported = exporter.get_finished_spans()
@@ -239,3 +239,16 @@ def test_clear_from_a_hook_is_refused_with_a_clear_error_not_a_hang(tp_mlp, capl
     assert sum(_kind(s) == schema.KIND_COLLECTIVE for s in spans) == 2  # the build went on, nothing forgotten
     assert mode.get_callback_error_counts() == {"user_collective_hook": 2}
     assert "clear() was called from a span hook" in caplog.text
+
+
+def test_repr_runs_no_user_span_hook() -> None:
+    """`repr(mode)` reads what is there: a deferred window's spans are not built by it, so no hook runs
+    (a debugger or a log line showing the mode must not call the user's code); reading them does."""
+    seen: list[object] = []
+    with CommDebugMode(live_spans=False, **_tagging_hooks(seen)) as mode:
+        design_mlp_forward(mode.observer)
+        assert "CommDebugMode(active" in repr(mode) and seen == []
+    text = repr(mode)
+    assert seen == [] and "collectives=1" in text and "unbuilt_events=" in text
+    assert mode.get_finished_spans() and seen  # reading the spans builds them: the hooks run then
+    assert "unbuilt_events" not in repr(mode)

@@ -29,7 +29,7 @@ from torch.nn.modules import module as torch_module
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from hp_otel import CommDebugMode
-from hp_otel import mode as mode_module
+from hp_otel.mode import registry
 from hp_otel.sources.pytorch import dtensor as torch_dtensor
 from hp_otel.workloads.tp_mlp import MLP
 
@@ -191,7 +191,7 @@ def _thread_state() -> tuple:
     return (
         torch._C._len_torch_function_stack(),
         len(_get_current_dispatch_mode_stack()),
-        mode_module._current_mode.get(),
+        registry.current_mode.get(),
         torch_dtensor._redistribute_slot.in_context(),
         otel_context.get_current(),
     )

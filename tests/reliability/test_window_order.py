@@ -15,7 +15,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from hp_otel import CommDebugMode
-from hp_otel import mode as mode_module
+from hp_otel.mode import registry
 
 
 def _hooks(model: torch.nn.Module) -> int:
@@ -41,19 +41,19 @@ def test_a_window_closed_before_a_later_one_is_refused_and_everything_is_restore
     later.__enter__()
     design_mlp_forward(later.observer)
     design_mlp_forward(later.observer)
-    assert mode_module._current_mode.get() is later
+    assert registry.current_mode.get() is later
     next(steps)
     with pytest.raises(RuntimeError, match=r"closed while 1 window\(s\) opened after it on the same thread"):
         next(steps)  # the generator's window closes before the later one
     assert not first.active and not later.active
-    assert mode_module._current_mode.get() is None  # not the closed window
+    assert registry.current_mode.get() is None  # not the closed window
     later.__exit__(None, None, None)  # its own exit now does nothing
-    assert mode_module._current_mode.get() is None
+    assert registry.current_mode.get() is None
     assert (first.get_total_counts(), later.get_total_counts()) == (1, 2)  # what each recorded is kept
     assert len(_get_current_function_mode_stack()) == baseline_function
     assert len(_get_current_dispatch_mode_stack()) == baseline_dispatch
     assert _hooks(model) == 0
-    assert mode_module._traced_modules == {} and mode_module._windows_of_this_thread() == []
+    assert registry.traced_modules == {} and registry.windows_of_this_thread() == []
 
     freed = weakref.ref(model)
     del model, first, later, steps
@@ -66,6 +66,6 @@ def test_windows_closed_in_order_still_work_afterwards() -> None:
     with CommDebugMode(model, engine="torch") as outer:
         with CommDebugMode(model, engine="torch") as inner:
             model(torch.ones(1, 2))
-        assert mode_module._current_mode.get() is outer
-    assert mode_module._current_mode.get() is None
+        assert registry.current_mode.get() is outer
+    assert registry.current_mode.get() is None
     assert {s.name for s in inner.get_finished_spans()} >= {"Sequential", "0"}

@@ -90,9 +90,7 @@ class MindSporeCellTracker:
 
     def attach(self, observer: Observer) -> None:
         self.observer = observer
-        # as deep as the window labels (`CommDebugMode(module_depth=)`): a deeper cell's work, forward and
-        # backward, runs inside its ancestor's hooks at the depth, so it counts there
-        depth = getattr(observer, "module_depth", None)
+        depth = observer.module_depth  # a deeper cell's work counts for its ancestor at the depth
         for fqn, cell in hooked_within(list(self.root.cells_and_names()), depth, _is_container):
             tracked = _TrackedCell(self, fqn, cell)
             self._handles.append(cell.register_forward_pre_hook(tracked.forward_pre, prepend=True))

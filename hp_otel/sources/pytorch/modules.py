@@ -916,8 +916,7 @@ class TorchModuleTracker:
         self._owners_by_thread = {}
         self._latest_owners = None
         self._latest_call = {}
-        # as deep as the window labels (`CommDebugMode(module_depth=)`; an observer without one: all)
-        depth = getattr(observer, "module_depth", None)
+        depth = observer.module_depth  # as deep as the window hooks (`CommDebugMode(module_depth=)`)
         sets = _hook_sets.get(self.root)
         if sets is None:
             sets = _hook_sets.setdefault(self.root, {})
