@@ -1,5 +1,5 @@
 """Exposed-communication metrics: per (phase, module), the seconds collectives were in flight and
-the seconds of that the window's thread waited (`hp.collective.time`, `hp.collective.exposed`).
+the seconds of that the window's thread waited (`hp_otel.collective.time`, `hp_otel.collective.exposed`).
 
 Observable counters over cumulative totals, like calls and bytes: a window that ends adds its
 figures to a dict (`add_window`), the SDK reads them when a reader collects.  The overlap fraction
@@ -115,7 +115,7 @@ class ExposureTotals:
         self.exposed_ns: dict[tuple[str, str | None], int] = {}
 
     def defer(self, rows: WindowRows, module_label: Callable[[str], str | None] | None = None) -> None:
-        """Hand over a window's rows; `module_label` maps each module to its series' `hp.module.fqn`
+        """Hand over a window's rows; `module_label` maps each module to its series' `hp_otel.module.fqn`
         (the window's `metric_module_depth`; None from it: no module attribute), as the other metrics."""
         with self._lock:
             self._pending.append((rows, module_label))
@@ -165,5 +165,5 @@ class ExposureTotals:
             schema.METRIC_COMM_EXPOSED,
             callbacks=[self.observe_exposed],
             unit=schema.METRIC_COMM_TIME_UNIT,
-            description="Part of hp.collective.time the window's thread spent in or waiting for a collective.",
+            description="Part of hp_otel.collective.time the window's thread spent in or waiting for a collective.",
         )

@@ -1,8 +1,8 @@
 """Naming the same collective on every rank: the window it counts in, and a shared link.
 
-Every collective span carries `hp.collective.seq`, its index among the collectives this
+Every collective span carries `hp_otel.collective.seq`, its index among the collectives this
 rank issued on that process group (name and ranks) since the window began, and
-`hp.collective.window`, what that window is: `step 3` inside `hp_otel.step(3)` (the
+`hp_otel.collective.window`, what that window is: `step 3` inside `hp_otel.step(3)` (the
 instrumentor's steps too), else `window N`, the N-th CommDebugMode window this process
 opened — ranks running the same program open them in the same order.
 

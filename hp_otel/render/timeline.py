@@ -28,7 +28,7 @@ from hp_otel.spans.bandwidth import format_rate
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 # Another part of hp_otel may add a bus-bandwidth attribute to collective spans; shown when present.
-BUSBW_ATTRIBUTE = "hp.collective.busbw"
+BUSBW_ATTRIBUTE = "hp_otel.collective.busbw"
 
 
 def _markup(text: str) -> str:

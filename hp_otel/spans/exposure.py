@@ -163,7 +163,7 @@ def comm_span_of(attrs: Mapping[str, Any], start_ns: int, end_ns: int) -> CommSp
 
 def by_window(spans: Iterable[Any], by_module: bool = True) -> dict[str, ExposureReport]:
     """Finished spans (ReadableSpan-like: attributes, start_time, end_time) -> exposure per window label
-    (`hp.collective.window`; "" for spans that carry none); per module too with `by_module`."""
+    (`hp_otel.collective.window`; "" for spans that carry none); per module too with `by_module`."""
     windows: dict[str, list[CommSpan]] = {}
     for span in spans:
         attrs = span.attributes or {}

@@ -36,7 +36,7 @@ class TestAlwaysOnModuleDepth(TestBase):
         return sorted((p.attributes.get(schema.MODULE_FQN) for p in metrics[metric].data.data_points), key=str)
 
     def test_the_exposure_metrics_keep_the_same_level(self) -> None:
-        # hp.collective.time / .exposed kept every module at full depth: series grew with the model's depth
+        # hp_otel.collective.time / .exposed kept every module at full depth: series grew with the model's depth
         with pytest.MonkeyPatch.context() as patch:
             patch.delenv(ENV_VAR, raising=False)
             assert self._labels(schema.METRIC_COMM_TIME) == ["layers"]

@@ -7,7 +7,7 @@ events that overlap partially on one track, an end without a begin), and its `sl
 gloo demo alone, both ranks in one trace, three ranks (a recorded window shifted per
 rank: a chain of flows), and a traced step merged into its torch.profiler trace
 (`--merge`). The flows are checked against the spans files themselves: one per pair of
-ranks that ran the same collective (`hp.collective.match.id`), from the rank that started
+ranks that ran the same collective (`hp_otel.collective.match.id`), from the rank that started
 it first. A broken trace, last, shows the same check fails.
 """
 
@@ -90,7 +90,7 @@ def _shifted(span: ReadableSpan, rank: int, shift_ns: int) -> ReadableSpan:
         name=span.name,
         context=span.context,
         parent=span.parent,
-        resource=Resource({"hp.rank": rank}),
+        resource=Resource({"hp_otel.rank": rank}),
         attributes=dict(span.attributes or {}),
         start_time=(span.start_time or 0) + shift_ns,
         end_time=(span.end_time or 0) + shift_ns,
