@@ -8,7 +8,7 @@ opened — ranks running the same program open them in the same order.
 
 From (window, group id, seq) every rank derives the same ids without talking to the
 others, the way `hp_otel.always_on.steps` derives a step's trace id: the span carries the
-span id as `hp.collective.match_id`, so a trace backend finds the spans of one collective on
+span id as `hp_otel.collective.match.id`, so a trace backend finds the spans of one collective on
 every rank by searching it.
 
 A link must point at a span someone exports.  In a step's window every rank's spans are in

@@ -6,7 +6,7 @@ in that experiment; the `x-mlflow-run-id` header links the traces to the trainin
 MLflow run (`search_traces(run_id=...)`, the run page's traces) and a run that sent no
 such header stays unlinked; each trace is the whole step across ranks, its tree (one
 `step N` root, a `rank R` per rank, each collective's parent chain) and its
-`hp.collective.*` attributes (int arrays too) intact. The expected span counts come from
+`hp_otel.collective.*` attributes (int arrays too) intact. The expected span counts come from
 each rank's own spans file, not from MLflow.
 """
 
