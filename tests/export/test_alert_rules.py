@@ -80,7 +80,7 @@ def test_rules_use_only_names_hp_otel_exports(fake_world) -> None:
         exported.add(metric.split()[0])
         exported.update(re.findall(r'(\w+)="', rest))
     rules = (ALERTS / "hp_otel_rules.yml").read_text()
-    used = set(re.findall(r"\bhp_collective_\w+|\bhp_rank\b|\bhp_run_id\b|\btarget_info\b", rules))
+    used = set(re.findall(r"\bhp_otel_collective_\w+|\bhp_otel_rank\b|\bhp_otel_run_id\b|\btarget_info\b", rules))
     assert {
         "hp_otel_collective_since_last_completion_seconds",
         "hp_otel_collective_oldest_in_flight_age_seconds",
@@ -89,4 +89,4 @@ def test_rules_use_only_names_hp_otel_exports(fake_world) -> None:
     } <= used
     assert used - exported == set()
     test_series = (ALERTS / "hp_otel_rules_test.yml").read_text()
-    assert set(re.findall(r"\bhp_collective_\w+_seconds\b", test_series)) <= exported
+    assert set(re.findall(r"\bhp_otel_collective_\w+_seconds\b", test_series)) <= exported
