@@ -209,9 +209,16 @@ DURATION_BUCKETS_S: Final = (
 )  # fmt: skip
 # Exposed communication per window (spans/exposure.py): the time collectives of a (phase, module) were in
 # flight (union of their [issue, completion]), and the part of it the window's thread spent waiting on
-# communication.  overlap fraction = 1 - exposed / time.  Attributes: PHASE, MODULE_FQN (issuing module).
+# communication.  overlap fraction = overlapped / (exposed + overlapped).
+# Attributes: COLLECTIVE_STATE, PHASE, MODULE_FQN (issuing module).
+# One counter, as semconv models a time with a state attribute (`process.cpu.time` by `cpu.mode`): the states
+# are disjoint and add up to the time in flight.  Before 0.N, two counters: hp.collective.time (the whole) and
+# hp.collective.exposed (the exposed part).
 METRIC_COMM_TIME: Final = f"{PREFIX}collective.time"
-METRIC_COMM_EXPOSED: Final = f"{PREFIX}collective.exposed"
+COLLECTIVE_STATE: Final = f"{PREFIX}collective.state"  # on METRIC_COMM_TIME only
+STATE_EXPOSED: Final = "exposed"  # the window's thread spent it in or waiting for a collective
+STATE_OVERLAPPED: Final = "overlapped"  # the rest of the time in flight: hidden behind other work
+COLLECTIVE_STATES: Final = (STATE_EXPOSED, STATE_OVERLAPPED)
 METRIC_COMM_TIME_UNIT: Final = "s"
 METRIC_CALLBACK_ERRORS: Final = f"{PREFIX}callback.errors"
 METRIC_CALLBACK_ERRORS_UNIT: Final = "{error}"
@@ -343,7 +350,7 @@ RENAMED: Final[Mapping[str, str]] = {
     "hp.collective.calls": METRIC_CALLS,
     "hp.collective.duration": METRIC_DURATION,
     "hp.collective.time": METRIC_COMM_TIME,
-    "hp.collective.exposed": METRIC_COMM_EXPOSED,
+    "hp.collective.exposed": METRIC_COMM_TIME,  # with COLLECTIVE_STATE = exposed
     "hp.callback.errors": METRIC_CALLBACK_ERRORS,
     "hp.callback": CALLBACK_NAME,
     "hp.step": STEP,

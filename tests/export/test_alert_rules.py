@@ -85,7 +85,7 @@ def test_rules_use_only_names_hp_otel_exports(fake_world) -> None:
         "hp_otel_collective_since_last_completion_seconds",
         "hp_otel_collective_oldest_in_flight_age_seconds",
         "hp_otel_collective_busbw_bytes_per_second_sum",
-        "hp_otel_collective_exposed_seconds_total",
+        "hp_otel_collective_time_seconds_total",
     } <= used
     assert used - exported == set()
     test_series = (ALERTS / "hp_otel_rules_test.yml").read_text()

@@ -88,7 +88,6 @@ def test_the_dashboard_shows_what_we_measure() -> None:
     exprs = " ".join(t["expr"] for p in _panels() for t in p["targets"])
     for metric in (
         "hp_otel_collective_busbw_bytes_per_second_sum",
-        "hp_otel_collective_exposed_seconds_total",
         "hp_otel_collective_time_seconds_total",
         "hp_otel_collective_in_flight_count",
         "hp_otel_collective_oldest_in_flight_age_seconds",
