@@ -1,5 +1,5 @@
 """FSDP2 (`fully_shard`) on each block and the root: every all_gather and reduce_scatter it
-issues, with the module whose parameters it moves (`hp.collective.param_module`).
+issues, with the module whose parameters it moves (`hp_otel.collective.param.module`).
 
 One process on torch's fake process group (rank 0 of 2); under torchrun, init the group with
 "nccl" (or "gloo") instead and build the mesh the same way:
@@ -51,10 +51,12 @@ def main() -> None:
         model(torch.randn(8, 16)).sum().backward()
 
     print(mode.get_comm_counts(normalized=True))
-    collectives = [s for s in mode.get_finished_spans() if s.attributes["hp.call.kind"] == "collective"]
+    collectives = [s for s in mode.get_finished_spans() if s.attributes["hp_otel.call.kind"] == "collective"]
     for span in sorted(collectives, key=lambda s: s.start_time):  # in issue order
         attributes = span.attributes
-        print(f"{attributes['hp.phase']:9} {span.name:15} params of {attributes['hp.collective.param_module']}")
+        print(
+            f"{attributes['hp_otel.phase']:9} {span.name:15} params of {attributes['hp_otel.collective.param.module']}"
+        )
     dist.destroy_process_group()
 
 

@@ -56,6 +56,8 @@ assert comm_mode.get_extra_comm_counts() == {torch.ops.c10d.barrier: 1}
 assert comm_mode.get_total_counts(include_extra=True) == 3
 assert_collective_counts(comm_mode.otel, {"all_reduce": 2, "barrier": 1}, normalized=True)
 for span in comm_mode.get_finished_spans():  # OpenTelemetry spans: modules, ops and collectives
-    if span.attributes["hp.call.kind"] == "collective":
-        print(span.name, span.attributes["hp.phase"], span.attributes.get("hp.collective.bytes"), "bytes")
+    if span.attributes["hp_otel.call.kind"] == "collective":
+        print(
+            span.name, span.attributes["hp_otel.phase"], span.attributes.get("hp_otel.collective.input.size"), "bytes"
+        )
 dist.destroy_process_group()

@@ -195,7 +195,7 @@ class StepSpans:
 
 
 def check_step_arguments(step: Any, rank: Any) -> None:
-    """`step` and `rank` become the `hp.step` / `hp.rank` attributes: refused here, named, when
+    """`step` and `rank` become the `hp_otel.step` / `hp_otel.rank` attributes: refused here, named, when
     an exporter could not encode them (OTLP ints are int64)."""
     if isinstance(step, bool) or not isinstance(step, (int, str)) or (isinstance(step, str) and not step):
         raise TypeError(f"step must be an int or a non-empty str, got {step!r}")

@@ -1,7 +1,7 @@
 """Putting the ranks side by side: the first divergence, the hang suspect, the stragglers.
 
 Each rank's spans file (`CommDebugMode.write_spans`, or what the hang watchdog wrote)
-holds its collectives with `hp.collective.seq`: their order on each process group within
+holds its collectives with `hp_otel.collective.seq`: their order on each process group within
 a window.  Ranks of one group must issue the same collectives in the same order; this
 package lines them up by (window, group, seq) and reports
 

@@ -89,7 +89,7 @@ class RanksReport:
 
     @cached_property
     def missing_ranks(self) -> RankSet:
-        """Ranks the files say exist (their `hp.world_size`, their groups' members) without a file of their own:
+        """Ranks the files say exist (their `hp_otel.world.size`, their groups' members) without a file of their own:
         nothing about them was compared, so "the ranks agree" cannot be said.  As runs, found without
         listing any group's members."""
         expected = {RankSet.of(g.group_ranks) for g in self.groups}

@@ -12,7 +12,7 @@ Each entry becomes a `RankCall`, so the desync / hang / straggler analysis of
 `hp_otel.analysis` runs on them unchanged.  Numbering differs from hp_otel's spans:
 
 - `seq` is FR's `collective_seq_id` (per process group, from 1, since the group was made, all
-  ranks alike; only collectives count) — hp_otel's `hp.collective.seq` counts from 0 within a
+  ranks alike; only collectives count) — hp_otel's `hp_otel.collective.seq` counts from 0 within a
   window (a step) and counts point-to-point calls too;
 - point-to-point entries (`is_p2p`) are numbered by `p2p_seq_id` in their own window
   (`flight recorder p2p`), compared only on two-rank groups (a pair's sends and receives);

@@ -53,7 +53,7 @@ class RankCall:
     start_ns: int
     end_ns: int
     in_flight: bool
-    bytes: int = 0  # what it moved (its inputs' bytes, hp.collective.bytes); 0 where the file says none
+    bytes: int = 0  # what it moved (its inputs' bytes, hp_otel.collective.input.size); 0 where the file says none
     stack: tuple[str, ...] = ()  # where it was issued (`stack=`, a Flight Recorder dump's frames), innermost first
     # NCCL-tests' bandwidths of this rank's call, bytes/s (0.0: none recorded: in flight, a barrier, older files)
     algbw: float = 0.0

@@ -135,9 +135,15 @@ class CollectiveSpan:
     end_time: int
 
 
+# The call kind's key now and in files of earlier versions (schema.RENAMED).
+_CALL_KIND_KEYS = frozenset(
+    {schema.CALL_KIND, *(old for old, new in schema.RENAMED.items() if new == schema.CALL_KIND)}
+)
+
+
 def _is_collective(attributes: Iterable[Mapping[str, Any]]) -> bool:
     for kv in attributes:
-        if kv.get("key") == schema.CALL_KIND:
+        if kv.get("key") in _CALL_KIND_KEYS:
             return (kv.get("value") or {}).get("stringValue") == schema.KIND_COLLECTIVE
     return False
 
@@ -150,7 +156,7 @@ def resources_and_collectives(path: str, payload: Any) -> tuple[list[dict[str, A
     try:
         if not isinstance(entries, list):
             raise ValueError("'resourceSpans' is not a list")
-        resources = [attribute_values(((e or {}).get("resource") or {}).get("attributes") or ()) for e in entries]
+        resources = [span_attribute_values(((e or {}).get("resource") or {}).get("attributes") or ()) for e in entries]
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise RankInputError(f"spans file {path!r} is not valid OTLP/JSON traces: {exc}") from exc
     return resources, _collectives(path, entries)
@@ -216,7 +222,7 @@ def fast_collectives(path: str, data: bytes) -> tuple[list[dict[str, Any]], list
         resources, spans = [], []
         for entry in traces.resourceSpans or ():
             resource = _any.decode(entry.resource) or {}
-            resources.append(attribute_values(resource.get("attributes") or ()))
+            resources.append(span_attribute_values(resource.get("attributes") or ()))
             for scope in entry.scopeSpans or ():
                 for span in scope.spans or ():
                     raw = span.attributes

@@ -41,7 +41,7 @@ class RankFile:
     rank: int
     calls: CallTable  # a list of RankCalls is turned into one
     unsequenced: int = 0  # collective spans without a seq (written by an older hp_otel)
-    world_size: int | None = None  # the resource's hp.world_size (None: the file does not say)
+    world_size: int | None = None  # the resource's hp_otel.world.size (None: the file does not say)
     # window label -> its exposed communication (spans files only: a JSON dump has no wait times)
     exposure: dict[str, exposure.ExposureReport] = field(default_factory=dict)
     ring: bool = False  # a step loop's collectives file: its windows are the rank's last steps
@@ -152,6 +152,8 @@ def _collectives_file(path: str, payload: dict[str, Any]) -> tuple[list[dict[str
     """A collectives file (`CommDebugMode.write_collectives`): its resource and calls, as a spans file's."""
     try:
         resource = payload.get("resource") or {}
+        if isinstance(resource, dict):
+            resource = schema.normalise_attributes(resource)
         if not isinstance(resource, dict):
             raise ValueError("its resource is not an object")
         spans = [

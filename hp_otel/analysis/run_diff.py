@@ -1,8 +1,8 @@
 """Two runs side by side (`hp-otel diff A B`, communication snapshots): what a change did to communication.
 
 A run is summarised per rank as cells keyed by (module, phase, normalised op), each with
-its count and bytes (the inputs' bytes, `hp.collective.bytes`); the module is the
-innermost module open when the collective was issued (`hp.collective.module`, as
+its count and bytes (the inputs' bytes, `hp_otel.collective.input.size`); the module is the
+innermost module open when the collective was issued (`hp_otel.collective.module`, as
 `hp-otel ranks` names it). A run is read from a spans file or JSON dump (one process), a
 folder of per-rank files, a snapshot (`hp_otel.testing.assert_comm_snapshot`), or a
 mode's own spans. Two summaries compared give the cells that appeared, vanished or

@@ -21,8 +21,8 @@ from hp_otel.common.files import write_in_folder
 
 SD_DIR_VARIABLE = "HP_OTEL_PROMETHEUS_SD_DIR"
 # The target's labels, on every series scraped from it (`up` too, which tells a rank that is down):
-# not the resource's hp_run_id / hp_rank, which target_info carries (Prometheus would rename those
-# to exported_hp_run_id / exported_hp_rank on it).
+# not the resource's hp_otel_run_id / hp_otel_rank, which target_info carries (Prometheus would rename those
+# to exported_hp_otel_run_id / exported_hp_otel_rank on it).
 TARGET_RUN_ID_LABEL = "hp_target_run_id"
 TARGET_RANK_LABEL = "hp_target_rank"
 

@@ -1,6 +1,6 @@
 """Rank identity as an OpenTelemetry resource detector, for any provider.
 
-`hp.rank`, `hp.local_rank`, `hp.world_size` and `hp.run.id` (read by `launcher_env`
+`hp_otel.rank`, `hp_otel.local_rank`, `hp_otel.world.size` and `hp_otel.run.id` (read by `launcher_env`
 from torchrun, SLURM, Open MPI, msrun or Kubeflow variables), with `host.name`,
 `process.pid`, and `service.instance.id` = a UUIDv5 of the run id and rank when both are known:
 stable for a run and rank (the SDK's own is a random UUID per process: a restarted rank would look

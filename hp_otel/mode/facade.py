@@ -86,14 +86,14 @@ class CommDebugMode:
             in-flight spans. A hook that raises is counted in `get_callback_error_counts()`
             (`user_collective_hook`, ...), logged once, and the span is still exported.
         stack: record where each collective and redistribute was called: the user's frames,
-            innermost first, as `"file:line:function"` in the span attribute `hp.call.stack`
+            innermost first, as `"file:line:function"` in the span attribute `hp_otel.call.stack`
             (the innermost also as `code.file.path` / `code.line.number` / `code.function.name`),
             in the table at noise level 3 and in the JSON dump. Frames of hp_otel, torch,
             MindSpore, hyper-parallel, typing_extensions and the standard library are left out. True: the 8
             innermost frames; an int 1..64: that many; False or 0: off. None (default): the
             `HP_OTEL_STACK_DEPTH` setting, off when unset. Off, no frame is walked.
         metric_module_depth: how much of the module path the collective metrics carry
-            (`hp.module.fqn`, their cardinality): an int k keeps the first k dotted parts
+            (`hp_otel.module.fqn`, their cardinality): an int k keeps the first k dotted parts
             (`layers.3.attn` at 3 is `layers.*.attn`: a container index is `*`, so the series
             do not grow with the blocks), `"none"` (or 0) drops the attribute,
             `"full"` keeps it. Default: $HP_OTEL_METRIC_MODULE_DEPTH, else `"full"` (the

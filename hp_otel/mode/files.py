@@ -61,8 +61,8 @@ def write_spans(
 ) -> None:
     """The window's spans as OTLP/JSON. Safe from another thread while the window records (the hang
     watchdog writes from its own). `in_flight`: also the collectives issued and not completed yet, as
-    spans marked `hp.collective.in_flight` (start = issue time, end = now). The file's resource names
-    this rank (`hp.rank`) even when no launcher variable does. `pause`: called between pieces of the
+    spans marked `hp_otel.collective.in_flight` (start = issue time, end = now). The file's resource names
+    this rank (`hp_otel.rank`) even when no launcher variable does. `pause`: called between pieces of the
     encoding (the watchdog's thread yields there)."""
     from hp_otel.spans.otlp_json import write_spans
 

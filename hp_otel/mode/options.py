@@ -9,7 +9,7 @@ One "not given" (`NOT_GIVEN`; None, where a signature shows it, is the same) and
 per depth option once parsed:
 
 - `stack_depth`: user frames per call stack, 0 off (not given: `HP_OTEL_STACK_DEPTH`, else off);
-- `metric_depth`: module levels the metrics' `hp.module.fqn` keeps, None the whole fqn (not
+- `metric_depth`: module levels the metrics' `hp_otel.module.fqn` keeps, None the whole fqn (not
   given: `HP_OTEL_METRIC_MODULE_DEPTH`, else the caller's default: the whole fqn for a
   `CommDebugMode`, 1 for the instrumentor);
 - `module_depth`: module levels hooked, None every module; not given, `hooked_depth` is every

@@ -31,7 +31,7 @@ Forward prefetch: FSDP2's explicit forward prefetch (`set_modules_to_forward_pre
 all-gathers layer i+1's parameters from layer i's pre-forward hook; hyper-parallel's
 `fully_shard` prefetches the same way.  Such a collective counts, and nests, under the module
 whose parameter group issued it, with the modules enclosing it — not under the module that
-happened to be running (that one is kept as `hp.collective.issued_by`).  The group's module has
+happened to be running (that one is kept as `hp_otel.collective.issued_by`).  The group's module has
 not been called yet in this step (it runs next), so its enclosing calls are the open calls that
 enclose it (by their names, or by its latest call's chain) plus the calls of that chain that are
 not open; a short module span of the group's module, nested under the innermost of those open

@@ -62,7 +62,7 @@ class CollectiveMetrics:
         self._totals = instruments.totals
         self._liveness = instruments.liveness
         self._live = live
-        self.module_label = module_label  # the metrics' hp.module.fqn (metric_labels: its depth)
+        self.module_label = module_label  # the metrics' hp_otel.module.fqn (metric_labels: its depth)
         self._on_fault = weak_sink(on_fault)
         self._pending_durations: dict[MetricKey, list[int]] = {}
         self._pending_busbw: dict[MetricKey, list[float]] = {}  # bus bandwidths (bytes/s), handed over at window end

@@ -1,9 +1,10 @@
 """Exposed-communication metrics: per (phase, module), the seconds collectives were in flight and
-the seconds of that the window's thread waited (`hp.collective.time`, `hp.collective.exposed`).
+the seconds of that the window's thread waited: one counter, `hp_otel.collective.time`, by
+`hp_otel.collective.state` (`exposed`, and `overlapped` for the rest).
 
 Observable counters over cumulative totals, like calls and bytes: a window that ends adds its
 figures to a dict (`add_window`), the SDK reads them when a reader collects.  The overlap fraction
-over any range is `1 - rate(exposed) / rate(time)` (docs/overlap.md).
+over any range is `rate(time{state=overlapped}) / rate(time)` (docs/overlap.md).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class ExposureTotals:
         self.exposed_ns: dict[tuple[str, str | None], int] = {}
 
     def defer(self, rows: WindowRows, module_label: Callable[[str], str | None] | None = None) -> None:
-        """Hand over a window's rows; `module_label` maps each module to its series' `hp.module.fqn`
+        """Hand over a window's rows; `module_label` maps each module to its series' `hp_otel.module.fqn`
         (the window's `metric_module_depth`; None from it: no module attribute), as the other metrics."""
         with self._lock:
             self._pending.append((rows, module_label))
@@ -137,33 +138,24 @@ class ExposureTotals:
                     self.comm_ns[key] = self.comm_ns.get(key, 0) + e.comm_ns
                     self.exposed_ns[key] = self.exposed_ns.get(key, 0) + e.exposed_ns
 
-    def _observe(self, totals: dict[tuple[str, str | None], int]) -> list[Observation]:
+    def observe_time(self, options: CallbackOptions) -> Iterable[Observation]:
+        """Per (phase, module): the exposed seconds and the overlapped rest, each its state's point."""
         self.flush()
         with self._lock:
-            items = list(totals.items())
-        return [
-            Observation(
-                ns / 1e9, {schema.PHASE: phase} if module is None else {schema.PHASE: phase, schema.MODULE_FQN: module}
-            )
-            for (phase, module), ns in items
-        ]
-
-    def observe_comm(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._observe(self.comm_ns)
-
-    def observe_exposed(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._observe(self.exposed_ns)
+            items = [(key, ns, self.exposed_ns.get(key, 0)) for key, ns in self.comm_ns.items()]
+        out = []
+        for (phase, module), comm_ns, exposed_ns in items:
+            base = {schema.PHASE: phase} if module is None else {schema.PHASE: phase, schema.MODULE_FQN: module}
+            out.append(Observation(exposed_ns / 1e9, {**base, schema.COLLECTIVE_STATE: schema.STATE_EXPOSED}))
+            overlapped = max(comm_ns - exposed_ns, 0) / 1e9
+            out.append(Observation(overlapped, {**base, schema.COLLECTIVE_STATE: schema.STATE_OVERLAPPED}))
+        return out
 
     def register(self, meter: Meter) -> None:
         meter.create_observable_counter(
             schema.METRIC_COMM_TIME,
-            callbacks=[self.observe_comm],
+            callbacks=[self.observe_time],
             unit=schema.METRIC_COMM_TIME_UNIT,
-            description="Time collectives were in flight (union of [issue, completion] per window).",
-        )
-        meter.create_observable_counter(
-            schema.METRIC_COMM_EXPOSED,
-            callbacks=[self.observe_exposed],
-            unit=schema.METRIC_COMM_TIME_UNIT,
-            description="Part of hp.collective.time the window's thread spent in or waiting for a collective.",
+            description="Time collectives were in flight (union of [issue, completion] per window), by state: "
+            "exposed (the window's thread waited for communication) or overlapped.",
         )

@@ -1,14 +1,14 @@
 """Naming the same collective on every rank: the window it counts in, and a shared link.
 
-Every collective span carries `hp.collective.seq`, its index among the collectives this
+Every collective span carries `hp_otel.collective.seq`, its index among the collectives this
 rank issued on that process group (name and ranks) since the window began, and
-`hp.collective.window`, what that window is: `step 3` inside `hp_otel.step(3)` (the
+`hp_otel.collective.window`, what that window is: `step 3` inside `hp_otel.step(3)` (the
 instrumentor's steps too), else `window N`, the N-th CommDebugMode window this process
 opened — ranks running the same program open them in the same order.
 
 From (window, group id, seq) every rank derives the same ids without talking to the
 others, the way `hp_otel.always_on.steps` derives a step's trace id: the span carries the
-span id as `hp.collective.match_id`, so a trace backend finds the spans of one collective on
+span id as `hp_otel.collective.match.id`, so a trace backend finds the spans of one collective on
 every rank by searching it.
 
 A link must point at a span someone exports.  In a step's window every rank's spans are in

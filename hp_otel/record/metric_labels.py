@@ -1,4 +1,4 @@
-"""How much of the module path the collective metrics carry (`hp.module.fqn`): their cardinality.
+"""How much of the module path the collective metrics carry (`hp_otel.module.fqn`): their cardinality.
 
 Each module that issues collectives is one label set per metric per rank; a 96-layer
 model has hundreds.  `metric_module_depth` keeps the first k dotted parts of the fqn
@@ -50,7 +50,7 @@ def resolve_depth(value: object, default: int | None) -> int | None:
 
 
 class ModuleLabel:
-    """The `hp.module.fqn` value of a series for one depth (cached per fqn: the hot path sees few)."""
+    """The `hp_otel.module.fqn` value of a series for one depth (cached per fqn: the hot path sees few)."""
 
     __slots__ = ("_cache", "depth")
 

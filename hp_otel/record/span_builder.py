@@ -438,7 +438,7 @@ class SpanBuilder:
 
     def in_flight_span(self, issue: ev.CollectiveIssue, now_ns: int) -> ReadableSpan:
         """A finished span for a collective that has not returned: start = issue time, end = now,
-        `hp.collective.in_flight` true. Made directly, not by the tracer: it goes to a file, never
+        `hp_otel.collective.in_flight` true. Made directly, not by the tracer: it goes to a file, never
         to your processors (the real span follows if the call ever returns)."""
         parent_ctx = self._issued.get(issue) or self._parent_for(issue.place)
         parent = trace.get_current_span(parent_ctx).get_span_context()

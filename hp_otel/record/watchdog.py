@@ -4,8 +4,8 @@
 window.  Every `poll_s` it looks at the collectives this rank issued that have not
 completed (the recorder's in-flight records: issue time, sequence number, module); when
 one has waited `timeout_s`, it writes the window's spans so far — the in-flight
-collective included, marked `hp.collective.in_flight` with its issue time as start — to
-`path` (`{rank}` filled in), logs where, and puts an `hp.watchdog.dump` event on the
+collective included, marked `hp_otel.collective.in_flight` with its issue time as start — to
+`path` (`{rank}` filled in), logs where, and puts an `hp_otel.watchdog.dump` event on the
 collective's span.  Run `hp-otel ranks` on every rank's file to see who is missing.
 
 With `on_signals=(signal.SIGTERM, signal.SIGINT)` the same file is also written when the

@@ -227,7 +227,7 @@ def chrome_traces_per_rank(
 
 
 def _world_size(spans_by_rank: Mapping[int, Sequence[ReadableSpan]]) -> int:
-    """The world size the ranks' resources say (hp.world_size), else the number of ranks given."""
+    """The world size the ranks' resources say (hp_otel.world.size), else the number of ranks given."""
     for spans in spans_by_rank.values():
         for span in spans:
             size = span.resource.attributes.get(schema.RESOURCE_WORLD_SIZE) if span.resource else None

@@ -1,6 +1,6 @@
 """Which collective on one rank is which on another: what the timeline's dashed lines and the trace's flows join.
 
-The key is the collective's process group with its `hp.collective.match_id`, which every
+The key is the collective's process group with its `hp_otel.collective.match.id`, which every
 rank derives alike without talking to the others (`record/matching.py`). Spans of an
 older hp_otel carry no match id; there the k-th collective of an op in a group on one rank
 is the k-th on every other, as ranks run the same program. One place decides this, so the

@@ -1,8 +1,8 @@
 """Spans files of several ranks, grouped by rank and cut down to one step: what the pictures draw.
 
-The rank is the resource's `hp.rank` (every file hp_otel writes has it under a
+The rank is the resource's `hp_otel.rank` (every file hp_otel writes has it under a
 launcher), else the file's position on the command line. A step is the trace that
-`hp_otel.step(n)` gave it (its `rank_step` spans carry `hp.step`); files without step
+`hp_otel.step(n)` gave it (its `rank_step` spans carry `hp_otel.step`); files without step
 spans (one CommDebugMode window each, as the demo writes) are one step already.
 """
 

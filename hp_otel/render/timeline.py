@@ -3,7 +3,7 @@
 A lane per rank on one time axis (the spans' own wall-clock times, so ranks on one host
 share the clock). Inside a lane, a row per call depth for modules, ops and redistributes
 (grey/blue bars), then one row per process group for that rank's collectives, coloured by
-op. The same collective on each rank — the same `hp.collective.match_id` in the same group,
+op. The same collective on each rank — the same `hp_otel.collective.match.id` in the same group,
 which every rank derives alike — is joined by a dashed line from start to start, so skew
 between ranks shows as a slanted line (on a 2-D mesh, a TP collective is never joined to a
 DP one). Ticks share one unit; a bar is labelled when a few characters fit; each bar's
@@ -28,7 +28,7 @@ from hp_otel.spans.bandwidth import format_rate
 from hp_otel.spans.call_tree import CallRecord, build_call_tree
 
 # Another part of hp_otel may add a bus-bandwidth attribute to collective spans; shown when present.
-BUSBW_ATTRIBUTE = "hp.collective.busbw"
+BUSBW_ATTRIBUTE = "hp_otel.collective.busbw"
 
 
 def _markup(text: str) -> str:

@@ -17,9 +17,9 @@ in two methods:
 
 Both are wrapped while a window is active, with FSDP2's wrapper (`fsdp.group_method_wrapper`):
 the module tracker then counts (and nests) such a collective under the state's module and its
-enclosing calls, with `hp.collective.issued_by` naming the module running when it was issued,
+enclosing calls, with `hp_otel.collective.issued_by` naming the module running when it was issued,
 exactly as for FSDP2.  hyper-parallel keeps no module name on the state, so its collectives
-carry no `hp.collective.param_module`.  Nothing is patched unless hyper-parallel's torch
+carry no `hp_otel.collective.param.module`.  Nothing is patched unless hyper-parallel's torch
 `fully_shard` is imported (on MindSpore its HSDP cells are another class, not covered).
 """
 

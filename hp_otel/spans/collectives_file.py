@@ -4,7 +4,7 @@ The cross-rank analysis reads, of each collective span, its attributes of `KEPT`
 seq, op, shapes, dtype, bytes, module, phase, waits, bandwidths, call site) and its times;
 nothing of the module and op spans around it.  This file holds exactly that, as JSON:
 
-    {"format": "hp_otel.collectives", "version": 2, "resource": {"hp.rank": 3, ...},
+    {"format": "hp_otel.collectives", "version": 2, "resource": {"hp_otel.rank": 3, ...},
      "groups": {id: {"name": "1", "members": "0-4095", "mesh_dim": "dp"}, ...},   # each group once
      "kinds": [{attribute: value, ...}, ...],        # what calls share (op, group id, shapes, module, ...)
      "calls": [[kind, name, start_ns, end_ns, {attribute: value, ...}], ...]}   # what each call has of its own
@@ -227,7 +227,10 @@ def collective_spans(payload: Mapping[str, Any]) -> list[tuple[str, dict[str, An
         )
     out = []
     for window in windows_of(payload):
-        kinds = [{key: _attribute(v) for key, v in dict(kind).items()} for kind in window["kinds"]]
+        kinds = [
+            schema.normalise_attributes({key: _attribute(v) for key, v in dict(kind).items()})
+            for kind in window["kinds"]
+        ]
         _describe_groups(kinds, window.get("groups") or {})
         for number, name, start, end, own in window["calls"]:
             if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(kinds):

@@ -5,8 +5,8 @@ Definitions (docs/overlap.md says the same for users):
 - a collective is *in flight* over `[issue, completion]`: its span's start and end;
 - the window's thread is *blocked on communication* while it is inside a collective call
   or waiting for one: a synchronous collective's whole span; an async one's issuing call
-  (`hp.collective.call_ns` from its start) and the wait that completed it
-  (`hp.collective.waited_ns`, ending at its end: `wait_tensor`, `Work.wait()`);
+  (`hp_otel.collective.call.duration` from its start) and the wait that completed it
+  (`hp_otel.collective.wait.duration`, ending at its end: `wait_tensor`, `Work.wait()`);
 - *communication time* of a set of collectives = length of the union of their in-flight
   intervals; *exposed* = the part of that union during which the thread was blocked (by any
   collective); *overlapped* = the rest, when the thread ran something else — compute, or
@@ -163,7 +163,7 @@ def comm_span_of(attrs: Mapping[str, Any], start_ns: int, end_ns: int) -> CommSp
 
 def by_window(spans: Iterable[Any], by_module: bool = True) -> dict[str, ExposureReport]:
     """Finished spans (ReadableSpan-like: attributes, start_time, end_time) -> exposure per window label
-    (`hp.collective.window`; "" for spans that carry none); per module too with `by_module`."""
+    (`hp_otel.collective.window`; "" for spans that carry none); per module too with `by_module`."""
     windows: dict[str, list[CommSpan]] = {}
     for span in spans:
         attrs = span.attributes or {}

@@ -1,6 +1,6 @@
 """A process group described once: its id on every collective, its members in one table.
 
-A collective span carries `hp.collective.group_id` and `hp.collective.group_size`; the
+A collective span carries `hp_otel.collective.group.id` and `hp_otel.collective.group.size`; the
 group's name, members (strided runs, `RankSet`) and mesh dimension are written once per
 group and window: on the first span of that group the recorder builds in the window (so a
 trace, a spans file or a backend query of one step holds them), and in the collectives

@@ -198,7 +198,10 @@ def trace_from_payload(payload: Any, name: str, size: int = 0) -> tuple[list[Rea
     """`read_trace_file` on a file already parsed as JSON (`payload`; `size`: its bytes, for messages)."""
     try:
         message = _parse(name, payload)
-        resources = [{kv.key: _any_value(kv.value) for kv in rs.resource.attributes} for rs in message.resource_spans]
+        resources = [
+            schema.normalise_attributes({kv.key: _any_value(kv.value) for kv in rs.resource.attributes})
+            for rs in message.resource_spans
+        ]
         return _spans_of(message), resources
     except MemoryError:
         raise SpanFileError(_out_of_memory(name, size)) from None
@@ -227,7 +230,9 @@ def _parse(name: str, payload: Any) -> ExportTraceServiceRequest:
 def _spans_of(message: ExportTraceServiceRequest) -> list[ReadableSpan]:
     spans: list[ReadableSpan] = []
     for resource_spans in message.resource_spans:
-        resource = Resource({kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes})
+        resource = Resource(
+            schema.normalise_attributes({kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes})
+        )
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 trace_id = int.from_bytes(span.trace_id, "big")

@@ -156,7 +156,7 @@ def spans_named(source: Any, name: str) -> Sequence[ReadableSpan]:
 
 
 def metric_points(reader: Any, name: str) -> list[Any]:
-    """The data points of metric `name` (e.g. `hp.collective.calls`) that a metric reader collects now.
+    """The data points of metric `name` (e.g. `hp_otel.collective.calls`) that a metric reader collects now.
 
     `reader` is an SDK `InMemoryMetricReader` (the plugin's `hp_metric_reader`, or
     `CommDebugMode.get_metric_reader()` with the default providers).

@@ -52,7 +52,7 @@ def _windows(path) -> list[str]:  # type: ignore[no-untyped-def]
     payload = json.loads(path.read_text())
     keep, windows = payload["keep"], payload["windows"]
     assert len(windows) <= 2 * keep
-    return [w["kinds"][0]["hp.collective.window"] for w in windows[-keep:]]
+    return [w["kinds"][0]["hp_otel.collective.window"] for w in windows[-keep:]]
 
 
 def test_the_file_keeps_the_last_steps_and_ranks_reads_them(tmp_path, instrument) -> None:

@@ -39,13 +39,13 @@ def test_four_ranks_step_loops_keep_their_last_sampled_steps_for_ranks(tmp_path,
         # the referee saw the same collectives in every step, and the step issued what it meant to
         assert all(counts == REFEREE_OPS for counts in result["referee"].values()), result["referee"]
         payload = json.loads(ring.read_text())
-        assert payload["resource"]["hp.rank"] == rank and payload["keep"] == w.KEEP
+        assert payload["resource"]["hp_otel.rank"] == rank and payload["keep"] == w.KEEP
         assert w.KEEP <= len(payload["windows"]) <= 2 * w.KEEP  # appended, rewritten to KEEP at twice that
         windows = payload["windows"][-w.KEEP :]  # the steps kept: the last KEEP sampled, oldest first
         for window, step in zip(windows, kept[-w.KEEP :], strict=True):
             by_kind = [(window["kinds"][k], own) for k, _, _, _, own in window["calls"]]
-            assert [kind["hp.collective.window"] for kind, _ in by_kind] == [f"step {step}"] * 3
-            ops = [[kind["hp.collective.op"], kind["hp.collective.input_shape"]] for kind, _ in by_kind]
+            assert [kind["hp_otel.collective.window"] for kind, _ in by_kind] == [f"step {step}"] * 3
+            ops = [[kind["hp_otel.collective.op"], kind["hp_otel.collective.input.shape"]] for kind, _ in by_kind]
             assert ops == result["issued"][str(step)], (rank, step, ops)
             assert sum(REFEREE_OPS.values()) == len(by_kind)
         # bounded: never more than 2 x KEEP steps (the first size: one step and the header), and

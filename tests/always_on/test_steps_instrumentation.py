@@ -99,7 +99,7 @@ def test_bad_step_arguments_are_rejected() -> None:
     ],
 )
 def test_a_step_or_rank_no_exporter_can_encode_is_refused_by_name(kwargs, message) -> None:
-    """Not accepted, then dropped by the OTLP exporter (`Failed to encode key hp.step`, a traceback)."""
+    """Not accepted, then dropped by the OTLP exporter (`Failed to encode key hp_otel.step`, a traceback)."""
     with pytest.raises(ValueError, match=message):
         with hp_otel.step(**kwargs):
             pass

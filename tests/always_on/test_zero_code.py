@@ -71,7 +71,7 @@ def _run(command: str, tmp_path: Path, env: dict[str, str], scrape: list[int]) -
                 raise AssertionError(f"the run ended before its ranks were scraped:\n{child.communicate()[0][-4000:]}")
             for port in scrape:
                 text = _metrics(port)
-                if text and 'hp_module_fqn="fc2"' in text and port not in scraped:
+                if text and 'hp_otel_module_fqn="fc2"' in text and port not in scraped:
                     scraped[port] = text
             return len(scraped) == len(scrape)
 
@@ -89,11 +89,13 @@ def _run(command: str, tmp_path: Path, env: dict[str, str], scrape: list[int]) -
 def _spans_of_run(http_port: int, service: str, run_id: str) -> list[dict]:
     def spans() -> list[dict] | None:
         stored = servers.phoenix_spans(http_port)
-        traces = {s["context"]["trace_id"] for s in stored if s["attributes"].get("hp.run.id") == run_id}  # step roots
+        traces = {
+            s["context"]["trace_id"] for s in stored if s["attributes"].get("hp_otel.run.id") == run_id
+        }  # step roots
         found = [s for s in stored if s["context"]["trace_id"] in traces]
         return (
             found
-            if sum(s["name"] == f"rank {s['attributes'].get('hp.rank')}" for s in found) >= 2 * (STEPS - 1)
+            if sum(s["name"] == f"rank {s['attributes'].get('hp_otel.rank')}" for s in found) >= 2 * (STEPS - 1)
             else None
         )
 
@@ -124,22 +126,24 @@ def test_the_documented_zero_code_command(phoenix, tmp_path, distro) -> None:
     spans = _spans_of_run(phoenix, "tp-mlp", run_id)
     by_id = {s["context"]["span_id"]: s for s in spans}
     rank_steps = Counter(
-        s["attributes"]["hp.rank"] for s in spans if s["name"] == f"rank {s['attributes'].get('hp.rank')}"
+        s["attributes"]["hp_otel.rank"] for s in spans if s["name"] == f"rank {s['attributes'].get('hp_otel.rank')}"
     )
     assert rank_steps == {0: STEPS - 1, 1: STEPS - 1}  # over HTTP (the distro alone would pick gRPC)
-    collectives = [s for s in spans if s["attributes"].get("hp.call.kind") == "collective"]
+    collectives = [s for s in spans if s["attributes"].get("hp_otel.call.kind") == "collective"]
     # fc2's forward all_reduce, per rank and step (the input needs no gradient: no backward all_reduce in fc1)
     assert len(collectives) == 2 * (STEPS - 1)
 
     def module_of(span: dict) -> str:  # the innermost module span enclosing it: attribution
-        while span["attributes"].get("hp.call.kind") != "module":
+        while span["attributes"].get("hp_otel.call.kind") != "module":
             span = by_id[span["parent_id"]]
-        return f"{span['attributes']['hp.module.fqn']}/{span['attributes']['hp.phase']}"
+        return f"{span['attributes']['hp_otel.module.fqn']}/{span['attributes']['hp_otel.phase']}"
 
     assert Counter(module_of(s) for s in collectives) == {"fc2/forward": 2 * (STEPS - 1)}
     if not distro:  # both ranks served /metrics (the launcher left rank 0's port free), counts per module
         for text in scraped.values():
-            calls = [line for line in text.splitlines() if line.startswith("hp_collective_calls_total{")]
-            assert any('hp_module_fqn="fc2"' in line and 'hp_phase="forward"' in line for line in calls), calls
-            assert 'hp_rank="' in text  # the resource (target_info) says which rank
+            calls = [line for line in text.splitlines() if line.startswith("hp_otel_collective_calls_total{")]
+            assert any('hp_otel_module_fqn="fc2"' in line and 'hp_otel_phase="forward"' in line for line in calls), (
+                calls
+            )
+            assert 'hp_otel_rank="' in text  # the resource (target_info) says which rank
         assert sorted(scraped) == [base, base + 1]

@@ -42,7 +42,7 @@ def test_forked_and_spawned_children_never_crash_and_export_nothing_of_their_own
     assert result["spawned"]["exitcode"] == 0 and result["port"] == port
     # 4 optimizer steps: 3 closed windows, each holding one all_reduce (the first is before any window)
     (calls,) = result["calls"]
-    assert 'hp_collective_op="all_reduce"' in calls and calls.endswith(" 3.0"), calls
+    assert 'hp_otel_collective_op="all_reduce"' in calls and calls.endswith(" 3.0"), calls
     said = [line for line in done.stderr.splitlines() if "not instrumented" in line]
     assert len(said) == 1, done.stderr[-4000:]  # the spawn child, once; the forked workers say nothing
     assert said[0].startswith(f"{result['spawned']['pid']} hp_otel INFO ")

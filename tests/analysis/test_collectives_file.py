@@ -46,9 +46,9 @@ def _write_both(tmp_path: Path, monkeypatch, rank: int, program) -> tuple[Path, 
     mode.write_spans(spans)
     mode.write_collectives(compact)
     # The default provider's resource keeps the rank of the first window in this process: name each file's own.
-    spans.write_text(re.sub(r'("hp.rank", "value": \{"intValue": )"\d+"', rf'\1"{rank}"', spans.read_text()))
+    spans.write_text(re.sub(r'("hp_otel.rank", "value": \{"intValue": )"\d+"', rf'\1"{rank}"', spans.read_text()))
     payload = json.loads(compact.read_text())
-    payload["resource"]["hp.rank"] = rank
+    payload["resource"]["hp_otel.rank"] = rank
     compact.write_text(json.dumps(payload))
     return spans, compact
 

@@ -54,11 +54,11 @@ def _write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         mode = _record(rank)
         spans = tmp_path / f"spans_rank{rank}.json"
         mode.write_spans(spans)
-        spans.write_text(re.sub(r'("hp.rank", "value": \{"intValue": )"\d+"', rf'\1"{rank}"', spans.read_text()))
+        spans.write_text(re.sub(r'("hp_otel.rank", "value": \{"intValue": )"\d+"', rf'\1"{rank}"', spans.read_text()))
         compact = tmp_path / f"collectives_rank{rank}.json"
         mode.write_collectives(compact)
         payload = json.loads(compact.read_text())
-        payload["resource"]["hp.rank"] = rank
+        payload["resource"]["hp_otel.rank"] = rank
         compact.write_text(json.dumps(payload))
         mode.generate_json_dump(tmp_path / f"comm_rank{rank}.json", noise_level=0)
     return tmp_path

@@ -290,7 +290,8 @@ def test_a_malformed_collective_span_is_bad_input(tmp_path, monkeypatch, capsys)
     _play_rank(0, _in_layers((ALL_REDUCE, 0)), path, monkeypatch)
     path.write_text(
         path.read_text().replace(
-            '"hp.collective.seq", "value": {"intValue": "0"}', '"hp.collective.seq", "value": {"stringValue": "x"}'
+            '"hp_otel.collective.seq", "value": {"intValue": "0"}',
+            '"hp_otel.collective.seq", "value": {"stringValue": "x"}',
         )
     )
     assert 'stringValue": "x"' in path.read_text()
@@ -320,11 +321,13 @@ def test_a_huge_seq_is_compared_in_bounded_time(tmp_path, monkeypatch, big_seq) 
     files = _files(tmp_path, monkeypatch, two, two)
     # The default provider's resource keeps the rank of the first window in this process: name each file's own.
     for rank, path in enumerate(map(Path, files)):
-        path.write_text(re.sub(r'("hp.rank", "value": \{"intValue": )"\d+"', rf'\1"{rank}"', path.read_text()))
+        path.write_text(re.sub(r'("hp_otel.rank", "value": \{"intValue": )"\d+"', rf'\1"{rank}"', path.read_text()))
     rank0 = Path(files[0])
-    second = '"hp.collective.seq", "value": {"intValue": "1"}'
+    second = '"hp_otel.collective.seq", "value": {"intValue": "1"}'
     assert second in rank0.read_text()
-    rank0.write_text(rank0.read_text().replace(second, f'"hp.collective.seq", "value": {{"intValue": "{big_seq}"}}'))
+    rank0.write_text(
+        rank0.read_text().replace(second, f'"hp_otel.collective.seq", "value": {{"intValue": "{big_seq}"}}')
+    )
     command = [sys.executable, "-m", "hp_otel.cli", "ranks", *files]
     started = time.monotonic()
     try:

@@ -74,7 +74,7 @@ def test_a_skipped_collective_leaves_watchdog_files_that_name_the_missing_rank(t
     assert [name for name, _ in _referee(tmp_path, 1)] == ["c10d.allreduce_"] * 2 + ["c10d.barrier"]
     for rank in range(WORLD_SIZE):  # written by the watchdog: the in-flight collective is in the file
         text = (tmp_path / f"spans_rank{rank}.json").read_text()
-        assert "hp.collective.in_flight" in text and "hp.watchdog.dump" in text
+        assert "hp_otel.collective.in_flight" in text and "hp_otel.watchdog.dump" in text
         print((tmp_path / f"watchdog_log_rank{rank}.txt").read_text())
     result = _ranks_cli(tmp_path)
     print(result.stdout)

@@ -83,17 +83,17 @@ def _set(key: str, value):  # type: ignore[no-untyped-def]
 
 DAMAGES = {
     "a span that is not an object": lambda p: _span(p).append(7),
-    "a stringValue that is no string": _set("hp.collective.op", {"stringValue": 5}),
-    "a seq beyond int64": _set("hp.collective.seq", {"intValue": str(2**63)}),
-    "a seq as an integral float": _set("hp.collective.seq", {"intValue": 1.0}),
-    "a seq with a fraction": _set("hp.collective.seq", {"intValue": 1.5}),
-    "a seq as text with spaces": _set("hp.collective.seq", {"intValue": " 2 "}),
+    "a stringValue that is no string": _set("hp_otel.collective.op", {"stringValue": 5}),
+    "a seq beyond int64": _set("hp_otel.collective.seq", {"intValue": str(2**63)}),
+    "a seq as an integral float": _set("hp_otel.collective.seq", {"intValue": 1.0}),
+    "a seq with a fraction": _set("hp_otel.collective.seq", {"intValue": 1.5}),
+    "a seq as text with spaces": _set("hp_otel.collective.seq", {"intValue": " 2 "}),
     "a group rank that is text": _set("hp.collective.group_ranks", {"arrayValue": {"values": [{"stringValue": "0"}]}}),
-    "a shape of a bool": _set("hp.collective.input_shape", {"arrayValue": {"values": [{"intValue": True}]}}),
-    "a value that is not an object": _set("hp.collective.dtype", "torch.float32"),
-    "a null stringValue": _set("hp.collective.op", {"stringValue": None}),
-    "a double value as text": _set("hp.collective.busbw", {"doubleValue": "1e9"}),
-    "a kvlist value": _set("hp.collective.module", {"kvlistValue": {"values": []}}),
+    "a shape of a bool": _set("hp_otel.collective.input.shape", {"arrayValue": {"values": [{"intValue": True}]}}),
+    "a value that is not an object": _set("hp_otel.collective.dtype", "torch.float32"),
+    "a null stringValue": _set("hp_otel.collective.op", {"stringValue": None}),
+    "a double value as text": _set("hp_otel.collective.busbw", {"doubleValue": "1e9"}),
+    "a kvlist value": _set("hp_otel.collective.module", {"kvlistValue": {"values": []}}),
     "null scope spans": lambda p: p["resourceSpans"][0].update(scopeSpans=None),
     "a null resource entry": lambda p: p["resourceSpans"].append(None),
     "no resourceSpans": lambda p: p.pop("resourceSpans"),
@@ -103,7 +103,7 @@ DAMAGES = {
     "also a Flight Recorder dump's keys": lambda p: p.update(entries=[], pg_config={}),
     "also a collectives file's format": lambda p: p.update(format="hp_otel.collectives"),
     "a second resource of another rank": lambda p: p["resourceSpans"].append(
-        {"resource": {"attributes": [{"key": "hp.rank", "value": {"intValue": "4"}}]}, "scopeSpans": []}
+        {"resource": {"attributes": [{"key": "hp_otel.rank", "value": {"intValue": "4"}}]}, "scopeSpans": []}
     ),
 }
 

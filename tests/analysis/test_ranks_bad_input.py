@@ -25,25 +25,25 @@ GROUP = "beb59cb2f846"
 
 def _collectives(rank: int, world_size: int | None = 2, members: Any = "0-1", calls: int = 2) -> dict[str, Any]:
     """A collectives file as `CommDebugMode.write_collectives` writes one: `calls` all_reduces on one group."""
-    resource: dict[str, Any] = {"hp.rank": rank}
+    resource: dict[str, Any] = {"hp_otel.rank": rank}
     if world_size is not None:
-        resource["hp.world_size"] = world_size
+        resource["hp_otel.world.size"] = world_size
     kind = {
-        "hp.call.kind": "collective",
-        "hp.collective.name": "_c10d_functional.all_reduce",
-        "hp.collective.op": "all_reduce",
-        "hp.collective.group_id": GROUP,
-        "hp.collective.group_size": world_size or 2,
-        "hp.collective.input_shape": [4, 16],
-        "hp.collective.output_shape": [4, 16],
-        "hp.collective.dtype": "torch.float32",
-        "hp.collective.bytes": 256,
-        "hp.collective.reduce_op": "sum",
-        "hp.collective.async": False,
-        "hp.collective.completion": "call",
-        "hp.collective.window": "window 0",
-        "hp.collective.module": "layers.0",
-        "hp.phase": "forward",
+        "hp_otel.call.kind": "collective",
+        "hp_otel.collective.name": "_c10d_functional.all_reduce",
+        "hp_otel.collective.op": "all_reduce",
+        "hp_otel.collective.group.id": GROUP,
+        "hp_otel.collective.group.size": world_size or 2,
+        "hp_otel.collective.input.shape": [4, 16],
+        "hp_otel.collective.output.shape": [4, 16],
+        "hp_otel.collective.dtype": "torch.float32",
+        "hp_otel.collective.input.size": 256,
+        "hp_otel.collective.reduce.op": "sum",
+        "hp_otel.collective.async": False,
+        "hp_otel.collective.completion": "call",
+        "hp_otel.collective.window": "window 0",
+        "hp_otel.collective.module": "layers.0",
+        "hp_otel.phase": "forward",
     }
     return {
         "format": "hp_otel.collectives",
@@ -57,7 +57,7 @@ def _collectives(rank: int, world_size: int | None = 2, members: Any = "0-1", ca
                 "all_reduce",
                 1_700_000_000_000_000_000 + seq * 1000,
                 1_700_000_000_000_000_500 + seq * 1000,
-                {"hp.collective.seq": seq},
+                {"hp_otel.collective.seq": seq},
             ]
             for seq in range(calls)
         ],
@@ -81,9 +81,9 @@ def test_the_fixture_is_a_file_ranks_compares(tmp_path: Path, capsys: pytest.Cap
 @pytest.mark.parametrize(
     ("rank", "world_size", "field", "allowed"),
     [
-        (7, 2, "hp.rank 7 is not below its hp.world_size 2", "0-1"),
-        (-1, 2, "hp.rank is -1", "0 or more"),
-        (0, 0, "hp.world_size is 0", "1 or more"),
+        (7, 2, "hp_otel.rank 7 is not below its hp_otel.world.size 2", "0-1"),
+        (-1, 2, "hp_otel.rank is -1", "0 or more"),
+        (0, 0, "hp_otel.world.size is 0", "1 or more"),
     ],
 )
 def test_a_rank_outside_its_world_is_one_line_and_exit_2(

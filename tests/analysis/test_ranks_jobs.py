@@ -30,7 +30,7 @@ def rank_files(folder: Path, ranks: int) -> list[str]:
     template.unlink()
     paths = []
     for rank in range(ranks):
-        payload["resource"]["hp.rank"] = rank
+        payload["resource"]["hp_otel.rank"] = rank
         path = folder / f"collectives_rank{rank}.json"
         path.write_text(json.dumps(payload))
         paths.append(str(path))

@@ -112,7 +112,7 @@ def _copy_as_rank(source: str, rank: int, dest: Path) -> None:
     payload = json.loads(Path(source).read_text())
     for entry in payload["resourceSpans"]:
         for kv in entry["resource"]["attributes"]:
-            if kv["key"] == "hp.rank":
+            if kv["key"] == "hp_otel.rank":
                 kv["value"] = {"intValue": str(rank)}
     dest.parent.mkdir(exist_ok=True)
     dest.write_text(json.dumps(payload))

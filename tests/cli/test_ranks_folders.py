@@ -39,8 +39,8 @@ def _collectives(folder: Path, ranks: range, mode: CommDebugMode) -> list[str]:
     template.unlink()
     paths = []
     for rank in ranks:
-        payload["resource"]["hp.rank"] = rank
-        payload["resource"]["hp.world_size"] = RANKS
+        payload["resource"]["hp_otel.rank"] = rank
+        payload["resource"]["hp_otel.world.size"] = RANKS
         path = folder / RING_NAME.format(rank=rank)
         path.write_text(json.dumps(payload))
         paths.append(str(path))

@@ -124,10 +124,10 @@ def test_the_fsdp2_counts_and_param_modules_equal_the_referee_and_fsdp_labels(fa
         mode, referee = _counted(model, lambda: model(torch.randn(8, 16)).sum().backward())
     assert mode.get_comm_counts() == dict(referee.counts)
     spans = sorted(
-        (s for s in mode.get_finished_spans() if s.attributes["hp.call.kind"] == "collective"),
+        (s for s in mode.get_finished_spans() if s.attributes["hp_otel.call.kind"] == "collective"),
         key=lambda s: s.start_time,
     )
-    ours = [(s.attributes["hp.collective.name"], s.attributes["hp.collective.param_module"]) for s in spans]
+    ours = [(s.attributes["hp_otel.collective.name"], s.attributes["hp_otel.collective.param.module"]) for s in spans]
     assert ours == fsdp_collectives_from_profile(prof)  # FSDP's own profiler labels name the same modules
 
 
@@ -146,7 +146,7 @@ class _OtlpReceiver:
                 if self.path == "/v1/traces":
                     for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans:
                         resource = {a.key: a.value for a in resource_spans.resource.attributes}
-                        rank = resource["hp.rank"].int_value
+                        rank = resource["hp_otel.rank"].int_value
                         for scope in resource_spans.scope_spans:
                             with lock:
                                 spans.extend(
@@ -198,7 +198,7 @@ def test_the_torchrun_otlp_example_sends_one_trace_per_step_from_every_rank(tmp_
 
 def _step(span: dict) -> int | None:
     for attribute in span["attrs"]:
-        if attribute.key == "hp.step":
+        if attribute.key == "hp_otel.step":
             return attribute.value.int_value
     return None
 

@@ -55,7 +55,9 @@ def test_rules_use_only_names_hp_otel_exports(fake_world) -> None:
     from hp_otel.export.providers import build_resource
 
     reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0, "hp.run.id": "run-1"}))
+    provider = MeterProvider(
+        metric_readers=[reader], resource=build_resource({"hp_otel.rank": 0, "hp_otel.run.id": "run-1"})
+    )
     try:
         import torch
 
@@ -78,13 +80,13 @@ def test_rules_use_only_names_hp_otel_exports(fake_world) -> None:
         exported.add(metric.split()[0])
         exported.update(re.findall(r'(\w+)="', rest))
     rules = (ALERTS / "hp_otel_rules.yml").read_text()
-    used = set(re.findall(r"\bhp_collective_\w+|\bhp_rank\b|\bhp_run_id\b|\btarget_info\b", rules))
+    used = set(re.findall(r"\bhp_otel_collective_\w+|\bhp_otel_rank\b|\bhp_otel_run_id\b|\btarget_info\b", rules))
     assert {
-        "hp_collective_since_last_completion_seconds",
-        "hp_collective_oldest_in_flight_age_seconds",
-        "hp_collective_busbw_bytes_per_second_sum",
-        "hp_collective_exposed_seconds_total",
+        "hp_otel_collective_since_last_completion_seconds",
+        "hp_otel_collective_oldest_in_flight_age_seconds",
+        "hp_otel_collective_busbw_bytes_per_second_sum",
+        "hp_otel_collective_time_seconds_total",
     } <= used
     assert used - exported == set()
     test_series = (ALERTS / "hp_otel_rules_test.yml").read_text()
-    assert set(re.findall(r"\bhp_collective_\w+_seconds\b", test_series)) <= exported
+    assert set(re.findall(r"\bhp_otel_collective_\w+_seconds\b", test_series)) <= exported

@@ -98,9 +98,9 @@ def test_resource_from_torchrun_and_mindspore_environments(monkeypatch) -> None:
     monkeypatch.setenv("MS_NODE_ID", "1")
     monkeypatch.setenv("MS_WORKER_NUM", "2")
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
-    attrs = build_resource({"hp.run.id": "r9"}).attributes
+    attrs = build_resource({"hp_otel.run.id": "r9"}).attributes
     assert attrs[schema.RESOURCE_RANK] == 1 and attrs[schema.RESOURCE_WORLD_SIZE] == 2
-    assert attrs["hp.run.id"] == "r9" and attrs["deployment.environment"] == "test"
+    assert attrs["hp_otel.run.id"] == "r9" and attrs["deployment.environment"] == "test"
     assert attrs["service.name"] == "hp_otel" and "host.name" in attrs and "process.pid" in attrs
     monkeypatch.setenv("OTEL_SERVICE_NAME", "trainer")
     assert build_resource().attributes["service.name"] == "trainer"

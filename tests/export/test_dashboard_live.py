@@ -47,14 +47,14 @@ def prometheus(tmp_path_factory):
         "--linger", "60", "--step-pause", "0.3",
     )  # fmt: skip
     expected = {"0": float(STEPS * CALLS_PER_STEP), "1": float(STEPS * CALLS_PER_STEP)}
-    by_rank = "sum by (hp_rank) ({} * on (job, instance) group_left (hp_rank) target_info)"
+    by_rank = "sum by (hp_otel_rank) ({} * on (job, instance) group_left (hp_otel_rank) target_info)"
 
     def complete() -> bool:
         if child.poll() is not None:
             raise AssertionError(f"the demo exited early: {child.communicate()[1][-3000:]}")
-        for metric in ("hp_collective_calls_total", "hp_collective_duration_seconds_count"):
+        for metric in ("hp_otel_collective_calls_total", "hp_otel_collective_duration_seconds_count"):
             result = servers.prometheus_query(url, by_rank.format(metric))
-            if {r["metric"].get("hp_rank"): float(r["value"][1]) for r in result} != expected:
+            if {r["metric"].get("hp_otel_rank"): float(r["value"][1]) for r in result} != expected:
                 return False
         return True
 
@@ -73,8 +73,8 @@ def test_every_panel_returns_data_from_the_live_run(prometheus, panel) -> None:
     assert result, f"{panel['title']}: no series"
     values = [float(r["value"][1]) for r in result]
     assert all(math.isfinite(v) for v in values), (panel["title"], result)
-    if "hp_rank" in target["expr"].partition("(")[2].partition(")")[0]:  # split by rank
-        assert sorted(r["metric"]["hp_rank"] for r in result) == ["0", "1"], result
+    if "hp_otel_rank" in target["expr"].partition("(")[2].partition(")")[0]:  # split by rank
+        assert sorted(r["metric"]["hp_otel_rank"] for r in result) == ["0", "1"], result
     title = panel["title"]
     if "busbw" in title or "Exposed communication time" in title:
         assert all(v > 0 for v in values), (title, values)
@@ -87,11 +87,10 @@ def test_every_panel_returns_data_from_the_live_run(prometheus, panel) -> None:
 def test_the_dashboard_shows_what_we_measure() -> None:
     exprs = " ".join(t["expr"] for p in _panels() for t in p["targets"])
     for metric in (
-        "hp_collective_busbw_bytes_per_second_sum",
-        "hp_collective_exposed_seconds_total",
-        "hp_collective_time_seconds_total",
-        "hp_collective_in_flight_count",
-        "hp_collective_oldest_in_flight_age_seconds",
+        "hp_otel_collective_busbw_bytes_per_second_sum",
+        "hp_otel_collective_time_seconds_total",
+        "hp_otel_collective_in_flight_count",
+        "hp_otel_collective_oldest_in_flight_age_seconds",
     ):
         assert metric in exprs, metric
 
@@ -102,10 +101,10 @@ def test_every_recording_rule_returns_data_from_the_live_run(prometheus) -> None
     assert records
     for rule in records:
         result = servers.prometheus_query(prometheus, rule["expr"])
-        assert sorted(r["metric"]["hp_rank"] for r in result) == ["0", "1"], (rule["record"], result)
+        assert sorted(r["metric"]["hp_otel_rank"] for r in result) == ["0", "1"], (rule["record"], result)
 
 
 def test_the_series_name_the_backend_the_run_initialised(prometheus) -> None:
     """The demo's ranks call init_process_group("gloo"): every collective series says so."""
-    series = servers.prometheus_query(prometheus, "hp_collective_calls_total")
-    assert series and {s["metric"].get("hp_collective_backend") for s in series} == {"gloo"}
+    series = servers.prometheus_query(prometheus, "hp_otel_collective_calls_total")
+    assert series and {s["metric"].get("hp_otel_collective_system_name") for s in series} == {"gloo"}

@@ -74,7 +74,7 @@ def expositions(fake_world) -> dict[int, list[list[tuple[str, dict[str, str], fl
     out: dict[int, list] = {}
     for rank in (0, 1):
         resource = build_resource(
-            {"hp.rank": rank, "hp.local_rank": rank, "hp.world_size": 2, "hp.run.id": RUN_ID,
+            {"hp_otel.rank": rank, "hp_otel.local_rank": rank, "hp_otel.world.size": 2, "hp_otel.run.id": RUN_ID,
              "service.instance.id": f"instance-{rank}", "service.name": SERVICE}
         )  # fmt: skip
         reader = PrometheusMetricReader()
@@ -162,35 +162,35 @@ def expected(expositions) -> dict[str, list[dict[str, object]]]:
     """The referee: what each panel must show at the second scrape (rates between the two scrapes)."""
     per_step_calls = CALLS_PER_STEP  # from the step itself: fc2's forward all_reduce and fc1's backward one
     rate_calls = per_step_calls / SECONDS
-    sums = {r: _summed_rates(expositions, r, "hp_collective_duration_seconds_sum") for r in (0, 1)}
+    sums = {r: _summed_rates(expositions, r, "hp_otel_collective_duration_seconds_sum") for r in (0, 1)}
     bounds = sorted(
-        {labels["le"] for n, labels, _ in expositions[0][0] if n == "hp_collective_duration_seconds_bucket"},
+        {labels["le"] for n, labels, _ in expositions[0][0] if n == "hp_otel_collective_duration_seconds_bucket"},
         key=float,
     )
-    bucket = "hp_collective_duration_seconds_bucket"
+    bucket = "hp_otel_collective_duration_seconds_bucket"
     buckets = [
         (float(le), sum(_total(expositions, r, 1, bucket, le=le) - _total(expositions, r, 0, bucket, le=le)
                         for r in (0, 1)) / SECONDS)
         for le in bounds
     ]  # fmt: skip
-    op = {"hp_collective_op": "all_reduce"}
+    op = {"hp_otel_collective_op": "all_reduce"}
     return {
         "Collective calls/s by rank and op": [
-            {"labels": {"hp_rank": str(r), **op}, "value": rate_calls} for r in (0, 1)
+            {"labels": {"hp_otel_rank": str(r), **op}, "value": rate_calls} for r in (0, 1)
         ],
         "Collective bytes/s by rank and op": [
-            {"labels": {"hp_rank": str(r), **op}, "value": rate_calls * BYTES_PER_CALL} for r in (0, 1)
+            {"labels": {"hp_otel_rank": str(r), **op}, "value": rate_calls * BYTES_PER_CALL} for r in (0, 1)
         ],
         "Collective duration p95 by op and group size": [
-            {"labels": {**op, "hp_collective_group_size": "2"}, "value": _quantile(0.95, buckets)}
+            {"labels": {**op, "hp_otel_collective_group_size": "2"}, "value": _quantile(0.95, buckets)}
         ],
-        "Collective time/s by rank": [{"labels": {"hp_rank": str(r)}, "value": sums[r]} for r in (0, 1)],
+        "Collective time/s by rank": [{"labels": {"hp_otel_rank": str(r)}, "value": sums[r]} for r in (0, 1)],
         "Collective calls by module and phase (total)": [
-            {"labels": {"hp_module_fqn": fqn, "hp_phase": phase, **op}, "value": 2.0 * 2}  # 2 ranks x 2 steps
+            {"labels": {"hp_otel_module_fqn": fqn, "hp_otel_phase": phase, **op}, "value": 2.0 * 2}  # 2 ranks x 2 steps
             for fqn, phase in (("fc2", "forward"), ("fc1", "backward"))
         ],
         "Collective bytes by group size (total)": [
-            {"labels": {"hp_collective_group_size": "2", **op}, "value": 2.0 * 2 * CALLS_PER_STEP * BYTES_PER_CALL}
+            {"labels": {"hp_otel_collective_group_size": "2", **op}, "value": 2.0 * 2 * CALLS_PER_STEP * BYTES_PER_CALL}
         ],
     }
 
@@ -245,19 +245,20 @@ def test_the_oldest_in_flight_panel_shows_the_age_where_one_is_in_flight_and_0_e
     (expr,) = [e for title, e in dashboard_queries().items() if "Oldest in-flight" in title]
     base = 'job="hp_otel_ranks", instance="10.0.0.{}:9464"'
     series = [
-        {"series": f'target_info{{{base.format(1)}, hp_rank="0", hp_run_id="{RUN_ID}"}}', "values": "1 1"},
-        {"series": f'target_info{{{base.format(2)}, hp_rank="1", hp_run_id="{RUN_ID}"}}', "values": "1 1"},
-        {"series": f"hp_collective_in_flight_count{{{base.format(1)}}}", "values": "0 0"},
-        {"series": f"hp_collective_in_flight_count{{{base.format(2)}}}", "values": "1 1"},
+        {"series": f'target_info{{{base.format(1)}, hp_otel_rank="0", hp_otel_run_id="{RUN_ID}"}}', "values": "1 1"},
+        {"series": f'target_info{{{base.format(2)}, hp_otel_rank="1", hp_otel_run_id="{RUN_ID}"}}', "values": "1 1"},
+        {"series": f"hp_otel_collective_in_flight_count{{{base.format(1)}}}", "values": "0 0"},
+        {"series": f"hp_otel_collective_in_flight_count{{{base.format(2)}}}", "values": "1 1"},
         {
-            "series": f'hp_collective_oldest_in_flight_age_seconds{{{base.format(2)}, hp_collective_op="all_reduce"}}',
+            "series": f"hp_otel_collective_oldest_in_flight_age_seconds{{{base.format(2)}, "
+            'hp_otel_collective_op="all_reduce"}',
             "values": "10 42",
         },
     ]
     test = {
         "expr": expr,
         "eval_time": SCRAPE,
-        "exp_samples": [{"labels": '{hp_rank="0"}', "value": 0}, {"labels": '{hp_rank="1"}', "value": 42}],
+        "exp_samples": [{"labels": '{hp_otel_rank="0"}', "value": 0}, {"labels": '{hp_otel_rank="1"}', "value": 42}],
     }
     result = _run_promtool(tmp_path, "oldest", series, [test])
     assert result.returncode == 0, result.stdout + result.stderr

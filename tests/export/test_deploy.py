@@ -80,7 +80,9 @@ def _exported_names(tp_step: bool = False) -> set[str]:
     from hp_otel.export.providers import build_resource
 
     reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader], resource=build_resource({"hp.rank": 0, "hp.run.id": "run-1"}))
+    provider = MeterProvider(
+        metric_readers=[reader], resource=build_resource({"hp_otel.rank": 0, "hp_otel.run.id": "run-1"})
+    )
     try:
         with CommDebugMode(meter_provider=provider) as mode:
             design_mlp_forward(mode.observer)
@@ -113,11 +115,15 @@ def test_dashboard_queries_use_only_names_hp_otel_exports(fake_world) -> None:
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     assert len(exprs) >= 12
     exported = _exported_names(tp_step=True)
-    for required in ("hp_collective_calls_total", "hp_collective_bytes_total", "hp_collective_duration_seconds_bucket"):
+    for required in (
+        "hp_otel_collective_calls_total",
+        "hp_otel_collective_input_size_bytes_total",
+        "hp_otel_collective_duration_seconds_bucket",
+    ):
         assert required in exported
     used = {name for expr in exprs for name in re.findall(r"\bhp_\w+", expr)}
     assert used - exported == set()
-    for split in ("hp_rank", "hp_collective_op", "hp_collective_group_size", "hp_module_fqn"):
+    for split in ("hp_otel_rank", "hp_otel_collective_op", "hp_otel_collective_group_size", "hp_otel_module_fqn"):
         assert split in used  # the dashboard splits by rank, op, group size and module
     sources = {d["uid"] for d in _yaml(DEPLOY / "grafana/provisioning/datasources/datasources.yaml")[0]["datasources"]}
     assert {"prometheus", "tempo", "jaeger"} <= sources

@@ -6,7 +6,7 @@ in that experiment; the `x-mlflow-run-id` header links the traces to the trainin
 MLflow run (`search_traces(run_id=...)`, the run page's traces) and a run that sent no
 such header stays unlinked; each trace is the whole step across ranks, its tree (one
 `step N` root, a `rank R` per rank, each collective's parent chain) and its
-`hp.collective.*` attributes (int arrays too) intact. The expected span counts come from
+`hp_otel.collective.*` attributes (int arrays too) intact. The expected span counts come from
 each rank's own spans file, not from MLflow.
 """
 
@@ -138,9 +138,9 @@ def stored(mlflow_server, runs) -> dict[str, Any]:
     """What MLflow returns once every step's trace holds all its spans (both ranks' exports have landed)."""
     url, experiment, run_id, workdir = mlflow_server
     expected = {}
-    for hp_run_id, steps, per_rank in runs.values():
+    for hp_otel_run_id, steps, per_rank in runs.values():
         for step in range(steps):
-            expected[_mlflow_trace_id(step_ids(hp_run_id, step)[0])] = 1 + sum(per_rank.values())
+            expected[_mlflow_trace_id(step_ids(hp_otel_run_id, step)[0])] = 1 + sum(per_rank.values())
 
     def complete() -> dict[str, Any] | None:
         found = servers.mlflow_client(SEARCH_TRACES, url, experiment, run_id, workdir=workdir)
@@ -151,9 +151,9 @@ def stored(mlflow_server, runs) -> dict[str, Any]:
 
 
 def test_every_step_is_one_mlflow_trace_with_its_tree_and_collective_attributes(runs, stored) -> None:
-    hp_run_id, steps, per_rank = runs["linked"]
+    hp_otel_run_id, steps, per_rank = runs["linked"]
     for step in range(steps):
-        trace_id, root_id = step_ids(hp_run_id, step)
+        trace_id, root_id = step_ids(hp_otel_run_id, step)
         spans = stored["traces"][_mlflow_trace_id(trace_id)]
         assert len(spans) == 1 + sum(per_rank.values())
         by_id = {s["span_id"]: s for s in spans}
@@ -161,43 +161,53 @@ def test_every_step_is_one_mlflow_trace_with_its_tree_and_collective_attributes(
 
         roots = [s for s in spans if s["parent_id"] is None]
         assert [(r["name"], r["span_id"]) for r in roots] == [(f"step {step}", f"{root_id:016x}")]
-        assert roots[0]["attributes"]["hp.step"] == step and roots[0]["attributes"]["hp.run.id"] == hp_run_id
+        assert (
+            roots[0]["attributes"]["hp_otel.step"] == step
+            and roots[0]["attributes"]["hp_otel.run.id"] == hp_otel_run_id
+        )
 
         rank_steps = {
-            s["attributes"]["hp.rank"]: s for s in spans if s["name"] == f"rank {s['attributes'].get('hp.rank')}"
+            s["attributes"]["hp_otel.rank"]: s
+            for s in spans
+            if s["name"] == f"rank {s['attributes'].get('hp_otel.rank')}"
         }
         assert sorted(rank_steps) == [0, 1]
         assert {s["parent_id"] for s in rank_steps.values()} == {f"{root_id:016x}"}
 
         def rank_of(span: dict[str, Any], by_id: dict[str, Any] = by_id) -> int:
-            while span["name"] != f"rank {span['attributes'].get('hp.rank')}":
+            while span["name"] != f"rank {span['attributes'].get('hp_otel.rank')}":
                 span = by_id[span["parent_id"]]  # every parent link resolves inside the trace
-            return int(span["attributes"]["hp.rank"])
+            return int(span["attributes"]["hp_otel.rank"])
 
         assert Counter(rank_of(s) for s in spans if s["parent_id"] is not None) == per_rank
-        collectives = [s for s in spans if s["attributes"].get("hp.call.kind") == "collective"]
-        phases = Counter((rank_of(s), s["attributes"]["hp.phase"]) for s in collectives)
+        collectives = [s for s in spans if s["attributes"].get("hp_otel.call.kind") == "collective"]
+        phases = Counter((rank_of(s), s["attributes"]["hp_otel.phase"]) for s in collectives)
         assert phases == {(0, "forward"): 1, (0, "backward"): 1, (1, "forward"): 1, (1, "backward"): 1}
         for span in collectives:
             attrs = span["attributes"]
-            assert attrs["hp.collective.name"] == "_c10d_functional.all_reduce"
-            assert attrs["hp.collective.op"] == "all_reduce"
-            assert attrs["hp.collective.group_size"] == 2
-            assert attrs["hp.collective.bytes"] == 256
-            assert attrs["hp.collective.input_shape"] == [4, 16]
+            assert attrs["hp_otel.collective.name"] == "_c10d_functional.all_reduce"
+            assert attrs["hp_otel.collective.op"] == "all_reduce"
+            assert attrs["hp_otel.collective.group.size"] == 2
+            assert attrs["hp_otel.collective.input.size"] == 256
+            assert attrs["hp_otel.collective.input.shape"] == [4, 16]
             assert "hp.collective.group_ranks" not in attrs  # the members: once per group and window
-            assert attrs["hp.collective.window"] == f"step {step}"
+            assert attrs["hp_otel.collective.window"] == f"step {step}"
             assert by_id[span["parent_id"]]["name"] == "redistribute"
         # the same collective on both ranks carries the same match id: searchable in MLflow as in any backend
-        by_match = Counter(s["attributes"]["hp.collective.match.id"] for s in collectives)
+        by_match = Counter(s["attributes"]["hp_otel.collective.match.id"] for s in collectives)
         assert sorted(by_match.values()) == [2, 2]
         # rank 1's span of each collective links to rank 0's (the group's first member): the link opens it
         links = [(s, link) for s in collectives for link in s["links"]]
         assert sorted(rank_of(s) for s, _ in links) == [1, 1]
         for span, (trace, target) in links:
             assert trace == _mlflow_trace_id(trace_id) and rank_of(by_id[target]) == 0
-            assert by_id[target]["attributes"]["hp.collective.match.id"] == span["attributes"]["hp.collective.match.id"]
-        modules = {s["attributes"]["hp.module.fqn"] for s in spans if s["attributes"].get("hp.call.kind") == "module"}
+            assert (
+                by_id[target]["attributes"]["hp_otel.collective.match.id"]
+                == span["attributes"]["hp_otel.collective.match.id"]
+            )
+        modules = {
+            s["attributes"]["hp_otel.module.fqn"] for s in spans if s["attributes"].get("hp_otel.call.kind") == "module"
+        }
         assert modules == {"(root)", "fc1", "fc2"}
 
 
@@ -217,8 +227,8 @@ def test_the_docs_recipe_exports_a_training_step_with_the_variables_alone(runs, 
     assert len(spans) == 1 + per_rank[0]
     roots = [s for s in spans if s["parent_id"] is None]
     assert [(r["name"], r["span_id"]) for r in roots] == [("step 0", f"{root_id:016x}")]
-    collectives = [s for s in spans if s["attributes"].get("hp.call.kind") == "collective"]
-    assert Counter(s["attributes"]["hp.phase"] for s in collectives) == {"forward": 1, "backward": 1}
+    collectives = [s for s in spans if s["attributes"].get("hp_otel.call.kind") == "collective"]
+    assert Counter(s["attributes"]["hp_otel.phase"] for s in collectives) == {"forward": 1, "backward": 1}
 
 
 @pytest.mark.browser  # headless Chromium on MLflow's own UI

@@ -76,31 +76,35 @@ def test_every_rank_of_a_step_shares_one_trace_with_parents_and_attributes(phoen
 
         roots = [s for s in spans if s["parent_id"] is None]
         assert [(r["name"], r["context"]["span_id"]) for r in roots] == [(f"step {step}", f"{root_id:016x}")]
-        assert roots[0]["attributes"]["hp.step"] == step and roots[0]["attributes"]["hp.run.id"] == run_id
+        assert roots[0]["attributes"]["hp_otel.step"] == step and roots[0]["attributes"]["hp_otel.run.id"] == run_id
 
         rank_steps = {
-            s["attributes"]["hp.rank"]: s for s in spans if s["name"] == f"rank {s['attributes'].get('hp.rank')}"
+            s["attributes"]["hp_otel.rank"]: s
+            for s in spans
+            if s["name"] == f"rank {s['attributes'].get('hp_otel.rank')}"
         }
         assert sorted(rank_steps) == [0, 1]
         assert {s["parent_id"] for s in rank_steps.values()} == {f"{root_id:016x}"}
 
         def rank_of(span: dict[str, Any], by_id: dict[str, Any] = by_id) -> int:
-            while span["name"] != f"rank {span['attributes'].get('hp.rank')}":
+            while span["name"] != f"rank {span['attributes'].get('hp_otel.rank')}":
                 span = by_id[span["parent_id"]]  # every parent link resolves inside the trace
-            return int(span["attributes"]["hp.rank"])
+            return int(span["attributes"]["hp_otel.rank"])
 
-        collectives = [s for s in spans if s["attributes"].get("hp.call.kind") == "collective"]
+        collectives = [s for s in spans if s["attributes"].get("hp_otel.call.kind") == "collective"]
         assert Counter(rank_of(s) for s in collectives) == {0: 2, 1: 2}
         for span in collectives:
             attrs = span["attributes"]
-            assert attrs["hp.collective.name"] == "_c10d_functional.all_reduce"
-            assert attrs["hp.collective.op"] == "all_reduce"
-            assert attrs["hp.collective.group_size"] == 2
-            assert attrs["hp.collective.bytes"] == 256
-            assert list(attrs["hp.collective.input_shape"]) == [4, 16]
+            assert attrs["hp_otel.collective.name"] == "_c10d_functional.all_reduce"
+            assert attrs["hp_otel.collective.op"] == "all_reduce"
+            assert attrs["hp_otel.collective.group.size"] == 2
+            assert attrs["hp_otel.collective.input.size"] == 256
+            assert list(attrs["hp_otel.collective.input.shape"]) == [4, 16]
             assert by_id[span["parent_id"]]["name"] == "redistribute"
-        phases = Counter((rank_of(s), s["attributes"]["hp.phase"]) for s in collectives)
+        phases = Counter((rank_of(s), s["attributes"]["hp_otel.phase"]) for s in collectives)
         assert phases == {(0, "forward"): 1, (0, "backward"): 1, (1, "forward"): 1, (1, "backward"): 1}
-        modules = {s["attributes"]["hp.module.fqn"] for s in spans if s["attributes"].get("hp.call.kind") == "module"}
+        modules = {
+            s["attributes"]["hp_otel.module.fqn"] for s in spans if s["attributes"].get("hp_otel.call.kind") == "module"
+        }
         assert modules == {"(root)", "fc1", "fc2"}
         assert Counter(rank_of(s) for s in spans if s["parent_id"] is not None) == per_rank

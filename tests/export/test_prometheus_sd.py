@@ -66,15 +66,15 @@ def test_a_real_prometheus_finds_both_ranks_through_file_sd(tmp_path) -> None:
         servers.wait_for(both_ranks_up, 60, "Prometheus to scrape both ranks found through file_sd")
 
         def calls_by_rank() -> set[str] | None:  # the file's labels are on every series the rank serves
-            calls = servers.prometheus_query(url, "sum by (hp_target_rank) (hp_collective_calls_total)")
+            calls = servers.prometheus_query(url, "sum by (hp_target_rank) (hp_otel_collective_calls_total)")
             ranks = {r["metric"].get("hp_target_rank") for r in calls}
             return ranks if ranks == {"0", "1"} else None
 
         servers.wait_for(calls_by_rank, 60, "collective counts labelled with both ranks")
-        # the target's labels do not collide with the resource's: target_info keeps hp_rank as the rank
+        # the target's labels do not collide with the resource's: target_info keeps hp_otel_rank as the rank
         # said it, beside the target's own (before: renamed exported_hp_rank, exported_hp_run_id)
         infos = servers.prometheus_query(url, 'target_info{job="hp_otel"}')
-        assert {(r["metric"]["hp_rank"], r["metric"]["hp_target_rank"]) for r in infos} == {("0", "0"), ("1", "1")}
+        assert {(r["metric"]["hp_otel_rank"], r["metric"]["hp_target_rank"]) for r in infos} == {("0", "0"), ("1", "1")}
         assert not [name for r in infos for name in r["metric"] if name.startswith("exported_")], infos
         _, stderr = child.communicate(timeout=120)  # the demo ends by itself after lingering
         assert child.returncode == 0, stderr[-3000:]

@@ -15,7 +15,7 @@ from hp_otel.export.resource_detector import rank_attributes
 
 pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1 (tests/support/markers.py)
 
-RANK_KEYS = ("hp.rank", "hp.local_rank", "hp.world_size", "hp.run.id")
+RANK_KEYS = ("hp_otel.rank", "hp_otel.local_rank", "hp_otel.world.size", "hp_otel.run.id")
 
 # What each launcher puts in a worker's environment (rank 3 of 8, local rank 1), and what must come out.
 LAUNCHERS = {
@@ -108,11 +108,11 @@ def test_our_providers_use_the_detector_and_otel_resource_attributes_win(monkeyp
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("SLURM_PROCID", "6")
     monkeypatch.setenv("SLURM_JOB_ID", "77")
-    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "hp.world_size=99,service.name=trainer")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "hp_otel.world.size=99,service.name=trainer")
     attrs = build_resource().attributes
-    assert (attrs["hp.rank"], attrs["hp.run.id"]) == (6, "slurm-77")
-    assert (attrs["hp.world_size"], attrs["service.name"]) == ("99", "trainer")  # the user's variable wins
-    assert build_resource({"hp.run.id": "explicit"}).attributes["hp.run.id"] == "explicit"
+    assert (attrs["hp_otel.rank"], attrs["hp_otel.run.id"]) == (6, "slurm-77")
+    assert (attrs["hp_otel.world.size"], attrs["service.name"]) == ("99", "trainer")  # the user's variable wins
+    assert build_resource({"hp_otel.run.id": "explicit"}).attributes["hp_otel.run.id"] == "explicit"
 
 
 _SDK_RESOURCE = """
@@ -139,5 +139,10 @@ def test_the_sdk_finds_the_detector_by_its_entry_point_for_a_users_own_provider(
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     for where in ("create", "provider"):
         on = results["on"][where]
-        assert (on["hp.rank"], on["hp.local_rank"], on["hp.world_size"], on["hp.run.id"]) == (5, 1, 8, "slurm-31")
+        assert (on["hp_otel.rank"], on["hp_otel.local_rank"], on["hp_otel.world.size"], on["hp_otel.run.id"]) == (
+            5,
+            1,
+            8,
+            "slurm-31",
+        )
         assert not set(RANK_KEYS) & set(results["off"][where])  # the control: without it, no ranks

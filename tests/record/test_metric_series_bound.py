@@ -91,7 +91,7 @@ def _exposition(model, depth: object) -> list[tuple[str, dict[str, str]]]:  # ty
 
 
 def _modules(samples: list[tuple[str, dict[str, str]]]) -> set[str]:
-    return {labels["hp_module_fqn"] for _, labels in samples if "hp_module_fqn" in labels}
+    return {labels["hp_otel_module_fqn"] for _, labels in samples if "hp_otel_module_fqn" in labels}
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,7 @@ def test_a_collective_that_does_not_return_is_written_from_the_watchdog_thread(t
     assert spans[1].start_time == issued_at and spans[1].attributes[schema.COLLECTIVE_MODULE] == "layers.1"
     assert schema.COLLECTIVE_IN_FLIGHT not in spans[0].attributes
     raw = json.loads(written.read_text())
-    assert "hp.watchdog.dump" in json.dumps(raw)
+    assert "hp_otel.watchdog.dump" in json.dumps(raw)
     # the real span, once it returned, says the watchdog wrote a file while it waited
     (done,) = [s for s in mode.get_finished_spans() if s.attributes.get(schema.COLLECTIVE_SEQ) == 1]
     (event,) = done.events

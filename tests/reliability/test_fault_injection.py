@@ -2,7 +2,7 @@
 
 For each point the step's loss and gradients are bit-identical to an untraced run, an
 exception of the user's own code (forward or backward) propagates unchanged, the fault
-is counted (`get_callback_error_counts()` and the `hp.callback.errors` metric) and logged
+is counted (`get_callback_error_counts()` and the `hp_otel.callback.errors` metric) and logged
 once per kind, and everything patched is restored exactly.  Runs in one process over
 torch's fake process group.
 """

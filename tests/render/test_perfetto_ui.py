@@ -7,7 +7,7 @@ events that overlap partially on one track, an end without a begin), and its `sl
 gloo demo alone, both ranks in one trace, three ranks (a recorded window shifted per
 rank: a chain of flows), and a traced step merged into its torch.profiler trace
 (`--merge`). The flows are checked against the spans files themselves: one per pair of
-ranks that ran the same collective (`hp.collective.match.id`), from the rank that started
+ranks that ran the same collective (`hp_otel.collective.match.id`), from the rank that started
 it first. A broken trace, last, shows the same check fails.
 """
 
@@ -38,8 +38,8 @@ from flow f
 join slice o on f.slice_out = o.id join slice i on f.slice_in = i.id
 join thread_track ot on o.track_id = ot.id join thread oth on ot.utid = oth.utid join process op on oth.upid = op.upid
 join thread_track it on i.track_id = it.id join thread ith on it.utid = ith.utid join process ip on ith.upid = ip.upid
-left join args oa on oa.arg_set_id = o.arg_set_id and oa.key = 'args.hp.collective.match.id'
-left join args ia on ia.arg_set_id = i.arg_set_id and ia.key = 'args.hp.collective.match.id'
+left join args oa on oa.arg_set_id = o.arg_set_id and oa.key = 'args.hp_otel.collective.match.id'
+left join args ia on ia.arg_set_id = i.arg_set_id and ia.key = 'args.hp_otel.collective.match.id'
 where o.category like 'hp_otel.%' or i.category like 'hp_otel.%'
 """
 
@@ -90,7 +90,7 @@ def _shifted(span: ReadableSpan, rank: int, shift_ns: int) -> ReadableSpan:
         name=span.name,
         context=span.context,
         parent=span.parent,
-        resource=Resource({"hp.rank": rank}),
+        resource=Resource({"hp_otel.rank": rank}),
         attributes=dict(span.attributes or {}),
         start_time=(span.start_time or 0) + shift_ns,
         end_time=(span.end_time or 0) + shift_ns,

@@ -29,7 +29,7 @@ def _as_rank(spans, rank: int, shift_ns: int) -> list[ReadableSpan]:
             name=span.name,
             context=span.context,
             parent=span.parent,
-            resource=Resource({"hp.rank": rank}),
+            resource=Resource({"hp_otel.rank": rank}),
             attributes=dict(span.attributes),
             start_time=span.start_time + shift_ns,
             end_time=span.end_time + shift_ns,

@@ -196,7 +196,7 @@ def test_the_table_shows_busbw_when_the_spans_carry_it(mesh_2d) -> None:
                 context=sp.context,
                 parent=sp.parent,
                 resource=sp.resource,
-                attributes={**sp.attributes, "hp.collective.busbw": 1.5e9}
+                attributes={**sp.attributes, "hp_otel.collective.busbw": 1.5e9}
                 if sp.attributes.get(schema.CALL_KIND) == schema.KIND_COLLECTIVE
                 else dict(sp.attributes),
                 start_time=sp.start_time,

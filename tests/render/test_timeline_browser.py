@@ -42,7 +42,7 @@ def _as_rank(spans, rank: int, shift_ns: int) -> list[ReadableSpan]:  # type: ig
             name=sp.name,
             context=sp.context,
             parent=sp.parent,
-            resource=Resource({"hp.rank": rank}),
+            resource=Resource({"hp_otel.rank": rank}),
             attributes=dict(sp.attributes),
             start_time=sp.start_time + shift_ns,
             end_time=sp.end_time + shift_ns,

@@ -109,11 +109,11 @@ def test_duplicate_span_ids_keep_every_span_and_say_so(tmp_path: Path, good: dic
 def test_a_wrong_attribute_type_gets_one_line_naming_it(tmp_path: Path, good: dict, capsys) -> None:
     span = _collective(good)
     for attribute in span["attributes"]:
-        if attribute["key"] == "hp.collective.group_size":
+        if attribute["key"] == "hp_otel.collective.group.size":
             attribute["value"] = {"arrayValue": {"values": [{"stringValue": "x"}]}}
     code, out, err = _render(capsys, _file(tmp_path, good, [span]))
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert "'hp.collective.group_size' = ('x',) has the wrong type" in err
+    assert "'hp_otel.collective.group.size' = ('x',) has the wrong type" in err
 
 
 def test_a_span_id_that_is_not_hex_gets_one_line(tmp_path: Path, good: dict, capsys) -> None:

@@ -47,7 +47,7 @@ def test_distinct_span_names_are_the_models_modules_and_do_not_grow_with_steps(f
     one_modules, one = _names(model, tokens, steps=1)
     three_modules, three = _names(model, tokens, steps=3)
     assert one == three  # steps add spans, never names
-    # every module once: its path; the root by its class (its path is "(root)", in hp.module.fqn)
+    # every module once: its path; the root by its class (its path is "(root)", in hp_otel.module.fqn)
     # (containers that are never called, `layers`: a ModuleList, have no span)
     containers = (torch.nn.ModuleList, torch.nn.ModuleDict)
     expected = {fqn for fqn, m in model.named_modules() if fqn and not isinstance(m, containers)}
@@ -59,7 +59,7 @@ def test_distinct_span_names_are_the_models_modules_and_do_not_grow_with_steps(f
 
 
 def test_the_path_is_also_an_attribute_and_the_class_groups_them(fake_world) -> None:
-    """For a backend query by class (all `Linear`s), `hp.module.type`; by path, `hp.module.fqn`."""
+    """For a backend query by class (all `Linear`s), `hp_otel.module.type`; by path, `hp_otel.module.fqn`."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     model, tokens = _model(2)

@@ -56,7 +56,7 @@ def main() -> None:
                 "pid": os.getpid(),
                 "steps": session.implicit_steps if session else 0,
                 "port": port,
-                "calls": [line for line in served.splitlines() if line.startswith("hp_collective_calls_total{")],
+                "calls": [line for line in served.splitlines() if line.startswith("hp_otel_collective_calls_total{")],
                 "spawned": {"pid": child_pid, "exitcode": child.exitcode},
             }
         )

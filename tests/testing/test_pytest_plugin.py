@@ -21,8 +21,8 @@ def test_counts_and_tree(comm_debug_mode, hp_span_exporter, hp_metric_reader):
         mode.observer.on_op_exit("linear", [])
     assert_collective_counts(hp_span_exporter, {"all_reduce": 1}, normalized=True)
     assert_span_tree(hp_span_exporter, "linear\\n  all_reduce")
-    assert [p.value for p in metric_points(hp_metric_reader, "hp.collective.calls")] == [1]
-    assert [p.value for p in metric_points(hp_metric_reader, "hp.collective.bytes")] == [64]
+    assert [p.value for p in metric_points(hp_metric_reader, "hp_otel.collective.calls")] == [1]
+    assert [p.value for p in metric_points(hp_metric_reader, "hp_otel.collective.input.size")] == [64]
     assert metric_points(hp_metric_reader, "no.such.metric") == []
 
 
@@ -55,4 +55,4 @@ def test_metric_points_names_a_wrong_reader() -> None:
     from hp_otel.testing import metric_points
 
     with pytest.raises(TypeError, match="reader must be an InMemoryMetricReader, got list"):
-        metric_points([], "hp.collective.calls")
+        metric_points([], "hp_otel.collective.calls")

@@ -148,25 +148,25 @@ def test_same_window_yields_otel_spans_and_metrics(mesh):
         step()
     spans = mode.get_finished_spans()
     by_id = {span.context.span_id: span for span in spans}
-    collectives = [span for span in spans if span.attributes.get("hp.call.kind") == "collective"]
+    collectives = [span for span in spans if span.attributes.get("hp_otel.call.kind") == "collective"]
     assert len(collectives) == mode.get_total_counts() == 2
 
     def module_ancestors(span: Any) -> list[str]:
         names = []
         while span.parent is not None and span.parent.span_id in by_id:
             span = by_id[span.parent.span_id]
-            if span.attributes.get("hp.call.kind") == "module":
-                names.append(f"{span.attributes['hp.module.fqn']}/{span.attributes['hp.phase']}")
+            if span.attributes.get("hp_otel.call.kind") == "module":
+                names.append(f"{span.attributes['hp_otel.module.fqn']}/{span.attributes['hp_otel.phase']}")
         return names
 
-    forward = next(s for s in collectives if s.attributes["hp.phase"] == "forward")
-    backward = next(s for s in collectives if s.attributes["hp.phase"] == "backward")
+    forward = next(s for s in collectives if s.attributes["hp_otel.phase"] == "forward")
+    backward = next(s for s in collectives if s.attributes["hp_otel.phase"] == "backward")
     assert module_ancestors(forward)[:2] == ["MLPModule.net2/forward", "MLPModule/forward"]
     assert "MLPModule.net1/backward" in module_ancestors(backward)
-    assert forward.attributes["hp.collective.bytes"] == 8 * 10 * 4
-    points = metric_points(mode.get_metric_reader(), "hp.collective.calls")
+    assert forward.attributes["hp_otel.collective.input.size"] == 8 * 10 * 4
+    points = metric_points(mode.get_metric_reader(), "hp_otel.collective.calls")
     assert sum(p.value for p in points) >= 2
-    assert {p.attributes["hp.module.fqn"] for p in points} >= {"MLPModule.net2", "MLPModule.net1"}
+    assert {p.attributes["hp_otel.module.fqn"] for p in points} >= {"MLPModule.net2", "MLPModule.net1"}
     assert_collective_counts(mode.otel, {"all_reduce": 2}, normalized=True)
     assert_span_tree(
         mode,

@@ -5,7 +5,7 @@ while the current one runs) and its reduce_scatters / HSDP all_reduces (post-bac
 also from the root's final callback) inside two methods of the module's parameter
 group.  Both are wrapped while a window is active: they name the group's module for the
 duration of the call, and the collective source attaches that name to every collective
-issued meanwhile (`hp.collective.param_module`).  The name is FSDP's own module fqn,
+issued meanwhile (`hp_otel.collective.param.module`).  The name is FSDP's own module fqn,
 relative to the module `fully_shard` was last applied to (the root, "(root)").
 
 FSDP1 (`FullyShardedDataParallel`) issues a flat parameter's all-gather in
@@ -98,7 +98,7 @@ def group_method_wrapper(
 ) -> Callable[..., Any]:
     """`original` (the group method `name` of a framework's parameter group, issuing its collectives)
     naming, while it runs, the group's module: `describe(group)` says (its name for
-    `hp.collective.param_module`, "" for none; the modules it was applied to).  Made once per
+    `hp_otel.collective.param.module`, "" for none; the modules it was applied to).  Made once per
     original; hyper-parallel's `fully_shard` uses it too (`hp_otel.sources.hyper_parallel_fsdp`)."""
     wrapper = _wrappers.get(original)
     if wrapper is None:

@@ -134,7 +134,7 @@ def test_backward_spans_follow_the_node_rule(fake_world, sequence_parallel) -> N
     for record in _walk_all(mode):
         if record.kind == "module" and record.phase == "backward":
             for child in _walk_direct_collectives(record):
-                assert child.attributes["hp.collective.module"] == record.fqn
+                assert child.attributes["hp_otel.collective.module"] == record.fqn
     counts = mode.get_comm_module_counts()
     for fqn in set(counts) | set(owners):
         assert owners.get(fqn, 0) == sum(counts.get(fqn, {}).get("backward", {}).values()), fqn
@@ -254,7 +254,9 @@ def test_activation_checkpointing_recompute_matches_referee(fake_world, request,
     assert without == plain.get_comm_module_counts()
     # Spans: the recompute is phase "recompute"; the table shows its modules from level 2 on.
     phases = {
-        s.attributes["hp.phase"] for s in mode.get_finished_spans() if s.attributes["hp.call.kind"] == "collective"
+        s.attributes["hp_otel.phase"]
+        for s in mode.get_finished_spans()
+        if s.attributes["hp_otel.call.kind"] == "collective"
     }
     assert phases == {"forward", "backward", "recompute"}
     assert "Module(layers.0) [recompute]" in mode.generate_comm_debug_tracing_table(noise_level=3)

@@ -1,4 +1,4 @@
-"""`hp.collective.backend`: the communication library a collective ran on, on its span and its metrics.
+"""`hp_otel.collective.system.name`: the communication library a collective ran on, on its span and its metrics.
 
 OTel's semantic conventions have no attribute for it (no collective-communication conventions
 exist; `db.system.name` / `rpc.system.name` are the pattern, with well-known lowercase values),

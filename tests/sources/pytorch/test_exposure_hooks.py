@@ -51,10 +51,15 @@ def test_functional_wait_is_timed_and_the_compute_before_it_overlaps(fake_world)
     assert t1 - t0 - 5_000_000 <= total.comm_ns <= t2 - t0  # its issue is stamped a little after t0
     assert total.exposed_ns == call_ns + waited_ns
     assert total.overlapped_ns >= 0.025e9 and total.overlap_fraction > 0.5
-    (comm,) = metric_points(reader, schema.METRIC_COMM_TIME)
-    (exposed,) = metric_points(reader, schema.METRIC_COMM_EXPOSED)
-    assert comm.value == total.comm_ns / 1e9 and exposed.value == total.exposed_ns / 1e9
-    assert dict(comm.attributes) == {schema.PHASE: schema.PHASE_FORWARD, schema.MODULE_FQN: ""}
+    points = {p.attributes[schema.COLLECTIVE_STATE]: p for p in metric_points(reader, schema.METRIC_COMM_TIME)}
+    exposed, overlapped = points[schema.STATE_EXPOSED], points[schema.STATE_OVERLAPPED]
+    assert exposed.value == total.exposed_ns / 1e9 and overlapped.value == total.overlapped_ns / 1e9
+    assert exposed.value + overlapped.value == pytest.approx(total.comm_ns / 1e9)
+    assert dict(exposed.attributes) == {
+        schema.PHASE: schema.PHASE_FORWARD,
+        schema.MODULE_FQN: "",
+        schema.COLLECTIVE_STATE: schema.STATE_EXPOSED,
+    }
     svg = render_svg({0: mode.get_finished_spans()})
     assert 'class="exposure" data-rank="0"' in svg and f'data-exposed-ns="{total.exposed_ns}"' in svg
     assert "Communication exposed" in exposure_html({0: mode.get_finished_spans()})

@@ -39,7 +39,7 @@ def _split(counts: dict, fsdp: bool) -> dict:
 def check_fsdp_module_counts(mode: CommDebugMode, referee: Referee, fsdp_referee: FsdpReferee, prof) -> None:
     """Issue 19 item 3: an FSDP collective counts for the module whose parameter group issued it and
     the calls enclosing it, both phases (the referee's own labels and hooks); the rest as before;
-    the counts are those of the span tree; who ran it is kept in hp.collective.issued_by."""
+    the counts are those of the span tree; who ran it is kept in hp_otel.collective.issued_by."""
     ours = mode.get_comm_module_counts()
     assert _split(ours, fsdp=True) == fsdp_referee.module_counts(prof)
     assert _split(ours, fsdp=False) == _split(referee.module_counts_dict(), fsdp=False)

@@ -95,9 +95,11 @@ def test_a_traced_window_hooks_every_module_unless_asked(llama) -> None:
         assert _hooked(model, before) == _names_within(model, 2)
         step()
     assert _hooks(model) == before  # all taken out again
-    spans = {s.attributes.get("hp.module.fqn") for s in blocks.get_finished_spans()} - {None}
+    spans = {s.attributes.get("hp_otel.module.fqn") for s in blocks.get_finished_spans()} - {None}
     assert spans == {"(root)", "tok_embeddings", "layers.0", "layers.1", "norm", "output"}
-    assert {s.attributes.get("hp.module.fqn") for s in full.get_finished_spans()} >= spans | {"layers.0.attention.wq"}
+    assert {s.attributes.get("hp_otel.module.fqn") for s in full.get_finished_spans()} >= spans | {
+        "layers.0.attention.wq"
+    }
     assert blocks.get_comm_counts() == full.get_comm_counts()
     # the full window's counts, cut at depth 2, are the block window's
     cut = {fqn: c for fqn, c in full.get_comm_module_counts().items() if fqn in _names_within(model, 2) | {"(outside)"}}

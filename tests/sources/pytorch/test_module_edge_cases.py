@@ -47,9 +47,9 @@ def _check_one_backward_span_each(mode: CommDebugMode) -> None:
     assert table.count("Module(module) [backward]") == 1, table
     assert table.count("Module((root)) [backward]") == 1, table
     backward = [
-        sp.attributes["hp.module.fqn"]
+        sp.attributes["hp_otel.module.fqn"]
         for sp in mode.get_finished_spans()
-        if sp.attributes.get("hp.phase") == "backward" and sp.attributes["hp.call.kind"] == "module"
+        if sp.attributes.get("hp_otel.phase") == "backward" and sp.attributes["hp_otel.call.kind"] == "module"
     ]
     assert sorted(backward) == ["(root)", "module", "module.fc1", "module.fc2"]
     assert mode.get_comm_module_counts() == module_counts_from_spans(mode.get_finished_spans())

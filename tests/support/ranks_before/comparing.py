@@ -90,7 +90,7 @@ class RanksReport:
 
     @property
     def missing_ranks(self) -> list[int]:
-        """Ranks the files say exist (their `hp.world_size`, their groups' members) without a file of their own:
+        """Ranks the files say exist (their `hp_otel.world.size`, their groups' members) without a file of their own:
         nothing about them was compared, so "the ranks agree" cannot be said."""
         expected = {r for g in self.groups for r in g.group_ranks}
         sizes = [f.world_size for f in self.files if f.world_size]

@@ -48,7 +48,7 @@ class RankCall:
     start_ns: int
     end_ns: int
     in_flight: bool
-    bytes: int = 0  # what it moved (its inputs' bytes, hp.collective.bytes); 0 where the file says none
+    bytes: int = 0  # what it moved (its inputs' bytes, hp_otel.collective.input.size); 0 where the file says none
     stack: tuple[str, ...] = ()  # where it was issued (`stack=`, a Flight Recorder dump's frames), innermost first
     # NCCL-tests' bandwidths of this rank's call, bytes/s (0.0: none recorded: in flight, a barrier, older files)
     algbw: float = 0.0
@@ -102,7 +102,7 @@ class RankFile:
     rank: int
     calls: list[RankCall]
     unsequenced: int = 0  # collective spans without a seq (written by an older hp_otel)
-    world_size: int | None = None  # the resource's hp.world_size (None: the file does not say)
+    world_size: int | None = None  # the resource's hp_otel.world.size (None: the file does not say)
     # window label -> its exposed communication (spans files only: a JSON dump has no wait times)
     exposure: dict[str, exposure.ExposureReport] = field(default_factory=dict)
 
