@@ -16,7 +16,7 @@ from opentelemetry.semconv.attributes import code_attributes, error_attributes
 
 INSTRUMENTATION_NAME: Final = "hp_otel"
 # Every name hp_otel defines starts with this: the package's import name, unambiguous where `hp.` (before
-# 0.N) was two letters anyone could use (docs/reference/schema.md, "Names").
+# 0.2.0) was two letters anyone could use (docs/reference/schema.md, "Names").
 PREFIX: Final = "hp_otel."
 # The instrumentation scope's schema URL: the semantic-conventions release the standard names
 # used here follow (error.type, host.name, process.pid, service.*, and code.file.path /
@@ -96,7 +96,7 @@ COLLECTIVE_OP: Final = f"{PREFIX}collective.op"  # normalised, see NORMALISED_OP
 # fake, mpi, ucc, ... (lowercase, a handful of values).  Semconv registers no attribute for it (no
 # collective-communication conventions exist); `db.system.name` / `rpc.system.name` are the pattern
 # followed: a well-known lowercase name of the system, on spans and metrics alike.  Ours, under
-# hp_otel.collective.system.name (before 0.N hp.collective.backend, as torch's `dist.get_backend` names it).
+# hp_otel.collective.system.name (before 0.2.0 hp.collective.backend, as torch's `dist.get_backend` names it).
 COLLECTIVE_BACKEND: Final = f"{PREFIX}collective.system.name"
 COLLECTIVE_GROUP_SIZE: Final = f"{PREFIX}collective.group.size"
 # A process group is described once (spans/groups.py): every collective span carries its group's id
@@ -212,7 +212,7 @@ DURATION_BUCKETS_S: Final = (
 # communication.  overlap fraction = overlapped / (exposed + overlapped).
 # Attributes: COLLECTIVE_STATE, PHASE, MODULE_FQN (issuing module).
 # One counter, as semconv models a time with a state attribute (`process.cpu.time` by `cpu.mode`): the states
-# are disjoint and add up to the time in flight.  Before 0.N, two counters: hp.collective.time (the whole) and
+# are disjoint and add up to the time in flight.  Before 0.2.0, two counters: hp.collective.time (the whole) and
 # hp.collective.exposed (the exposed part).
 METRIC_COMM_TIME: Final = f"{PREFIX}collective.time"
 COLLECTIVE_STATE: Final = f"{PREFIX}collective.state"  # on METRIC_COMM_TIME only
@@ -245,7 +245,7 @@ STEP_ROOT_SCOPE_ATTRIBUTE: Final = f"{PREFIX}step_root.ids"
 # A trace list (MLflow, Jaeger, Tempo) names each trace by its root span, so the step's root says
 # which step ("step 12"; one per step, emitted by rank 0, id derived from run id + step) and each
 # rank's child which rank ("rank 3"). Why a name per step is kept to these two: docs/reference/schema.md.
-# Files of hp_otel before 0.N named them "step" and "rank_step" (LEGACY_*): readers take both.
+# Files of hp_otel before 0.2.0 named them "step" and "rank_step" (LEGACY_*): readers take both.
 LEGACY_STEP_ROOT_SPAN_NAME: Final = "step"
 LEGACY_RANK_STEP_SPAN_NAME: Final = "rank_step"
 
@@ -292,7 +292,7 @@ METRIC_OLDEST_IN_FLIGHT_UNIT: Final = "s"
 
 
 # --- names of earlier releases ----------------------------------------------------------------
-# What files of hp_otel before 0.N called an attribute, metric or resource key: old name -> new name.  The
+# What files of hp_otel before 0.2.0 called an attribute, metric or resource key: old name -> new name.  The
 # single source of the migration table in docs/reference/schema.md (tests/docs checks the table against it).
 # Every reader of files takes both for one release through `normalise_attributes` alone: the spans-file
 # readers (spans/otlp_json.py, analysis/rank_input.py), the collectives file (spans/collectives_file.py) and

@@ -142,7 +142,7 @@ def test_every_old_name_maps_to_a_name_the_schema_defines() -> None:
     assert set(schema.RENAMED.values()) <= set(names)
     assert all(old.startswith(schema.LEGACY_PREFIX) for old in schema.RENAMED)
     # every name of today has its old one (the prefix changed for all of them)
-    today = {v for v in names if v.startswith(schema.PREFIX)} - {schema.COLLECTIVE_STATE}  # new in 0.N
+    today = {v for v in names if v.startswith(schema.PREFIX)} - {schema.COLLECTIVE_STATE}  # new in 0.2.0
     assert today <= set(schema.RENAMED.values()), today - set(schema.RENAMED.values())
 
 
