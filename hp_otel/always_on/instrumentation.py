@@ -255,22 +255,7 @@ def _warn_if_resource_lacks_rank(tracer_provider: Any) -> None:
     )
 
 
-# The settings `instrument(...)` takes besides the providers' defaults; the training callbacks
-# (hp_otel.integrations) take the same ones, checked by the same code.
-SETTING_NAMES = (
-    "tracer_provider",
-    "meter_provider",
-    "module",
-    "collective_hook",
-    "module_hook",
-    "op_hook",
-    "stack",
-    "metric_module_depth",
-    "collectives_dir",
-    "collectives_steps",
-    "configure_export",
-)
-# Those of them that are a window's options (`WindowOptions.parse`), by the same names.
+# The settings `instrument(...)` takes that are a window's options (`WindowOptions.parse`), by the same names.
 WINDOW_SETTING_NAMES = (
     "tracer_provider",
     "meter_provider",
@@ -281,6 +266,9 @@ WINDOW_SETTING_NAMES = (
     "stack",
     "metric_module_depth",
 )
+# All the settings it takes besides the providers' defaults; the training callbacks
+# (hp_otel.integrations) take the same ones, checked by the same code.
+SETTING_NAMES = (*WINDOW_SETTING_NAMES, "collectives_dir", "collectives_steps", "configure_export")
 
 
 @dataclass(frozen=True)
