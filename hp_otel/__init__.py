@@ -9,6 +9,7 @@ every pytest run in a venv with hp_otel's pytest plugin imports `hp_otel` too.
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from hp_otel.version import __version__
@@ -21,20 +22,22 @@ if TYPE_CHECKING:
     from hp_otel.record.watchdog import HangWatchdog
     from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo, TensorInfo
 
-_WHERE = {
-    "step": "hp_otel.always_on.steps",
-    "Telemetry": "hp_otel.export.telemetry",
-    "configure": "hp_otel.export.telemetry",
-    "shutdown": "hp_otel.export.telemetry",
-    "CommDebugMode": "hp_otel.mode",
-    "install": "hp_otel.record.installation",
-    "uninstall": "hp_otel.record.installation",
-    "HangWatchdog": "hp_otel.record.watchdog",
-    "CollectiveInfo": "hp_otel.spans.infos",
-    "ModuleInfo": "hp_otel.spans.infos",
-    "OpInfo": "hp_otel.spans.infos",
-    "TensorInfo": "hp_otel.spans.infos",
-}
+_WHERE = MappingProxyType(
+    {
+        "step": "hp_otel.always_on.steps",
+        "Telemetry": "hp_otel.export.telemetry",
+        "configure": "hp_otel.export.telemetry",
+        "shutdown": "hp_otel.export.telemetry",
+        "CommDebugMode": "hp_otel.mode",
+        "install": "hp_otel.record.installation",
+        "uninstall": "hp_otel.record.installation",
+        "HangWatchdog": "hp_otel.record.watchdog",
+        "CollectiveInfo": "hp_otel.spans.infos",
+        "ModuleInfo": "hp_otel.spans.infos",
+        "OpInfo": "hp_otel.spans.infos",
+        "TensorInfo": "hp_otel.spans.infos",
+    }
+)
 
 __all__ = [
     "CollectiveInfo",

@@ -35,6 +35,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from hp_otel.analysis.rank_call import UNKNOWN_MODULE
@@ -49,52 +50,56 @@ P2P_WINDOW = "flight recorder p2p"
 STACK_DEPTH = 8  # frames kept per entry, innermost first (as CommDebugMode(stack=True))
 
 # profiling_name after the backend's "nccl:" / "gloo:" -> hp_otel's normalised op.
-_OPS = {
-    "all_reduce": "all_reduce",
-    "allreduce": "all_reduce",
-    "allreduce_coalesced": "all_reduce",
-    "all_reduce_coalesced": "all_reduce",
-    "all_gather": "all_gather",
-    "allgather": "all_gather",
-    "_allgather_base": "all_gather",
-    "all_gather_into_tensor_coalesced": "all_gather",
-    "allgather_into_tensor_coalesced": "all_gather",
-    "allgather_coalesced": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "all_to_all": "all_to_all",
-    "alltoall": "all_to_all",
-    "alltoall_base": "all_to_all",
-    "all_to_allv": "all_to_all",
-    "broadcast": "broadcast",
-    "_broadcast_oop": "broadcast",
-    "barrier": "barrier",
-    "send": "send",
-    "recv": "recv",
-    "recvanysource": "recv",
-    "gather": "gather",
-    "scatter": "scatter",
-    "reduce": "reduce",
-    "_reduce_oop": "reduce",
-}
+_OPS = MappingProxyType(
+    {
+        "all_reduce": "all_reduce",
+        "allreduce": "all_reduce",
+        "allreduce_coalesced": "all_reduce",
+        "all_reduce_coalesced": "all_reduce",
+        "all_gather": "all_gather",
+        "allgather": "all_gather",
+        "_allgather_base": "all_gather",
+        "all_gather_into_tensor_coalesced": "all_gather",
+        "allgather_into_tensor_coalesced": "all_gather",
+        "allgather_coalesced": "all_gather",
+        "reduce_scatter": "reduce_scatter",
+        "_reduce_scatter_base": "reduce_scatter",
+        "reduce_scatter_tensor_coalesced": "reduce_scatter",
+        "all_to_all": "all_to_all",
+        "alltoall": "all_to_all",
+        "alltoall_base": "all_to_all",
+        "all_to_allv": "all_to_all",
+        "broadcast": "broadcast",
+        "_broadcast_oop": "broadcast",
+        "barrier": "barrier",
+        "send": "send",
+        "recv": "recv",
+        "recvanysource": "recv",
+        "gather": "gather",
+        "scatter": "scatter",
+        "reduce": "reduce",
+        "_reduce_oop": "reduce",
+    }
+)
 # FR writes c10::ScalarType names; hp_otel's spans carry torch's dtype names.
-_DTYPES = {
-    "Float": "torch.float32",
-    "Double": "torch.float64",
-    "Half": "torch.float16",
-    "BFloat16": "torch.bfloat16",
-    "Float8_e4m3fn": "torch.float8_e4m3fn",
-    "Float8_e5m2": "torch.float8_e5m2",
-    "Long": "torch.int64",
-    "Int": "torch.int32",
-    "Short": "torch.int16",
-    "Char": "torch.int8",
-    "Byte": "torch.uint8",
-    "Bool": "torch.bool",
-    "ComplexFloat": "torch.complex64",
-    "ComplexDouble": "torch.complex128",
-}
+_DTYPES = MappingProxyType(
+    {
+        "Float": "torch.float32",
+        "Double": "torch.float64",
+        "Half": "torch.float16",
+        "BFloat16": "torch.bfloat16",
+        "Float8_e4m3fn": "torch.float8_e4m3fn",
+        "Float8_e5m2": "torch.float8_e5m2",
+        "Long": "torch.int64",
+        "Int": "torch.int32",
+        "Short": "torch.int16",
+        "Char": "torch.int8",
+        "Byte": "torch.uint8",
+        "Bool": "torch.bool",
+        "ComplexFloat": "torch.complex64",
+        "ComplexDouble": "torch.complex128",
+    }
+)
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.[A-Za-z]\w*)?$")  # FR's <prefix><rank>, maybe saved with an extension
 _LIBRARIES = ("torch", "hp_otel", "typing_extensions")  # whose frames are not the user's call site

@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from hp_otel.analysis.reading import RankCall, RankFile, RankInputError, calls_from_spans, read_rank_file
@@ -24,7 +25,7 @@ from hp_otel.spans import schema
 
 SNAPSHOT_FORMAT = "hp_otel.comm_snapshot"
 SNAPSHOT_VERSION = 1
-_PHASE_ORDER = {schema.PHASE_FORWARD: 0, schema.PHASE_BACKWARD: 1, schema.PHASE_RECOMPUTE: 2}
+_PHASE_ORDER = MappingProxyType({schema.PHASE_FORWARD: 0, schema.PHASE_BACKWARD: 1, schema.PHASE_RECOMPUTE: 2})
 _TOLERANCE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(%?)\s*$")
 
 

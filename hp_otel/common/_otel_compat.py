@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 
@@ -28,63 +29,67 @@ class Member:
     fallback: str
 
 
-MEMBERS: dict[str, Member] = {
-    "span_attribute_dict": Member(
-        "opentelemetry.sdk.trace:ReadableSpan",
-        "_attributes",
-        "a span's attributes as the SDK's own dict (BoundedAttributes._dict), without a new mapping proxy per read: "
-        "reading 100 000 spans through `span.attributes` costs more than rendering them",
-        "`span.attributes` (correct, slower)",
-    ),
-    "bounded_attributes_dict": Member(
-        "opentelemetry.attributes:BoundedAttributes",
-        "_dict",
-        "as span_attribute_dict",
-        "as span_attribute_dict",
-    ),
-    "instrumentation_scope": Member(
-        "opentelemetry.sdk.trace:Tracer",
-        "_instrumentation_scope",
-        "the watchdog's in-flight spans carry the tracer's instrumentation scope, as the spans it ends do",
-        "those spans have no instrumentation scope",
-    ),
-    "default_max_queue_size": Member(
-        "opentelemetry.sdk.trace.export:BatchSpanProcessor",
-        "_default_max_queue_size",
-        "the batch processor's queue size as the SDK reads it (OTEL_BSP_MAX_QUEUE_SIZE): drops are counted against it",
-        "OTEL_BSP_MAX_QUEUE_SIZE, else 2048 (the SDK's default)",
-    ),
-    "default_max_export_batch_size": Member(
-        "opentelemetry.sdk.trace.export:BatchSpanProcessor",
-        "_default_max_export_batch_size",
-        "the export batch is capped at the queue size the SDK would use (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)",
-        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE, else 512 (the SDK's default)",
-    ),
-    "preferred_temporality": Member(
-        "opentelemetry.sdk.metrics.export:MetricExporter",
-        "_preferred_temporality",
-        "the fork-silenced wrapper exports with the wrapped exporter's temporality",
-        "the SDK's default (cumulative)",
-    ),
-    "preferred_aggregation": Member(
-        "opentelemetry.sdk.metrics.export:MetricExporter",
-        "_preferred_aggregation",
-        "the fork-silenced wrapper exports with the wrapped exporter's aggregation",
-        "the SDK's default aggregation",
-    ),
-    "exporter_endpoint": Member(
-        "opentelemetry.exporter.otlp.proto.http.trace_exporter:OTLPSpanExporter",
-        "_endpoint",
-        "messages name where spans go, as the exporter resolved it from arguments and variables",
-        "messages name no endpoint",
-    ),
-    "ProxyMeterProvider": Member(
-        "opentelemetry.metrics._internal:_ProxyMeterProvider",
-        "",
-        "the instrumentor tells a meter provider someone configured from the API's placeholder",
-        "only NoOpMeterProvider counts as unconfigured",
-    ),
-}
+MEMBERS: Mapping[str, Member] = MappingProxyType(
+    {
+        "span_attribute_dict": Member(
+            "opentelemetry.sdk.trace:ReadableSpan",
+            "_attributes",
+            "a span's attributes as the SDK's own dict (BoundedAttributes._dict), "
+            "without a new mapping proxy per read: "
+            "reading 100 000 spans through `span.attributes` costs more than rendering them",
+            "`span.attributes` (correct, slower)",
+        ),
+        "bounded_attributes_dict": Member(
+            "opentelemetry.attributes:BoundedAttributes",
+            "_dict",
+            "as span_attribute_dict",
+            "as span_attribute_dict",
+        ),
+        "instrumentation_scope": Member(
+            "opentelemetry.sdk.trace:Tracer",
+            "_instrumentation_scope",
+            "the watchdog's in-flight spans carry the tracer's instrumentation scope, as the spans it ends do",
+            "those spans have no instrumentation scope",
+        ),
+        "default_max_queue_size": Member(
+            "opentelemetry.sdk.trace.export:BatchSpanProcessor",
+            "_default_max_queue_size",
+            "the batch processor's queue size as the SDK reads it (OTEL_BSP_MAX_QUEUE_SIZE): "
+            "drops are counted against it",
+            "OTEL_BSP_MAX_QUEUE_SIZE, else 2048 (the SDK's default)",
+        ),
+        "default_max_export_batch_size": Member(
+            "opentelemetry.sdk.trace.export:BatchSpanProcessor",
+            "_default_max_export_batch_size",
+            "the export batch is capped at the queue size the SDK would use (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE, else 512 (the SDK's default)",
+        ),
+        "preferred_temporality": Member(
+            "opentelemetry.sdk.metrics.export:MetricExporter",
+            "_preferred_temporality",
+            "the fork-silenced wrapper exports with the wrapped exporter's temporality",
+            "the SDK's default (cumulative)",
+        ),
+        "preferred_aggregation": Member(
+            "opentelemetry.sdk.metrics.export:MetricExporter",
+            "_preferred_aggregation",
+            "the fork-silenced wrapper exports with the wrapped exporter's aggregation",
+            "the SDK's default aggregation",
+        ),
+        "exporter_endpoint": Member(
+            "opentelemetry.exporter.otlp.proto.http.trace_exporter:OTLPSpanExporter",
+            "_endpoint",
+            "messages name where spans go, as the exporter resolved it from arguments and variables",
+            "messages name no endpoint",
+        ),
+        "ProxyMeterProvider": Member(
+            "opentelemetry.metrics._internal:_ProxyMeterProvider",
+            "",
+            "the instrumentor tells a meter provider someone configured from the API's placeholder",
+            "only NoOpMeterProvider counts as unconfigured",
+        ),
+    }
+)
 # The SDK's and exporters' private modules whose loggers (getLogger(__name__)) log per export attempt.
 PRIVATE_LOGGER_MODULES = (
     "opentelemetry.exporter.otlp.proto.http._common",

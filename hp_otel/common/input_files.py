@@ -29,6 +29,7 @@ import pickletools
 import stat
 from collections.abc import Mapping
 from itertools import chain, compress
+from types import MappingProxyType
 from typing import Any
 
 MAX_BYTES_VARIABLE = "HP_OTEL_RENDER_MAX_BYTES"
@@ -49,14 +50,16 @@ _PICKLE_OPCODES = frozenset(
     "EMPTY_TUPLE TUPLE TUPLE1 TUPLE2 TUPLE3 PUT BINPUT LONG_BINPUT MEMOIZE GET BINGET LONG_BINGET".split()
 )
 _CONTAINERS = frozenset("EMPTY_DICT DICT EMPTY_LIST LIST EMPTY_TUPLE TUPLE TUPLE1 TUPLE2 TUPLE3".split())
-_REFUSED = {
-    **dict.fromkeys(
-        "GLOBAL STACK_GLOBAL INST OBJ NEWOBJ NEWOBJ_EX REDUCE BUILD EXT1 EXT2 EXT4".split(), "names a class"
-    ),
-    **dict.fromkeys(("PERSID", "BINPERSID"), "a persistent id"),
-    **dict.fromkeys(("EMPTY_SET", "ADDITEMS", "FROZENSET"), "a set"),
-    **dict.fromkeys(("BYTEARRAY8", "NEXT_BUFFER", "READONLY_BUFFER"), "a buffer"),
-}
+_REFUSED = MappingProxyType(
+    {
+        **dict.fromkeys(
+            "GLOBAL STACK_GLOBAL INST OBJ NEWOBJ NEWOBJ_EX REDUCE BUILD EXT1 EXT2 EXT4".split(), "names a class"
+        ),
+        **dict.fromkeys(("PERSID", "BINPERSID"), "a persistent id"),
+        **dict.fromkeys(("EMPTY_SET", "ADDITEMS", "FROZENSET"), "a set"),
+        **dict.fromkeys(("BYTEARRAY8", "NEXT_BUFFER", "READONLY_BUFFER"), "a buffer"),
+    }
+)
 # The opcode bytes of MARK, EMPTY_TUPLE, EMPTY_LIST, EMPTY_DICT, TUPLE1-3 and EMPTY_SET (LIST, DICT,
 # TUPLE and FROZENSET close a MARK).
 _CONTAINER_BYTES = (b"(", b")", b"]", b"}", b"\x85", b"\x86", b"\x87", b"\x8f")

@@ -10,13 +10,14 @@ included, stays as it is. The same text is safe in XML once `<&>"'` are escaped.
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
 
 # C0 and C1 controls and DEL; the bidi embeddings, overrides, isolates and marks; the line and
 # paragraph separators; lone surrogates (JSON can spell them) and the non-characters U+FFFE/FFFF.
 _UNSAFE = re.compile(
     "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]"
 )
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_NAMED = MappingProxyType({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 
 def _escape(match: re.Match[str]) -> str:

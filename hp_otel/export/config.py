@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -33,18 +34,20 @@ from hp_otel.export.secrets import redact_url
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # OTEL_TRACES_SAMPLER's names and the SDK sampler each makes from the ratio argument.
-SAMPLERS: dict[str, Callable[[float], sampling.Sampler]] = {
-    "always_on": lambda ratio: sampling.ALWAYS_ON,
-    "always_off": lambda ratio: sampling.ALWAYS_OFF,
-    "traceidratio": lambda ratio: sampling.TraceIdRatioBased(ratio),
-    "parentbased_always_on": lambda ratio: sampling.ParentBased(sampling.ALWAYS_ON),
-    "parentbased_always_off": lambda ratio: sampling.ParentBased(sampling.ALWAYS_OFF),
-    "parentbased_traceidratio": lambda ratio: sampling.ParentBased(sampling.TraceIdRatioBased(ratio)),
-}
+SAMPLERS: Mapping[str, Callable[[float], sampling.Sampler]] = MappingProxyType(
+    {
+        "always_on": lambda ratio: sampling.ALWAYS_ON,
+        "always_off": lambda ratio: sampling.ALWAYS_OFF,
+        "traceidratio": lambda ratio: sampling.TraceIdRatioBased(ratio),
+        "parentbased_always_on": lambda ratio: sampling.ParentBased(sampling.ALWAYS_ON),
+        "parentbased_always_off": lambda ratio: sampling.ParentBased(sampling.ALWAYS_OFF),
+        "parentbased_traceidratio": lambda ratio: sampling.ParentBased(sampling.TraceIdRatioBased(ratio)),
+    }
+)
 DEFAULT_PROTOCOL = "http/protobuf"  # the OTel specification's default
 DEFAULT_PROMETHEUS_PORT = 9464  # OTel's default for OTEL_EXPORTER_PROMETHEUS_PORT
-_DEFAULT_ENDPOINTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318"}
-_HTTP_PATHS = {"traces": "/v1/traces", "metrics": "/v1/metrics"}
+_DEFAULT_ENDPOINTS = MappingProxyType({"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318"})
+_HTTP_PATHS = MappingProxyType({"traces": "/v1/traces", "metrics": "/v1/metrics"})
 # OTEL_<SIGNAL>_EXPORTER names hp_otel handles itself; other names are the SDK's exporter entry points.
 OTLP, NONE, PROMETHEUS = "otlp", "none", "prometheus"
 HEADER_VARIABLES = (
@@ -52,7 +55,9 @@ HEADER_VARIABLES = (
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
     "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
 )
-_EXPORTER_GROUPS = {"traces": "opentelemetry_traces_exporter", "metrics": "opentelemetry_metrics_exporter"}
+_EXPORTER_GROUPS = MappingProxyType(
+    {"traces": "opentelemetry_traces_exporter", "metrics": "opentelemetry_metrics_exporter"}
+)
 
 
 class ConfigError(ValueError):

@@ -10,6 +10,7 @@ and only a callback's own module imports its framework.
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,12 +19,14 @@ if TYPE_CHECKING:
     from hp_otel.integrations.transformers import HpOtelTrainerCallback
     from hp_otel.integrations.window import StepWindow
 
-_WHERE = {
-    "HpOtelCallback": "hp_otel.integrations.lightning",
-    "HpOtelTrainerCallback": "hp_otel.integrations.transformers",
-    "StepTracer": "hp_otel.integrations.tracer",
-    "StepWindow": "hp_otel.integrations.window",
-}
+_WHERE = MappingProxyType(
+    {
+        "HpOtelCallback": "hp_otel.integrations.lightning",
+        "HpOtelTrainerCallback": "hp_otel.integrations.transformers",
+        "StepTracer": "hp_otel.integrations.tracer",
+        "StepWindow": "hp_otel.integrations.window",
+    }
+)
 
 __all__ = ["HpOtelCallback", "HpOtelTrainerCallback", "StepTracer", "StepWindow"]
 

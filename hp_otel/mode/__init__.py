@@ -14,21 +14,24 @@ with `hp_otel.mode.options` without loading the recording machinery.
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hp_otel.mode.facade import STACK_SKIPPED_PACKAGES, CommDebugMode
     from hp_otel.mode.options import DEFAULT_MAX_SPANS, NOT_GIVEN, WindowOptions, check_module, check_providers
 
-_WHERE = {
-    "CommDebugMode": "hp_otel.mode.facade",
-    "STACK_SKIPPED_PACKAGES": "hp_otel.mode.facade",
-    "DEFAULT_MAX_SPANS": "hp_otel.mode.options",
-    "NOT_GIVEN": "hp_otel.mode.options",
-    "WindowOptions": "hp_otel.mode.options",
-    "check_module": "hp_otel.mode.options",
-    "check_providers": "hp_otel.mode.options",
-}
+_WHERE = MappingProxyType(
+    {
+        "CommDebugMode": "hp_otel.mode.facade",
+        "STACK_SKIPPED_PACKAGES": "hp_otel.mode.facade",
+        "DEFAULT_MAX_SPANS": "hp_otel.mode.options",
+        "NOT_GIVEN": "hp_otel.mode.options",
+        "WindowOptions": "hp_otel.mode.options",
+        "check_module": "hp_otel.mode.options",
+        "check_providers": "hp_otel.mode.options",
+    }
+)
 
 __all__ = [
     "DEFAULT_MAX_SPANS",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from math import prod
+from types import MappingProxyType
 from typing import Any
 
 from hp_otel.spans import schema
@@ -20,37 +21,41 @@ from hp_otel.spans.groups import Group, GroupTable
 
 TRUNCATE = 30  # torch's kTruncateLength: a list over this many entries is cut
 # torch's names for the call on its ProcessGroup (what ProcessGroupNCCL records), by normalised op
-_COLLECTIVE_NAMES = {
-    "all_reduce": "allreduce",
-    "all_gather": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "all_to_all": "all_to_all",
-    "broadcast": "broadcast",
-    "barrier": "barrier",
-    "send": "send",
-    "recv": "recv",
-    "p2p": "batch_isend_irecv",
-    "gather": "gather",
-    "scatter": "scatter",
-    "reduce": "reduce",
-}
+_COLLECTIVE_NAMES = MappingProxyType(
+    {
+        "all_reduce": "allreduce",
+        "all_gather": "all_gather",
+        "reduce_scatter": "reduce_scatter",
+        "all_to_all": "all_to_all",
+        "broadcast": "broadcast",
+        "barrier": "barrier",
+        "send": "send",
+        "recv": "recv",
+        "p2p": "batch_isend_irecv",
+        "gather": "gather",
+        "scatter": "scatter",
+        "reduce": "reduce",
+    }
+)
 # "torch.float32" -> c10::toString(ScalarType)
-_SCALAR_TYPES = {
-    "float32": "Float",
-    "float64": "Double",
-    "float16": "Half",
-    "bfloat16": "BFloat16",
-    "int64": "Long",
-    "int32": "Int",
-    "int16": "Short",
-    "int8": "Char",
-    "uint8": "Byte",
-    "bool": "Bool",
-    "complex64": "ComplexFloat",
-    "complex128": "ComplexDouble",
-    "float8_e4m3fn": "Float8_e4m3fn",
-    "float8_e5m2": "Float8_e5m2",
-}
+_SCALAR_TYPES = MappingProxyType(
+    {
+        "float32": "Float",
+        "float64": "Double",
+        "float16": "Half",
+        "bfloat16": "BFloat16",
+        "int64": "Long",
+        "int32": "Int",
+        "int16": "Short",
+        "int8": "Char",
+        "uint8": "Byte",
+        "bool": "Bool",
+        "complex64": "ComplexFloat",
+        "complex128": "ComplexDouble",
+        "float8_e4m3fn": "Float8_e4m3fn",
+        "float8_e5m2": "Float8_e5m2",
+    }
+)
 
 
 def format_list(values: Sequence[Any]) -> str:

@@ -10,6 +10,7 @@ the number.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from hp_otel.spans import schema
@@ -43,16 +44,18 @@ class NoiseLevel:
         return self.is_node(record)
 
 
-_LEVELS = {
-    level: NoiseLevel(
-        level=level,
-        ops=level >= 1,
-        modules=level >= 2,
-        redistributes=level >= 3,
-        collective_detail=level >= 3,
-    )
-    for level in NOISE_LEVELS
-}
+_LEVELS = MappingProxyType(
+    {
+        level: NoiseLevel(
+            level=level,
+            ops=level >= 1,
+            modules=level >= 2,
+            redistributes=level >= 3,
+            collective_detail=level >= 3,
+        )
+        for level in NOISE_LEVELS
+    }
+)
 
 
 def noise_level(

@@ -7,6 +7,7 @@ Two spaces of indent per depth, the type word padded so that Detail starts at co
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -65,12 +66,14 @@ def _labels(attrs: Any, direction: str) -> str:
 
 
 # What a module line says after its name: [enter], [backward], [recompute].
-_MODULE_EVENTS = {
-    schema.PHASE_FORWARD: "enter",
-    schema.PHASE_BACKWARD: "backward",
-    schema.PHASE_RECOMPUTE: "recompute",
-    schema.PHASE_OPTIMIZER: "optimizer",
-}
+_MODULE_EVENTS = MappingProxyType(
+    {
+        schema.PHASE_FORWARD: "enter",
+        schema.PHASE_BACKWARD: "backward",
+        schema.PHASE_RECOMPUTE: "recompute",
+        schema.PHASE_OPTIMIZER: "optimizer",
+    }
+)
 
 
 def describe(record: CallRecord, level: NoiseLevel) -> tuple[str, str]:

@@ -17,6 +17,7 @@ import html
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -37,21 +38,25 @@ def _markup(text: str) -> str:
     return html.escape(printable(text))
 
 
-COLLECTIVE_COLOURS = {
-    "all_reduce": "#d62728",
-    "all_gather": "#2ca02c",
-    "reduce_scatter": "#ff7f0e",
-    "all_to_all": "#9467bd",
-    "broadcast": "#8c564b",
-    "barrier": "#7f7f7f",
-    "send": "#e377c2",
-    "recv": "#e377c2",
-    "p2p": "#e377c2",  # a batch of sends and receives: as they are
-    "gather": "#17becf",
-    "scatter": "#17becf",
-    "reduce": "#bcbd22",
-}
-KIND_COLOURS = {schema.KIND_MODULE: "#b0b7c0", schema.KIND_OP: "#6baed6", schema.KIND_REDISTRIBUTE: "#c6dbef"}
+COLLECTIVE_COLOURS = MappingProxyType(
+    {
+        "all_reduce": "#d62728",
+        "all_gather": "#2ca02c",
+        "reduce_scatter": "#ff7f0e",
+        "all_to_all": "#9467bd",
+        "broadcast": "#8c564b",
+        "barrier": "#7f7f7f",
+        "send": "#e377c2",
+        "recv": "#e377c2",
+        "p2p": "#e377c2",  # a batch of sends and receives: as they are
+        "gather": "#17becf",
+        "scatter": "#17becf",
+        "reduce": "#bcbd22",
+    }
+)
+KIND_COLOURS = MappingProxyType(
+    {schema.KIND_MODULE: "#b0b7c0", schema.KIND_OP: "#6baed6", schema.KIND_REDISTRIBUTE: "#c6dbef"}
+)
 OTHER_COLLECTIVE = "#000000"
 
 WIDTH = 1200

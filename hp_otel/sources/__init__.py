@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import sys
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from hp_otel.record.observer import Source
@@ -33,7 +34,7 @@ ENGINES: tuple[Engine, ...] = (
     Engine("hyper_parallel", "hyper_parallel", "hp_otel.sources.hyper_parallel:HyperParallelSource"),
     Engine("mindspore", "mindspore", "hp_otel.sources.mindspore.collectives:MindSporeCollectiveSource"),
 )
-_BY_NAME = {engine.name: engine for engine in ENGINES}
+_BY_NAME = MappingProxyType({engine.name: engine for engine in ENGINES})
 ENGINE_NAMES = ("auto", *_BY_NAME)
 
 

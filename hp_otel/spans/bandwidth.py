@@ -23,6 +23,7 @@ the shortest duration across ranks, the time after the last rank arrived.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from hp_otel.spans import schema
@@ -41,18 +42,20 @@ def _one(n: int) -> float:
 
 
 # op -> (how many times its input S is, bus factor of n)
-_RULES = {
-    "all_reduce": (False, _all_reduce),
-    "reduce_scatter": (False, _one_less),
-    "all_gather": (True, _one_less),
-    "all_to_all": (False, _one_less),
-    "gather": (True, _one_less),
-    "broadcast": (False, _one),
-    "reduce": (False, _one),
-    "send": (False, _one),
-    "recv": (False, _one),
-    "p2p": (False, _one),
-}
+_RULES = MappingProxyType(
+    {
+        "all_reduce": (False, _all_reduce),
+        "reduce_scatter": (False, _one_less),
+        "all_gather": (True, _one_less),
+        "all_to_all": (False, _one_less),
+        "gather": (True, _one_less),
+        "broadcast": (False, _one),
+        "reduce": (False, _one),
+        "send": (False, _one),
+        "recv": (False, _one),
+        "p2p": (False, _one),
+    }
+)
 # The normalised ops with no bandwidth, by decision (every other op of schema.NORMALISED_OPS has a rule).
 NO_BANDWIDTH = frozenset({"barrier", "scatter"})
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from hp_otel.common.input_files import checked_int
@@ -21,26 +22,28 @@ from hp_otel.spans.groups import Group
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, ParameterInfo, TensorInfo
 
 # Attribute keys of op inputs / outputs: TensorInfo's fields in order, then the dims per shape.
-_TENSOR_KEYS: dict[str, tuple[str, str, str, str, str, str, str]] = {
-    "input": (
-        schema.OP_INPUT_SHAPES,
-        schema.OP_INPUT_DTYPES,
-        schema.OP_INPUT_IS_DTENSOR,
-        schema.OP_INPUT_PLACEMENTS,
-        schema.OP_INPUT_MESH_SHAPES,
-        schema.OP_INPUT_NDIMS,
-        schema.OP_INPUT_MESH_NDIMS,
-    ),
-    "output": (
-        schema.OP_OUTPUT_SHAPES,
-        schema.OP_OUTPUT_DTYPES,
-        schema.OP_OUTPUT_IS_DTENSOR,
-        schema.OP_OUTPUT_PLACEMENTS,
-        schema.OP_OUTPUT_MESH_SHAPES,
-        schema.OP_OUTPUT_NDIMS,
-        schema.OP_OUTPUT_MESH_NDIMS,
-    ),
-}
+_TENSOR_KEYS: Mapping[str, tuple[str, str, str, str, str, str, str]] = MappingProxyType(
+    {
+        "input": (
+            schema.OP_INPUT_SHAPES,
+            schema.OP_INPUT_DTYPES,
+            schema.OP_INPUT_IS_DTENSOR,
+            schema.OP_INPUT_PLACEMENTS,
+            schema.OP_INPUT_MESH_SHAPES,
+            schema.OP_INPUT_NDIMS,
+            schema.OP_INPUT_MESH_NDIMS,
+        ),
+        "output": (
+            schema.OP_OUTPUT_SHAPES,
+            schema.OP_OUTPUT_DTYPES,
+            schema.OP_OUTPUT_IS_DTENSOR,
+            schema.OP_OUTPUT_PLACEMENTS,
+            schema.OP_OUTPUT_MESH_SHAPES,
+            schema.OP_OUTPUT_NDIMS,
+            schema.OP_OUTPUT_MESH_NDIMS,
+        ),
+    }
+)
 PLACEMENT_SEPARATOR = ";"  # between mesh dims in one placements string
 
 

@@ -8,6 +8,7 @@ mirrors this module.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Final
 
 # code_attributes: stable since semantic conventions 1.33 (opentelemetry-semantic-conventions 0.54b0);
@@ -298,90 +299,92 @@ METRIC_OLDEST_IN_FLIGHT_UNIT: Final = "s"
 # readers (spans/otlp_json.py, analysis/rank_input.py), the collectives file (spans/collectives_file.py) and
 # the snapshot comparison (testing/snapshots.py) call it on each span's and resource's attributes.
 LEGACY_PREFIX: Final = "hp."
-RENAMED: Final[Mapping[str, str]] = {
-    "hp.call.kind": CALL_KIND,
-    "hp.call.stack": CALL_STACK,
-    "hp.phase": PHASE,
-    "hp.module.fqn": MODULE_FQN,
-    "hp.module.type": MODULE_TYPE,
-    "hp.module.param_names": MODULE_PARAM_NAMES,
-    "hp.module.param_shapes": MODULE_PARAM_SHAPES,
-    "hp.module.param_dtypes": MODULE_PARAM_DTYPES,
-    "hp.module.param_placements": MODULE_PARAM_PLACEMENTS,
-    "hp.op.name": OP_NAME,
-    "hp.collective.name": COLLECTIVE_NAME,
-    "hp.collective.op": COLLECTIVE_OP,
-    "hp.collective.backend": COLLECTIVE_BACKEND,
-    "hp.collective.group_size": COLLECTIVE_GROUP_SIZE,
-    "hp.collective.group_id": COLLECTIVE_GROUP_ID,
-    "hp.collective.group": COLLECTIVE_GROUP,
-    "hp.collective.group_members": COLLECTIVE_GROUP_MEMBERS,
-    "hp.collective.group_mesh_dim": COLLECTIVE_GROUP_MESH_DIM,
-    "hp.collective.input_shape": COLLECTIVE_INPUT_SHAPE,
-    "hp.collective.output_shape": COLLECTIVE_OUTPUT_SHAPE,
-    "hp.collective.dtype": COLLECTIVE_DTYPE,
-    "hp.collective.bytes": COLLECTIVE_BYTES,
-    "hp.collective.reduce_op": COLLECTIVE_REDUCE_OP,
-    "hp.collective.async": COLLECTIVE_ASYNC,
-    "hp.collective.peers": COLLECTIVE_PEERS,
-    "hp.collective.tags": COLLECTIVE_TAGS,
-    "hp.collective.param_module": COLLECTIVE_PARAM_MODULE,
-    "hp.collective.input_split_sizes": COLLECTIVE_INPUT_SPLIT_SIZES,
-    "hp.collective.output_split_sizes": COLLECTIVE_OUTPUT_SPLIT_SIZES,
-    "hp.collective.issued_by": COLLECTIVE_ISSUED_BY,
-    "hp.collective.completion": COLLECTIVE_COMPLETION,
-    "hp.collective.call.duration": COLLECTIVE_CALL_DURATION,
-    "hp.collective.wait.duration": COLLECTIVE_WAIT_DURATION,
-    "hp.collective.seq": COLLECTIVE_SEQ,
-    "hp.collective.window": COLLECTIVE_WINDOW,
-    "hp.collective.module": COLLECTIVE_MODULE,
-    "hp.collective.match.id": COLLECTIVE_MATCH_ID,
-    "hp.collective.in_flight": COLLECTIVE_IN_FLIGHT,
-    "hp.watchdog.dump": WATCHDOG_EVENT,
-    "hp.watchdog.path": WATCHDOG_PATH,
-    "hp.watchdog.wait.duration": WATCHDOG_WAITED_S,
-    "hp.redistribute.src_placements": REDISTRIBUTE_SRC_PLACEMENTS,
-    "hp.redistribute.dst_placements": REDISTRIBUTE_DST_PLACEMENTS,
-    "hp.tensor.shape": TENSOR_SHAPE,
-    "hp.rank": RESOURCE_RANK,
-    "hp.local_rank": RESOURCE_LOCAL_RANK,
-    "hp.world_size": RESOURCE_WORLD_SIZE,
-    "hp.run.id": RESOURCE_RUN_ID,
-    "hp.collective.calls": METRIC_CALLS,
-    "hp.collective.duration": METRIC_DURATION,
-    "hp.collective.time": METRIC_COMM_TIME,
-    "hp.collective.exposed": METRIC_COMM_TIME,  # with COLLECTIVE_STATE = exposed
-    "hp.callback.errors": METRIC_CALLBACK_ERRORS,
-    "hp.callback": CALLBACK_NAME,
-    "hp.step": STEP,
-    "hp.step_root.ids": STEP_ROOT_SCOPE_ATTRIBUTE,
-    "hp.collective.algbw": COLLECTIVE_ALGBW,
-    "hp.collective.busbw": COLLECTIVE_BUSBW,
-    "hp.collective.bw.size": COLLECTIVE_BW_BYTES,
-    "hp.collective.in_flight.count": METRIC_IN_FLIGHT,
-    "hp.collective.since_last_completion": METRIC_SINCE_COMPLETION,
-    "hp.collective.oldest_in_flight.age": METRIC_OLDEST_IN_FLIGHT,
-    "hp.op.input_shapes": OP_INPUT_SHAPES,
-    "hp.op.input_ndims": OP_INPUT_NDIMS,
-    "hp.op.input_dtypes": OP_INPUT_DTYPES,
-    "hp.op.input_is_dtensor": OP_INPUT_IS_DTENSOR,
-    "hp.op.input_placements": OP_INPUT_PLACEMENTS,
-    "hp.op.input_mesh_shapes": OP_INPUT_MESH_SHAPES,
-    "hp.op.input_mesh_ndims": OP_INPUT_MESH_NDIMS,
-    "hp.op.output_shapes": OP_OUTPUT_SHAPES,
-    "hp.op.output_ndims": OP_OUTPUT_NDIMS,
-    "hp.op.output_dtypes": OP_OUTPUT_DTYPES,
-    "hp.op.output_is_dtensor": OP_OUTPUT_IS_DTENSOR,
-    "hp.op.output_placements": OP_OUTPUT_PLACEMENTS,
-    "hp.op.output_mesh_shapes": OP_OUTPUT_MESH_SHAPES,
-    "hp.op.output_mesh_ndims": OP_OUTPUT_MESH_NDIMS,
-    # renamed earlier (units out of the name: durations in seconds)
-    "hp.collective.call_ns": COLLECTIVE_CALL_DURATION,
-    "hp.collective.waited_ns": COLLECTIVE_WAIT_DURATION,
-    "hp.collective.match_id": COLLECTIVE_MATCH_ID,
-    "hp.collective.bw_bytes": COLLECTIVE_BW_BYTES,
-    "hp.watchdog.waited_s": WATCHDOG_WAITED_S,
-}
+RENAMED: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "hp.call.kind": CALL_KIND,
+        "hp.call.stack": CALL_STACK,
+        "hp.phase": PHASE,
+        "hp.module.fqn": MODULE_FQN,
+        "hp.module.type": MODULE_TYPE,
+        "hp.module.param_names": MODULE_PARAM_NAMES,
+        "hp.module.param_shapes": MODULE_PARAM_SHAPES,
+        "hp.module.param_dtypes": MODULE_PARAM_DTYPES,
+        "hp.module.param_placements": MODULE_PARAM_PLACEMENTS,
+        "hp.op.name": OP_NAME,
+        "hp.collective.name": COLLECTIVE_NAME,
+        "hp.collective.op": COLLECTIVE_OP,
+        "hp.collective.backend": COLLECTIVE_BACKEND,
+        "hp.collective.group_size": COLLECTIVE_GROUP_SIZE,
+        "hp.collective.group_id": COLLECTIVE_GROUP_ID,
+        "hp.collective.group": COLLECTIVE_GROUP,
+        "hp.collective.group_members": COLLECTIVE_GROUP_MEMBERS,
+        "hp.collective.group_mesh_dim": COLLECTIVE_GROUP_MESH_DIM,
+        "hp.collective.input_shape": COLLECTIVE_INPUT_SHAPE,
+        "hp.collective.output_shape": COLLECTIVE_OUTPUT_SHAPE,
+        "hp.collective.dtype": COLLECTIVE_DTYPE,
+        "hp.collective.bytes": COLLECTIVE_BYTES,
+        "hp.collective.reduce_op": COLLECTIVE_REDUCE_OP,
+        "hp.collective.async": COLLECTIVE_ASYNC,
+        "hp.collective.peers": COLLECTIVE_PEERS,
+        "hp.collective.tags": COLLECTIVE_TAGS,
+        "hp.collective.param_module": COLLECTIVE_PARAM_MODULE,
+        "hp.collective.input_split_sizes": COLLECTIVE_INPUT_SPLIT_SIZES,
+        "hp.collective.output_split_sizes": COLLECTIVE_OUTPUT_SPLIT_SIZES,
+        "hp.collective.issued_by": COLLECTIVE_ISSUED_BY,
+        "hp.collective.completion": COLLECTIVE_COMPLETION,
+        "hp.collective.call.duration": COLLECTIVE_CALL_DURATION,
+        "hp.collective.wait.duration": COLLECTIVE_WAIT_DURATION,
+        "hp.collective.seq": COLLECTIVE_SEQ,
+        "hp.collective.window": COLLECTIVE_WINDOW,
+        "hp.collective.module": COLLECTIVE_MODULE,
+        "hp.collective.match.id": COLLECTIVE_MATCH_ID,
+        "hp.collective.in_flight": COLLECTIVE_IN_FLIGHT,
+        "hp.watchdog.dump": WATCHDOG_EVENT,
+        "hp.watchdog.path": WATCHDOG_PATH,
+        "hp.watchdog.wait.duration": WATCHDOG_WAITED_S,
+        "hp.redistribute.src_placements": REDISTRIBUTE_SRC_PLACEMENTS,
+        "hp.redistribute.dst_placements": REDISTRIBUTE_DST_PLACEMENTS,
+        "hp.tensor.shape": TENSOR_SHAPE,
+        "hp.rank": RESOURCE_RANK,
+        "hp.local_rank": RESOURCE_LOCAL_RANK,
+        "hp.world_size": RESOURCE_WORLD_SIZE,
+        "hp.run.id": RESOURCE_RUN_ID,
+        "hp.collective.calls": METRIC_CALLS,
+        "hp.collective.duration": METRIC_DURATION,
+        "hp.collective.time": METRIC_COMM_TIME,
+        "hp.collective.exposed": METRIC_COMM_TIME,  # with COLLECTIVE_STATE = exposed
+        "hp.callback.errors": METRIC_CALLBACK_ERRORS,
+        "hp.callback": CALLBACK_NAME,
+        "hp.step": STEP,
+        "hp.step_root.ids": STEP_ROOT_SCOPE_ATTRIBUTE,
+        "hp.collective.algbw": COLLECTIVE_ALGBW,
+        "hp.collective.busbw": COLLECTIVE_BUSBW,
+        "hp.collective.bw.size": COLLECTIVE_BW_BYTES,
+        "hp.collective.in_flight.count": METRIC_IN_FLIGHT,
+        "hp.collective.since_last_completion": METRIC_SINCE_COMPLETION,
+        "hp.collective.oldest_in_flight.age": METRIC_OLDEST_IN_FLIGHT,
+        "hp.op.input_shapes": OP_INPUT_SHAPES,
+        "hp.op.input_ndims": OP_INPUT_NDIMS,
+        "hp.op.input_dtypes": OP_INPUT_DTYPES,
+        "hp.op.input_is_dtensor": OP_INPUT_IS_DTENSOR,
+        "hp.op.input_placements": OP_INPUT_PLACEMENTS,
+        "hp.op.input_mesh_shapes": OP_INPUT_MESH_SHAPES,
+        "hp.op.input_mesh_ndims": OP_INPUT_MESH_NDIMS,
+        "hp.op.output_shapes": OP_OUTPUT_SHAPES,
+        "hp.op.output_ndims": OP_OUTPUT_NDIMS,
+        "hp.op.output_dtypes": OP_OUTPUT_DTYPES,
+        "hp.op.output_is_dtensor": OP_OUTPUT_IS_DTENSOR,
+        "hp.op.output_placements": OP_OUTPUT_PLACEMENTS,
+        "hp.op.output_mesh_shapes": OP_OUTPUT_MESH_SHAPES,
+        "hp.op.output_mesh_ndims": OP_OUTPUT_MESH_NDIMS,
+        # renamed earlier (units out of the name: durations in seconds)
+        "hp.collective.call_ns": COLLECTIVE_CALL_DURATION,
+        "hp.collective.waited_ns": COLLECTIVE_WAIT_DURATION,
+        "hp.collective.match_id": COLLECTIVE_MATCH_ID,
+        "hp.collective.bw_bytes": COLLECTIVE_BW_BYTES,
+        "hp.watchdog.waited_s": WATCHDOG_WAITED_S,
+    }
+)
 
 
 def _ns_to_s(value: Any) -> Any:
@@ -389,11 +392,13 @@ def _ns_to_s(value: Any) -> Any:
 
 
 # The old names whose values change too (int nanoseconds -> double seconds).
-_CONVERSIONS: Final[Mapping[str, Any]] = {"hp.collective.call_ns": _ns_to_s, "hp.collective.waited_ns": _ns_to_s}
+_CONVERSIONS: Final[Mapping[str, Any]] = MappingProxyType(
+    {"hp.collective.call_ns": _ns_to_s, "hp.collective.waited_ns": _ns_to_s}
+)
 # old name -> (new name, the value's conversion or None)
-LEGACY_ATTRIBUTES: Final[Mapping[str, tuple[str, Any]]] = {
-    old: (new, _CONVERSIONS.get(old)) for old, new in RENAMED.items()
-}
+LEGACY_ATTRIBUTES: Final[Mapping[str, tuple[str, Any]]] = MappingProxyType(
+    {old: (new, _CONVERSIONS.get(old)) for old, new in RENAMED.items()}
+)
 _LEGACY_KEYS: Final = frozenset(RENAMED)
 
 

@@ -11,22 +11,26 @@ apart so torch-shaped counts stay equal to torch's.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 # native packet name -> the legacy packet name torch reports it under
-_NATIVE_TO_LEGACY: dict[str, str] = {
-    "_c10d_functional.all_gather_into_tensor": "c10d_functional.all_gather_into_tensor",
-    "_c10d_functional.all_gather_into_tensor_coalesced": "c10d_functional.all_gather_into_tensor_coalesced",
-    "_c10d_functional.all_reduce": "c10d_functional.all_reduce",
-    "_c10d_functional.all_reduce_coalesced": "c10d_functional.all_reduce_coalesced",
-    "_c10d_functional.all_to_all_single": "c10d_functional.all_to_all_single",
-    "_c10d_functional.broadcast": "c10d_functional.broadcast",
-    "_c10d_functional.reduce_scatter_tensor": "c10d_functional.reduce_scatter_tensor",
-    "_c10d_functional.reduce_scatter_tensor_coalesced": "c10d_functional.reduce_scatter_tensor_coalesced",
-    "_c10d_functional_autograd.all_to_all_single": "c10d_functional.all_to_all_single",
-}
+_NATIVE_TO_LEGACY: Mapping[str, str] = MappingProxyType(
+    {
+        "_c10d_functional.all_gather_into_tensor": "c10d_functional.all_gather_into_tensor",
+        "_c10d_functional.all_gather_into_tensor_coalesced": "c10d_functional.all_gather_into_tensor_coalesced",
+        "_c10d_functional.all_reduce": "c10d_functional.all_reduce",
+        "_c10d_functional.all_reduce_coalesced": "c10d_functional.all_reduce_coalesced",
+        "_c10d_functional.all_to_all_single": "c10d_functional.all_to_all_single",
+        "_c10d_functional.broadcast": "c10d_functional.broadcast",
+        "_c10d_functional.reduce_scatter_tensor": "c10d_functional.reduce_scatter_tensor",
+        "_c10d_functional.reduce_scatter_tensor_coalesced": "c10d_functional.reduce_scatter_tensor_coalesced",
+        "_c10d_functional_autograd.all_to_all_single": "c10d_functional.all_to_all_single",
+    }
+)
 # eager c10d ops torch counts under their own packet
 _C10D_COUNTED: tuple[str, ...] = (
     "c10d._allgather_base_",

@@ -130,6 +130,7 @@ def test_the_watch_reads_dynamos_record_through_the_compat_entry_only(monkeypatc
     """Issue 32 item 7: the member name comes from `_compat.SYMBOLS` alone. Renamed there (as a torch
     release could), the watch collects and restores the renamed member and never touches `skip_reasons`."""
     import dataclasses
+    from types import MappingProxyType
 
     from torch._dynamo import eval_frame
 
@@ -139,9 +140,8 @@ def test_the_watch_reads_dynamos_record_through_the_compat_entry_only(monkeypatc
         renamed_reasons = None
 
     record = Record()
-    monkeypatch.setitem(
-        _compat.SYMBOLS, "dynamo_tls", dataclasses.replace(_compat.SYMBOLS["dynamo_tls"], member="renamed_reasons")
-    )
+    renamed = dataclasses.replace(_compat.SYMBOLS["dynamo_tls"], member="renamed_reasons")
+    monkeypatch.setattr(_compat, "SYMBOLS", MappingProxyType({**_compat.SYMBOLS, "dynamo_tls": renamed}))
     monkeypatch.setattr(eval_frame, "dynamo_tls", record)
     watch = GraphModeWatch()
     watch.attach(None)  # type: ignore[arg-type]  # the watch never calls its observer

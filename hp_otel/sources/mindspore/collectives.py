@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextvars
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from hp_otel.record.observer import Observer
@@ -20,29 +21,33 @@ from hp_otel.sources.function_collectives import AsyncHandles, CallReader, Group
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches, all_or_nothing, patch_owned
 
 # module -> the prefix of its count keys
-COLLECTIVE_MODULES: dict[str, str] = {
-    "mindspore.mint.distributed": "mint.distributed",
-    "mindspore.ops.communication": "ops.communication",
-}
+COLLECTIVE_MODULES: Mapping[str, str] = MappingProxyType(
+    {
+        "mindspore.mint.distributed": "mint.distributed",
+        "mindspore.ops.communication": "ops.communication",
+    }
+)
 # function -> normalised op
-COLLECTIVES: dict[str, str] = {
-    "all_reduce": "all_reduce",
-    "all_gather": "all_gather",
-    "all_gather_into_tensor": "all_gather",
-    "broadcast": "broadcast",
-    "barrier": "barrier",
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "all_to_all": "all_to_all",
-    "all_to_all_single": "all_to_all",
-    "reduce": "reduce",
-    "gather": "gather",
-    "scatter": "scatter",
-    "send": "send",
-    "recv": "recv",
-    "isend": "send",
-    "irecv": "recv",
-}
+COLLECTIVES: Mapping[str, str] = MappingProxyType(
+    {
+        "all_reduce": "all_reduce",
+        "all_gather": "all_gather",
+        "all_gather_into_tensor": "all_gather",
+        "broadcast": "broadcast",
+        "barrier": "barrier",
+        "reduce_scatter": "reduce_scatter",
+        "reduce_scatter_tensor": "reduce_scatter",
+        "all_to_all": "all_to_all",
+        "all_to_all_single": "all_to_all",
+        "reduce": "reduce",
+        "gather": "gather",
+        "scatter": "scatter",
+        "send": "send",
+        "recv": "recv",
+        "isend": "send",
+        "irecv": "recv",
+    }
+)
 
 _slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_mindspore_observer")
 _handles = AsyncHandles()

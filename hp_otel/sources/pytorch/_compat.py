@@ -28,9 +28,9 @@ import importlib
 import inspect
 import operator
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 import torch
@@ -378,7 +378,7 @@ _TABLE: tuple[Symbol, ...] = (
     ),
 )
 # fmt: on
-SYMBOLS: dict[str, Symbol] = {symbol.name: symbol for symbol in _TABLE}
+SYMBOLS: Mapping[str, Symbol] = MappingProxyType({symbol.name: symbol for symbol in _TABLE})
 
 
 # --- autograd: phase, node ownership, backward end (hot: torch's own callables) ------------

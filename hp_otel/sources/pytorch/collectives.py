@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -24,50 +26,52 @@ from hp_otel.spans.groups import mesh_dim_of
 from hp_otel.spans.infos import NO_GROUP, CollectiveInfo, GroupDetails
 
 # framework op name (namespace.op) -> normalised op
-_NORMALISED: dict[str, str] = {
-    "_c10d_functional.all_reduce": "all_reduce",
-    "_c10d_functional.all_reduce_": "all_reduce",
-    "_c10d_functional.all_reduce_coalesced": "all_reduce",
-    "_c10d_functional.all_reduce_coalesced_": "all_reduce",
-    "_c10d_functional.all_gather_into_tensor": "all_gather",
-    "_c10d_functional.all_gather_into_tensor_out": "all_gather",
-    "_c10d_functional.all_gather_into_tensor_coalesced": "all_gather",
-    "_c10d_functional.reduce_scatter_tensor": "reduce_scatter",
-    "_c10d_functional.reduce_scatter_tensor_out": "reduce_scatter",
-    "_c10d_functional.reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "_c10d_functional.all_to_all_single": "all_to_all",
-    "_c10d_functional.broadcast": "broadcast",
-    "_c10d_functional.broadcast_": "broadcast",
-    "_c10d_functional.isend": "send",
-    "_c10d_functional.irecv": "recv",
-    "_c10d_functional.batch_p2p_ops": "p2p",
-    "_c10d_functional_autograd.all_reduce": "all_reduce",
-    "_c10d_functional_autograd.all_gather_into_tensor": "all_gather",
-    "_c10d_functional_autograd.reduce_scatter_tensor": "reduce_scatter",
-    "_c10d_functional_autograd.all_to_all_single": "all_to_all",
-    "_dtensor.shard_dim_alltoall": "all_to_all",
-    "c10d.allreduce_": "all_reduce",
-    "c10d.allreduce_coalesced_": "all_reduce",
-    "c10d.allgather_": "all_gather",
-    "c10d._allgather_base_": "all_gather",
-    "c10d.allgather_coalesced_": "all_gather",
-    "c10d.allgather_into_tensor_coalesced_": "all_gather",
-    "c10d.reduce_scatter_": "reduce_scatter",
-    "c10d._reduce_scatter_base_": "reduce_scatter",
-    "c10d.reduce_scatter_tensor_coalesced_": "reduce_scatter",
-    "c10d.alltoall_": "all_to_all",
-    "c10d.alltoall_base_": "all_to_all",
-    "c10d.broadcast_": "broadcast",
-    "c10d.barrier": "barrier",
-    "c10d.monitored_barrier_": "barrier",
-    "c10d.send": "send",
-    "c10d.recv_": "recv",
-    "c10d.recv_any_source_": "recv",
-    "c10d.gather_": "gather",
-    "c10d.gather_into_tensor_": "gather",  # torch 2.14's dist.gather_single (absent before: skipped)
-    "c10d.scatter_": "scatter",
-    "c10d.reduce_": "reduce",
-}
+_NORMALISED: Mapping[str, str] = MappingProxyType(
+    {
+        "_c10d_functional.all_reduce": "all_reduce",
+        "_c10d_functional.all_reduce_": "all_reduce",
+        "_c10d_functional.all_reduce_coalesced": "all_reduce",
+        "_c10d_functional.all_reduce_coalesced_": "all_reduce",
+        "_c10d_functional.all_gather_into_tensor": "all_gather",
+        "_c10d_functional.all_gather_into_tensor_out": "all_gather",
+        "_c10d_functional.all_gather_into_tensor_coalesced": "all_gather",
+        "_c10d_functional.reduce_scatter_tensor": "reduce_scatter",
+        "_c10d_functional.reduce_scatter_tensor_out": "reduce_scatter",
+        "_c10d_functional.reduce_scatter_tensor_coalesced": "reduce_scatter",
+        "_c10d_functional.all_to_all_single": "all_to_all",
+        "_c10d_functional.broadcast": "broadcast",
+        "_c10d_functional.broadcast_": "broadcast",
+        "_c10d_functional.isend": "send",
+        "_c10d_functional.irecv": "recv",
+        "_c10d_functional.batch_p2p_ops": "p2p",
+        "_c10d_functional_autograd.all_reduce": "all_reduce",
+        "_c10d_functional_autograd.all_gather_into_tensor": "all_gather",
+        "_c10d_functional_autograd.reduce_scatter_tensor": "reduce_scatter",
+        "_c10d_functional_autograd.all_to_all_single": "all_to_all",
+        "_dtensor.shard_dim_alltoall": "all_to_all",
+        "c10d.allreduce_": "all_reduce",
+        "c10d.allreduce_coalesced_": "all_reduce",
+        "c10d.allgather_": "all_gather",
+        "c10d._allgather_base_": "all_gather",
+        "c10d.allgather_coalesced_": "all_gather",
+        "c10d.allgather_into_tensor_coalesced_": "all_gather",
+        "c10d.reduce_scatter_": "reduce_scatter",
+        "c10d._reduce_scatter_base_": "reduce_scatter",
+        "c10d.reduce_scatter_tensor_coalesced_": "reduce_scatter",
+        "c10d.alltoall_": "all_to_all",
+        "c10d.alltoall_base_": "all_to_all",
+        "c10d.broadcast_": "broadcast",
+        "c10d.barrier": "barrier",
+        "c10d.monitored_barrier_": "barrier",
+        "c10d.send": "send",
+        "c10d.recv_": "recv",
+        "c10d.recv_any_source_": "recv",
+        "c10d.gather_": "gather",
+        "c10d.gather_into_tensor_": "gather",  # torch 2.14's dist.gather_single (absent before: skipped)
+        "c10d.scatter_": "scatter",
+        "c10d.reduce_": "reduce",
+    }
+)
 
 _MAX_CACHED_INFOS = 256  # counts-only infos kept per collective op (a step has a few shapes)
 _INPUT_ARGS = ("input", "self", "input_tensor", "input_tensors", "inputs", "tensors", "tensor")

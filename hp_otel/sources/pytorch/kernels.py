@@ -50,6 +50,7 @@ import logging
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from hp_otel.common import said_once
@@ -75,15 +76,22 @@ _lock = threading.Lock()
 _libraries: dict[str, Any] = {}
 _kernels: dict[Any, Any] = {}  # op -> its kernel (hidden from dynamo), made on first registration
 _planned_for: dict[str, Any] = {}  # specs -> plan: what `_register` does, worked out once
-# registered: the kernels are in the dispatcher; users: windows recording through them now
-_state: dict[str, Any] = {
-    "registered": False,
-    "error": None,
-    "users": 0,
-    "back_to_back": False,  # plain windows came one after another: kept between them (REOPEN_WITHIN_S)
-    "unregistered_at": (-1, float("-inf")),  # (installation.uninstalls(), time.monotonic()) of the last one
-    "gate": None,  # the native gate the kernels are registered behind (native/), or None: on the key directly
-}
+
+
+@dataclass(eq=False)  # identity: installation keys its claims by this object
+class _Registration:
+    """The kernels' one registration in this process, shared by every window that records through it."""
+
+    registered: bool = False  # the kernels are in the dispatcher
+    error: BaseException | None = None
+    users: int = 0  # windows recording through them now
+    back_to_back: bool = False  # plain windows came one after another: kept between them (REOPEN_WITHIN_S)
+    # (installation.uninstalls(), time.monotonic()) of the last unregistration
+    unregistered_at: tuple[int, float] = (-1, float("-inf"))
+    gate: Any = None  # the native gate the kernels are registered behind (native/), or None: on the key directly
+
+
+_registration = _Registration()
 
 
 def available() -> bool:
@@ -97,12 +105,12 @@ def available() -> bool:
 
 
 def registered() -> bool:
-    return bool(_state["registered"])
+    return bool(_registration.registered)
 
 
 def registration_error() -> BaseException | None:
     """Why registering failed (then the dispatch mode is used), or None."""
-    error: BaseException | None = _state["error"]
+    error: BaseException | None = _registration.error
     return error
 
 
@@ -210,14 +218,14 @@ def _register(specs: dict[Any, CollectiveSpec]) -> bool:
     try:
         return _register_all(specs, None)
     except Exception as exc:  # leave torch as it was: drop what was registered
-        _state["error"] = exc
+        _registration.error = exc
         _drop_registered()
         return False
 
 
 def _register_all(specs: dict[Any, CollectiveSpec], gate: Any) -> bool:
     plan = _plan(specs)
-    _state["gate"] = gate
+    _registration.gate = gate
     with warnings.catch_warnings():  # torch warns about Python kernels on some keys: not for users
         warnings.simplefilter("ignore", UserWarning)
         for qualified, library, name, kernel, collective in plan:
@@ -228,7 +236,7 @@ def _register_all(specs: dict[Any, CollectiveSpec], gate: Any) -> bool:
             else:
                 # the key as the enum, not its name: pybind's conversion of a name costs more than the rest of `impl`
                 library.impl(name, _BACKEND_SELECT, kernel, True)  # True: the kernel gets the dispatch key set
-    _state["registered"] = True
+    _registration.registered = True
     return True
 
 
@@ -248,12 +256,12 @@ REOPEN_WITHIN_S = 1.0
 
 def _unregister() -> None:
     """Take every kernel out of the dispatcher (under `_lock`): torch's own kernels again."""
-    _state["registered"] = False
-    _state["unregistered_at"] = (installation.uninstalls(), time.monotonic())
+    _registration.registered = False
+    _registration.unregistered_at = (installation.uninstalls(), time.monotonic())
     errors = []
-    gate = _state["gate"]
+    gate = _registration.gate
     if gate is not None:
-        _state["gate"] = None
+        _registration.gate = None
         try:
             gate.unregister_all()
         except Exception as exc:
@@ -270,27 +278,27 @@ def _unregister() -> None:
 def acquire(specs: dict[Any, CollectiveSpec]) -> bool:
     """A window records through the kernels: registered now unless they already are (kept
     by `install()`, or another window's); False (the reason kept) if registering failed."""
-    if _state["error"] is not None:
+    if _registration.error is not None:
         return False
-    installation.claim(_state)  # outside `_lock`: `uninstall()` runs removers under installation's lock
+    installation.claim(_registration)  # outside `_lock`: `uninstall()` runs removers under installation's lock
     with _lock:
-        if _state["error"] is not None:
+        if _registration.error is not None:
             return False
-        if not _state["registered"]:
-            uninstalls, unregistered_at = _state["unregistered_at"]
+        if not _registration.registered:
+            uninstalls, unregistered_at = _registration.unregistered_at
             if uninstalls == installation.uninstalls() and time.monotonic() - unregistered_at < REOPEN_WITHIN_S:
-                _state["back_to_back"] = True  # from this window on they stay (until `uninstall()`)
+                _registration.back_to_back = True  # from this window on they stay (until `uninstall()`)
                 _tell_back_to_back()
             if not _register(specs):
                 return False
-        _state["users"] += 1
+        _registration.users += 1
         _set_recording(True)
         return True
 
 
 def _set_recording(on: bool) -> None:
     """Tell the native gate whether a window records (when none does, it passes every call on)."""
-    gate = _state["gate"]
+    gate = _registration.gate
     if gate is not None:
         gate.set_recording(on)
 
@@ -310,29 +318,29 @@ def release() -> None:
     """The window's end: the last window out unregisters the kernels, unless hooks are
     kept (they pass calls straight through until `hp_otel.uninstall()`)."""
     with _lock:
-        if _state["users"] == 0:
+        if _registration.users == 0:
             return
-        _state["users"] -= 1
-        if _state["users"] > 0:
+        _registration.users -= 1
+        if _registration.users > 0:
             return
         _set_recording(False)
-        keep = installation.keeping() or _state["back_to_back"]
+        keep = installation.keeping() or _registration.back_to_back
         if not keep:
             _unregister()
     if keep:
-        installation.linger(_state, _remove_kept)
+        installation.linger(_registration, _remove_kept)
 
 
 def _remove_kept() -> None:
     """`hp_otel.uninstall()` (or the last holder gone): out, unless a window took them over; the
     next plain window starts afresh (it unregisters at its end unless another follows it closely)."""
     with _lock:
-        _state["back_to_back"] = False
-        if _state["users"] == 0 and _state["registered"]:
+        _registration.back_to_back = False
+        if _registration.users == 0 and _registration.registered:
             _unregister()
-            _state["unregistered_at"] = (-1, float("-inf"))  # taken out by uninstall(), not by a window
+            _registration.unregistered_at = (-1, float("-inf"))  # taken out by uninstall(), not by a window
 
 
 def in_use() -> int:
     """How many windows record through the kernels now."""
-    return int(_state["users"])
+    return int(_registration.users)

@@ -9,18 +9,22 @@ instrumentor checks them at `instrument()` without importing torch.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from hp_otel.common.env_read import getenv
 from hp_otel.sources.pytorch import native
 
 COLLECTIVE_HOOK_ENV = "HP_OTEL_TORCH_COLLECTIVE_HOOK"
 KERNELS = "kernels"
 DISPATCH_MODE = "dispatch_mode"
-_COLLECTIVE_HOOKS = {"": KERNELS, "kernels": KERNELS, "dispatch": DISPATCH_MODE, "dispatch_mode": DISPATCH_MODE}
+_COLLECTIVE_HOOKS = MappingProxyType(
+    {"": KERNELS, "kernels": KERNELS, "dispatch": DISPATCH_MODE, "dispatch_mode": DISPATCH_MODE}
+)
 
 OP_HOOK_ENV = "HP_OTEL_TORCH_OP_HOOK"
 CLASS_HOOK = "class"
 MODE = "mode"
-_OP_HOOKS = {"": CLASS_HOOK, "class": CLASS_HOOK, "mode": MODE}
+_OP_HOOKS = MappingProxyType({"": CLASS_HOOK, "class": CLASS_HOOK, "mode": MODE})
 
 
 def collective_hook() -> str:

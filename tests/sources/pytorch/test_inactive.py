@@ -113,7 +113,7 @@ def test_kept_hooks_keep_the_kernels_until_uninstall(fake_world) -> None:
         _collectives()
     between = _run_spied(_collectives)
     # they pass the calls on: in Python, or behind the native gate in C++ without entering Python
-    python = kernels._state["gate"] is None
+    python = kernels._registration.gate is None
     assert between.count(_COLLECTIVE_KERNEL) == 3 * python and between.count(_WAIT_KERNEL) == 1 * python
     assert kernels.registered() and kernels.in_use() == 0
     with CommDebugMode() as mode:  # taken over, not registered again
@@ -226,7 +226,7 @@ def test_a_failed_registration_falls_back_and_leaves_torch_as_it_was(fake_world,
         return _compat.redispatch_boxed(barrier)(keyset.remove(_compat.DispatchKey.BackendSelect), *args, **kwargs)
 
     foreign.impl("barrier", theirs, "BackendSelect", with_keyset=True)
-    monkeypatch.setitem(kernels._state, "error", None)
+    monkeypatch.setattr(kernels._registration, "error", None)
     try:
         with CommDebugMode() as mode:
             assert torch_dtensor.collective_hook() == torch_dtensor.DISPATCH_MODE
@@ -238,7 +238,7 @@ def test_a_failed_registration_falls_back_and_leaves_torch_as_it_was(fake_world,
         assert not any(ours)
     finally:
         foreign._destroy()
-        monkeypatch.setitem(kernels._state, "error", None)
+        monkeypatch.setattr(kernels._registration, "error", None)
     assert _dispatcher() == before
 
 

@@ -74,7 +74,7 @@ def test_an_inner_c10d_call_stays_in_cpp(fake_world, gate_on):
     group = dist.group.WORLD
     model = torch.nn.Linear(2, 2)
     with hp_otel.CommDebugMode(module=model, record_spans=False) as mode:
-        assert kernels._state["gate"] is gate_on
+        assert kernels._registration.gate is gate_on
         calls = _kernel_calls(lambda: _functional(group))
     assert calls.count("_collective_kernel") == 1 and "_wait_kernel" in calls  # the all_reduce, its wait
     assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 1}
@@ -83,7 +83,7 @@ def test_an_inner_c10d_call_stays_in_cpp(fake_world, gate_on):
 def test_without_the_gate_the_inner_call_enters_python(fake_world, gate_off):
     group = dist.group.WORLD
     with hp_otel.CommDebugMode(module=torch.nn.Linear(2, 2), record_spans=False) as mode:
-        assert kernels._state["gate"] is None
+        assert kernels._registration.gate is None
         calls = _kernel_calls(lambda: _functional(group))
     assert calls.count("_collective_kernel") == 2 and "_wait_kernel" in calls  # and the allreduce_ it runs
     assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 1}
@@ -97,7 +97,7 @@ def test_kept_hooks_without_a_window_run_no_python(fake_world, gate_on):
     try:
         with hp_otel.CommDebugMode(module=torch.nn.Linear(2, 2), record_spans=False):
             _functional(group)
-        assert kernels.registered() and kernels._state["gate"] is gate_on
+        assert kernels.registered() and kernels._registration.gate is gate_on
         calls = _kernel_calls(lambda: (_functional(group), dist.all_reduce(torch.ones(4), group=group)))
         assert calls == []
         with hp_otel.CommDebugMode(module=torch.nn.Linear(2, 2), record_spans=False) as mode:
@@ -112,7 +112,7 @@ def _tp_step(model, x, spans: bool):
     """Our counts per op and per module/phase, the referee's, and whether the window recorded behind the gate."""
     referee = Referee(model)
     with referee, hp_otel.CommDebugMode(module=model, record_spans=spans) as mode:
-        gated = kernels._state["gate"] is not None
+        gated = kernels._registration.gate is not None
         model(x).sum().backward()
         dist.all_reduce(torch.ones(4))
     ours = (mode.get_comm_counts(), mode.get_comm_module_counts())
@@ -172,7 +172,7 @@ def test_not_built_says_so_once_and_records_in_python(fake_world, monkeypatch, t
         with caplog.at_level(logging.INFO, logger="hp_otel"):
             for _ in range(2):
                 with hp_otel.CommDebugMode(module=torch.nn.Linear(2, 2), record_spans=False) as mode:
-                    assert kernels._state["gate"] is None
+                    assert kernels._registration.gate is None
                     _functional(dist.group.WORLD)
                 assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 1}
         said = [r.getMessage() for r in caplog.records if "build-native" in r.getMessage()]
@@ -194,11 +194,11 @@ def test_a_gate_that_fails_to_register_leaves_the_python_kernels(fake_world, gat
         def set_recording(self, on):
             pass
 
-    monkeypatch.setitem(native._state, "module", Broken())
+    monkeypatch.setattr(native._lookup, "module", Broken())
     try:
         with caplog.at_level(logging.INFO, logger="hp_otel"):
             with hp_otel.CommDebugMode(module=torch.nn.Linear(2, 2), record_spans=False) as mode:
-                assert kernels._state["gate"] is None and kernels.registered()
+                assert kernels._registration.gate is None and kernels.registered()
                 _functional(dist.group.WORLD)
         assert mode.get_comm_counts() == {"_c10d_functional.all_reduce": 1}
         assert any("does not fit this torch" in r.getMessage() for r in caplog.records)

@@ -29,8 +29,9 @@ import logging
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 
 from hp_otel.common import said_once
 from hp_otel.common.cache_dir import UntrustedCache, cache_folder, make_private_folders, open_private
@@ -40,11 +41,21 @@ logger = logging.getLogger("hp_otel")
 
 NATIVE_ENV = "HP_OTEL_TORCH_NATIVE"
 AUTO, OFF = "auto", "off"
-_CHOICES = {"": AUTO, "auto": AUTO, "1": AUTO, "on": AUTO, "off": OFF, "0": OFF}
+_CHOICES = MappingProxyType({"": AUTO, "auto": AUTO, "1": AUTO, "on": AUTO, "off": OFF, "0": OFF})
 SOURCE = Path(__file__).with_name("passthrough.cpp")
 
 _lock = threading.Lock()
-_state: dict[str, object] = {"module": None, "tried": False}
+
+
+@dataclass(eq=False)
+class _Lookup:
+    """Whether this process looked for the gate's build yet, and what it found."""
+
+    module: ModuleType | None = None
+    tried: bool = False
+
+
+_lookup = _Lookup()
 _loaded: dict[str, ModuleType] = {}  # name -> the module imported from its build (an extension loads once)
 
 
@@ -170,12 +181,12 @@ def gate() -> ModuleType | None:
     loadable here (then said once in the log)."""
     if requested() == OFF:
         return None
-    if not _state["tried"]:
+    if not _lookup.tried:
         with _lock:
-            if not _state["tried"]:
-                _state["module"] = _load()
-                _state["tried"] = True
-    return _state["module"]  # type: ignore[return-value]
+            if not _lookup.tried:
+                _lookup.module = _load()
+                _lookup.tried = True
+    return _lookup.module
 
 
 def _load() -> ModuleType | None:
@@ -209,7 +220,7 @@ def _tell(message: str, level: int = logging.INFO) -> None:
 def forget() -> None:
     """Look for the build again at the next need (tests: after building, or after `disable`)."""
     with _lock:
-        _state.update(module=None, tried=False)
+        _lookup.module, _lookup.tried = None, False
     said_once.forget(__name__)
 
 
@@ -217,5 +228,5 @@ def disable(reason: BaseException) -> None:
     """The gate failed where it was loaded (registering through it): the Python kernels serve alone
     from now on in this process, said once."""
     with _lock:
-        _state.update(module=None, tried=True)
+        _lookup.module, _lookup.tried = None, True
     _tell(f"hp_otel: the native gate failed ({type(reason).__name__}: {reason}); the Python kernels serve alone")
