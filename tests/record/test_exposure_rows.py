@@ -8,7 +8,7 @@ import random
 import pytest
 
 from hp_otel import CommDebugMode
-from hp_otel.record import exposure_metrics, recorder
+from hp_otel.record import exposure_metrics, window_exposure
 from hp_otel.record.exposure_metrics import ExposureTotals, WindowRows, report_of
 from hp_otel.spans import exposure, schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
@@ -81,7 +81,7 @@ def _random_window(mode: CommDebugMode, rng: random.Random, collectives: int) ->
 def test_window_exposure_equals_what_its_spans_say(monkeypatch) -> None:
     """The rows written in batches during the window (and the awaited ones at its end) give the figures
     the finished spans' own attributes give (spans/exposure.by_window, an independent path)."""
-    monkeypatch.setattr(recorder, "_EXPOSURE_BATCH", 7)
+    monkeypatch.setattr(window_exposure, "_EXPOSURE_BATCH", 7)
     for seed in range(5):
         rng = random.Random(seed)
         with CommDebugMode() as mode:
@@ -94,16 +94,16 @@ def test_window_exposure_equals_what_its_spans_say(monkeypatch) -> None:
 def test_per_window_exposure_storage_is_bounded(monkeypatch) -> None:
     """At most `_MAX_WINDOW_COLLECTIVES` rows a window, in one array (no object per collective); at most
     `_EXPOSURE_BATCH` finished collectives wait as events; windows waiting for a reader are bounded too."""
-    monkeypatch.setattr(recorder, "_MAX_WINDOW_COLLECTIVES", 300)
-    monkeypatch.setattr(recorder, "_EXPOSURE_BATCH", 32)
+    monkeypatch.setattr(window_exposure, "_MAX_WINDOW_COLLECTIVES", 300)
+    monkeypatch.setattr(window_exposure, "_EXPOSURE_BATCH", 32)
     monkeypatch.setattr(exposure_metrics, "_MAX_PENDING_ROWS", 500)
     waiting = 0
     with CommDebugMode(max_spans=10) as mode:
         observer = mode.observer
         for i in range(2_000):
             observer.on_collective(_SYNC, 1_000 * i, 1_000 * i + 500)
-            waiting = max(waiting, len(mode._recorder._window_collectives))
-    rows = mode._recorder._exposure_rows
+            waiting = max(waiting, len(mode._recorder.exposure_tracker.finished))
+    rows = mode._recorder.exposure_tracker.stopped_rows
     assert waiting < 32 and len(rows) == 300 and not rows._others
     assert rows.nbytes < 2 * 40 * 300  # 40 bytes a collective (the array over-allocates a little)
     assert mode.get_comm_exposure().total.collectives == 300

@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import hp_otel
 from benchmarks.scale import mlp_forward_events, record_window
 from hp_otel import CommDebugMode
-from hp_otel.record import recorder as recorder_module
 from hp_otel.record import settings as settings_module
 from hp_otel.record import span_builder
+from hp_otel.record import span_feed as span_feed_module
 from hp_otel.render.json_dump import build_json_dump
 from hp_otel.render.table import render_table
 from hp_otel.spans.infos import CollectiveInfo, ModuleInfo
@@ -115,7 +115,7 @@ def test_the_step_never_waits_for_more_than_one_slice_of_the_backlog(monkeypatch
     """Once max_pending events wait, each step builds at most one slice of them (before: the whole
     backlog at once, 20,000 events and 1-2 s in one step); every span is still built, in order."""
     monkeypatch.setattr(settings_module, "_MAX_PENDING_EVENTS", 1_000)
-    monkeypatch.setattr(recorder_module, "_BUILD_SLICE", 64, raising=False)
+    monkeypatch.setattr(span_feed_module, "_BUILD_SLICE", 64)
     fed = 0
     original = span_builder.SpanBuilder.feed
 
@@ -131,7 +131,7 @@ def test_the_step_never_waits_for_more_than_one_slice_of_the_backlog(monkeypatch
             fed = 0
             mlp_forward_events(mode.observer)
             longest = max(longest, fed)
-            assert len(mode._recorder._pending) <= 1_000
+            assert len(mode._recorder.span_feed.pending) <= 1_000
     assert 0 < longest <= 64  # one slice, whatever the step (13 events a step)
     spans = mode.get_finished_spans()
     assert len(spans) == steps * 7 and mode.get_dropped_record_count() == 0

@@ -30,7 +30,7 @@ import hp_otel.sources.pytorch.op_hook as op_hook
 from hp_otel import CommDebugMode
 from hp_otel.record import events as ev
 from hp_otel.record.instruments import CollectiveTotals, DeferredDurations
-from hp_otel.record.recorder import WindowRecorder
+from hp_otel.record.span_feed import SpanFeed
 from hp_otel.spans import codec, schema
 from hp_otel.testing import assert_collective_counts, assert_no_callback_errors, metric_points
 from hp_otel.workloads.tp_mlp import build_tp_mlp, train_step
@@ -64,14 +64,14 @@ def _fail_event(tag: str) -> Callable[[pytest.MonkeyPatch], None]:
     """The recorder's handling of one observer event kind fails (after the exact counts)."""
 
     def inject(monkeypatch: pytest.MonkeyPatch) -> None:
-        original = WindowRecorder._emit
+        original = SpanFeed.emit
 
         def emit(self, event):
             if type(event) is tag:
                 raise InjectedFault(f"injected in event {tag.__name__}")
             return original(self, event)
 
-        monkeypatch.setattr(WindowRecorder, "_emit", emit)
+        monkeypatch.setattr(SpanFeed, "emit", emit)
 
     return inject
 

@@ -29,7 +29,7 @@ def test_cap_holds_and_counts_stay_exact_past_the_build_threshold(monkeypatch) -
     with CommDebugMode(max_spans=100, meter_provider=MeterProvider(metric_readers=[reader])) as mode:
         for _ in range(500):
             mlp_forward_events(mode.observer)
-        assert len(mode._recorder._pending) < 50  # unbuilt events stay bounded too
+        assert len(mode._recorder.span_feed.pending) < 50  # unbuilt events stay bounded too
     assert len(mode.get_finished_spans()) == 100
     assert mode.get_dropped_record_count() == 500 * 7 - 100
     assert_collective_counts(mode, {"_c10d_functional.all_reduce": 500})
@@ -116,7 +116,7 @@ def test_past_the_cap_spans_are_counted_not_built_and_pending_events_stay_bounde
     with CommDebugMode(max_spans=cap) as mode:
         for _ in range(steps):
             mlp_forward_events(mode.observer)
-            peak = max(peak, len(mode._recorder._pending))
+            peak = max(peak, len(mode._recorder.span_feed.pending))
     assert len(mode.get_finished_spans()) == cap
     assert mode.get_dropped_record_count() == steps * 7 - cap
     assert started <= cap + 7  # at most the step that filled the store, not 21,000 spans
@@ -142,7 +142,7 @@ def test_calls_skipped_past_the_cap_close_their_own_frames_only() -> None:
             observer.on_module_enter(inner, "forward")
             observer.on_module_exit("a", "forward")
         mode._recorder.materialise()
-        builder = mode._recorder._builder
+        builder = mode._recorder.span_feed.builder
         assert [frame.key for frame in builder._stack] == [("(root)", "forward"), ("a", "forward")]
         observer.on_module_exit("a", "forward")
         observer.on_module_exit("(root)", "forward")
@@ -158,9 +158,9 @@ def test_clear_forgets_the_builder_and_in_flight_records_between_windows() -> No
         mode.observer.on_collective_issue(
             CollectiveInfo("x", "all_reduce", 2, "tp", (0, 1), (1,), (1,), "f32", 4, "sum"), 1
         )
-    assert mode._recorder._builder is not None and mode._recorder.in_flight()
+    assert mode._recorder.span_feed.builder is not None and mode._recorder.in_flight()
     mode.clear()
-    assert mode._recorder._builder is None and mode._recorder.in_flight() == []
+    assert mode._recorder.span_feed.builder is None and mode._recorder.in_flight() == []
     assert mode.get_finished_spans() == () and mode.get_total_counts() == 0
 
 

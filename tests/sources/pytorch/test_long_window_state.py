@@ -20,8 +20,7 @@ import torch
 from referee import Referee
 
 from hp_otel import CommDebugMode
-from hp_otel.record import collective_metrics
-from hp_otel.record import recorder as recorder_module
+from hp_otel.record import collective_metrics, window_exposure
 from hp_otel.sources.pytorch import modules
 
 STEPS = 160
@@ -80,8 +79,8 @@ def test_a_window_over_many_steps_keeps_its_state_bounded(tp_mlp, record_spans: 
             loss.backward()
             sizes.append(_state(mode, model))
     if record_spans:  # spans and their events are what a traced window keeps: capped by max_spans, not here;
-        # its collectives still awaiting their exposure rows are capped per window (recorder._exposure_room)
-        kept = ("._pending", "._window_collectives", "._window_awaited", "._builder")
+        # its collectives still awaiting their exposure rows are capped per window (window_exposure)
+        kept = ("span_feed.pending", "exposure_tracker.finished", "exposure_tracker.awaited")
         for s in sizes:
             for key in [k for k in s if k.endswith(kept)]:
                 del s[key]
@@ -153,5 +152,5 @@ def test_a_window_that_drops_spans_holds_a_bounded_number_of_collective_events(f
                 torch.ops._c10d_functional.wait_tensor(out)
             seen.append(live_collective_events())
     assert mode.get_total_counts() == 16000 and mode.get_dropped_record_count() > 0
-    assert seen[1] <= recorder_module._EXPOSURE_BATCH and seen[1] <= seen[0] + 100, seen
+    assert seen[1] <= window_exposure._EXPOSURE_BATCH and seen[1] <= seen[0] + 100, seen
     assert mode.get_comm_exposure().total.collectives == 16000  # every collective still in the figures
