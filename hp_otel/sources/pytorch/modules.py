@@ -42,6 +42,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hp_otel.common import said_once
 from hp_otel.record import installation
+from hp_otel.record import phase as phase_of
 from hp_otel.record.attribution import GroupCalls
 from hp_otel.record.observer import Observer
 from hp_otel.sources import module_depth
@@ -260,8 +261,8 @@ class _TrackedModule:
         observer = tracker.observer
         if observer is None or not observer.accepting or self.compiled_calls:
             return  # (compiled_calls: its compiled call was noted already, and dynamo ran the hooks eagerly)
-        # A forward inside backward is activation checkpointing's recomputation.
-        phase = schema.PHASE_RECOMPUTE if _graph_task_id() != -1 else schema.PHASE_FORWARD
+        # A forward inside backward is activation checkpointing's recomputation (record/phase.py).
+        phase = phase_of.of_forward_call(_graph_task_id() != -1)
         try:
             tracker.enter_call(self.info, phase)
         except Exception as exc:
@@ -286,9 +287,7 @@ class _TrackedModule:
             observer.on_fault("module_forward_post", exc)
             entry = None
         if entry is None:  # the pre-hook could not note the call: close its span all the same
-            observer.on_module_exit(
-                self.fqn, schema.PHASE_RECOMPUTE if _graph_task_id() != -1 else schema.PHASE_FORWARD, error
-            )
+            observer.on_module_exit(self.fqn, phase_of.of_forward_call(_graph_task_id() != -1), error)
             return
         call, phase, first_node = entry
         observer.on_module_exit(self.fqn, phase, error)
