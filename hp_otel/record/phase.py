@@ -20,6 +20,7 @@ then decides from the module calls alone.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 from hp_otel.spans import schema
 
@@ -28,14 +29,20 @@ BACKWARD = schema.PHASE_BACKWARD
 RECOMPUTE = schema.PHASE_RECOMPUTE
 
 
+# The two rules as tables indexed by whether autograd runs (False, True): a hook that runs for every
+# module call reads its phase with one subscript, no Python call.
+COLLECTIVE: Final = (FORWARD, BACKWARD)
+FORWARD_CALL: Final = (FORWARD, RECOMPUTE)
+
+
 def of_collective(autograd_running: bool) -> str:
     """The phase hint of a collective issued now: backward inside autograd, else forward."""
-    return BACKWARD if autograd_running else FORWARD
+    return COLLECTIVE[autograd_running]
 
 
 def of_forward_call(autograd_running: bool) -> str:
     """The phase of a module's forward call starting now: a forward inside backward is a recompute."""
-    return RECOMPUTE if autograd_running else FORWARD
+    return FORWARD_CALL[autograd_running]
 
 
 def enclosing(module_phases: Iterable[str]) -> str:

@@ -13,6 +13,7 @@ from hp_otel.spans import schema
 )
 def test_a_collective_issued_inside_autograd_is_hinted_backward(autograd_running: bool, expected: str) -> None:
     assert phase.of_collective(autograd_running) == expected
+    assert phase.COLLECTIVE[autograd_running] == expected  # the table the hot hooks read
 
 
 @pytest.mark.parametrize(
@@ -21,6 +22,7 @@ def test_a_collective_issued_inside_autograd_is_hinted_backward(autograd_running
 def test_a_forward_call_inside_autograd_is_a_recompute(autograd_running: bool, expected: str) -> None:
     """Activation checkpointing reruns forward from inside backward: that call is a recompute."""
     assert phase.of_forward_call(autograd_running) == expected
+    assert phase.FORWARD_CALL[autograd_running] == expected  # the table the module hooks read
 
 
 def test_work_inside_module_calls_takes_the_innermost_calls_phase() -> None:
