@@ -23,6 +23,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode,
 from hp_otel.common import _otel_compat, launcher_env
 from hp_otel.record import events as ev
 from hp_otel.record import matching
+from hp_otel.record import phase as phase_of
 from hp_otel.record.attribution import Attribution, is_elsewhere
 from hp_otel.record.call_stack import module_of
 from hp_otel.record.collective_metrics import bandwidth_of
@@ -286,10 +287,7 @@ class SpanBuilder:
             self._store.export((span,))
 
     def _phase(self) -> str:
-        for frame in reversed(self._stack):
-            if frame.kind == schema.KIND_MODULE:
-                return frame.phase
-        return schema.PHASE_FORWARD
+        return phase_of.enclosing(f.phase for f in reversed(self._stack) if f.kind == schema.KIND_MODULE)
 
     # --- handlers -------------------------------------------------------------
     def _module_enter(self, e: ev.ModuleEnter) -> None:

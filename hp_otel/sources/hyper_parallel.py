@@ -35,6 +35,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from hp_otel.record import phase as phase_of
 from hp_otel.record.observer import Observer
 from hp_otel.sources.function_collectives import (
     AsyncHandles,
@@ -53,7 +54,6 @@ from hp_otel.sources.patching import (
     patch_owned,
     run_every,
 )
-from hp_otel.spans import schema
 from hp_otel.spans.infos import TensorInfo
 
 logger = logging.getLogger("hp_otel")
@@ -118,7 +118,7 @@ def _torch_phase() -> str | None:
         from hp_otel.sources.pytorch._compat import current_graph_task_id
 
         _torch_graph_task_id.append(current_graph_task_id)
-    return schema.PHASE_BACKWARD if _torch_graph_task_id[0]() != -1 else schema.PHASE_FORWARD
+    return phase_of.of_collective(_torch_graph_task_id[0]() != -1)
 
 
 def _module_if_framework_loaded(module_name: str, framework: str) -> ModuleType | None:

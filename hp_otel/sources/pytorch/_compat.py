@@ -152,6 +152,8 @@ REDISTRIBUTE_MODULES = (
     "torch.distributed.tensor._api",
 )
 REDISTRIBUTE_FUNCTION = "redistribute_local_tensor"
+# The dicts `nn.Module.register_forward_pre_hook` and `register_forward_hook(always_call=True)` fill.
+FORWARD_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called")
 
 # Every private symbol, one row each: its name here, where torch keeps it, what it is, what hp_otel uses
 # it for, what hp_otel does without it. What a hook calls per event is bound below, once.
@@ -202,6 +204,17 @@ _TABLE: tuple[Symbol, ...] = (
         "own_parameters", "torch.nn", "Module", ATTRIBUTE,
         "a module's own parameters as objects, without its children's",
         member="_parameters", sample=lambda: torch.nn.Linear(1, 1),
+    ),
+    *(
+        Symbol(
+            f"forward_hook_dict:{member}", "torch.nn", "Module", ATTRIBUTE,
+            "a window's forward hooks go straight into the dicts `register_forward_pre_hook` and "
+            "`register_forward_hook(always_call=True)` fill, without a RemovableHandle each (a module's hooks "
+            "are registered and removed every window)",
+            fallback="each hook is registered through the public API, with its RemovableHandle",
+            fallback_value=None, member=member, sample=lambda: torch.nn.Linear(1, 1),
+        )
+        for member in FORWARD_HOOK_DICTS
     ),
     # compiled modules: where a compiled call leaves eager Python
     Symbol(
@@ -402,6 +415,15 @@ STOP_RECOMPUTATION: tuple[type[BaseException], ...] = (
 def own_parameters(module: torch.nn.Module) -> Iterable[Any]:
     """The module's own parameters (None for an empty slot), without walking children (`module._parameters`)."""
     return module._parameters.values()
+
+
+# `forward_hook_dicts(module)`: its (pre-hooks, hooks, always-called hook ids) dicts (attrgetter: no Python
+# frame); None where this torch lacks one of them (hooks are then registered through the public API).
+forward_hook_dicts: Callable[[Any], tuple[Any, Any, Any]] | None = (
+    operator.attrgetter(*FORWARD_HOOK_DICTS)
+    if all(resolve(f"forward_hook_dict:{member}") is not None for member in FORWARD_HOOK_DICTS)
+    else None
+)
 
 
 # --- compiled modules: where a compiled call leaves eager Python ------------------------------

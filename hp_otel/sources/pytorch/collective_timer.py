@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
+from hp_otel.record import phase as phase_of
 from hp_otel.record.observer import Observer
 from hp_otel.sources.pytorch import _compat
 from hp_otel.sources.pytorch.collectives import CollectiveSpec
 from hp_otel.sources.pytorch.completion import Completions
 from hp_otel.sources.pytorch.device_timing import DeviceSpan, DeviceTimer
 from hp_otel.sources.pytorch.fsdp import param_module
-from hp_otel.spans import schema
 
 _in_backward: Callable[[], int] = _compat.current_graph_task_id  # -1 outside autograd
 _cuda_initialized: Callable[[], bool] = torch.cuda.is_initialized
@@ -127,9 +127,9 @@ class CollectiveTimer:
     def _issue(self, spec: CollectiveSpec, args: Any, kwargs: Any, start: int) -> tuple[Any, str, Any]:
         observer = self._observer
         try:
-            # A hint, not the phase: whether autograd runs now. The recorder decides the phase once
-            # (record/attribution.py: a recompute, the optimizer, outside every module).
-            phase = schema.PHASE_BACKWARD if _in_backward() != -1 else schema.PHASE_FORWARD
+            # A hint, not the phase (record/phase.py): whether autograd runs now. The recorder decides
+            # the phase once (record/attribution.py: a recompute, the optimizer, outside every module).
+            phase = phase_of.of_collective(_in_backward() != -1)
             if not observer.spans_enabled and not observer.wants_completion:  # a counts-only window
                 info = spec.describe_counts(args, kwargs)
                 return info, phase, observer.on_collective_issue(info, start, phase)  # the staleness gauges
@@ -161,7 +161,7 @@ class CollectiveTimer:
             return
         try:
             if not phase:
-                phase = schema.PHASE_BACKWARD if _in_backward() != -1 else schema.PHASE_FORWARD
+                phase = phase_of.of_collective(_in_backward() != -1)
             if device is None:
                 token = observer.on_collective(
                     info, start, end, error, phase, ticket, awaits_completion=result is not None, done=done

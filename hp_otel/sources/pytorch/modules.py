@@ -42,6 +42,7 @@ from torch.utils.hooks import RemovableHandle
 
 from hp_otel.common import said_once
 from hp_otel.record import installation
+from hp_otel.record import phase as phase_of
 from hp_otel.record.attribution import GroupCalls
 from hp_otel.record.observer import Observer
 from hp_otel.sources import module_depth
@@ -63,6 +64,10 @@ logger = logging.getLogger("hp_otel")
 _NO_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes: made on demand, not by a forward
 # Non-reentrant checkpointing stops a recomputed forward once it has what backward needs.
 _STOP_RECOMPUTATION: tuple[type[BaseException], ...] = _compat.STOP_RECOMPUTATION
+# A module's forward hook dicts, written directly (None: through the public API, a RemovableHandle each).
+_hook_dicts = _compat.forward_hook_dicts
+_REGISTER_PRE = nn.Module.register_forward_pre_hook
+_REGISTER_POST = nn.Module.register_forward_hook
 
 
 def _grad_tensors(value: Any) -> list[torch.Tensor]:
@@ -260,8 +265,8 @@ class _TrackedModule:
         observer = tracker.observer
         if observer is None or not observer.accepting or self.compiled_calls:
             return  # (compiled_calls: its compiled call was noted already, and dynamo ran the hooks eagerly)
-        # A forward inside backward is activation checkpointing's recomputation.
-        phase = schema.PHASE_RECOMPUTE if _graph_task_id() != -1 else schema.PHASE_FORWARD
+        # A forward inside backward is activation checkpointing's recomputation (record/phase.py).
+        phase = phase_of.FORWARD_CALL[_graph_task_id() != -1]
         try:
             tracker.enter_call(self.info, phase)
         except Exception as exc:
@@ -286,9 +291,7 @@ class _TrackedModule:
             observer.on_fault("module_forward_post", exc)
             entry = None
         if entry is None:  # the pre-hook could not note the call: close its span all the same
-            observer.on_module_exit(
-                self.fqn, schema.PHASE_RECOMPUTE if _graph_task_id() != -1 else schema.PHASE_FORWARD, error
-            )
+            observer.on_module_exit(self.fqn, phase_of.FORWARD_CALL[_graph_task_id() != -1], error)
             return
         call, phase, first_node = entry
         observer.on_module_exit(self.fqn, phase, error)
@@ -654,6 +657,7 @@ class _ModuleHooks:
         self._tracked: list[_TrackedModule] = []
         self._structure: list[tuple[str, int]] = []
         self._handles: list[RemovableHandle] = []
+        self._written: list[tuple[weakref.ref[nn.Module], int]] = []  # (module, pre-hook id; post-hook: id + 1)
         self._hooked = False  # the hooks of `_registered` are in (False: described, taken out by `remove()`)
         self._registered: list[tuple[weakref.ref[nn.Module], _TrackedModule]] = []  # what gets forward hooks
         # the `torch.compile(module)` wrappers found for modules of the tree, whose hooks note those modules' calls
@@ -705,13 +709,12 @@ class _ModuleHooks:
     def _register_again(self) -> bool:
         """The hooks an earlier window made on this unchanged tree, registered again; False (nothing
         registered) if a module it described is gone."""
-        registered = [(ref(), tracked) for ref, tracked in self._registered]
+        registered = [(ref(), tracked, ref) for ref, tracked in self._registered]
         wrappers = [(ref(), tracked) for ref, tracked in self._registered_wrappers]
-        for module, _tracked in registered + wrappers:
-            if module is None:
-                return False
-        for module, tracked in registered:
-            self._register(module, tracked)  # type: ignore[arg-type]
+        if any(entry[0] is None for entry in registered) or any(wrapper is None for wrapper, _tracked in wrappers):
+            return False
+        for module, tracked, ref in registered:
+            self._register(module, tracked, ref)  # type: ignore[arg-type]
         for wrapper, tracked in wrappers:
             self._handles.extend(_WrapperHooks(tracked).register(wrapper))  # type: ignore[arg-type]
         # (no compiled stand-ins to remake: a tree with compiled calls is never "unchanged" once they are
@@ -719,9 +722,28 @@ class _ModuleHooks:
         self._hooked = True
         return True
 
-    def _register(self, module: nn.Module, tracked: _TrackedModule) -> None:
-        self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
-        self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+    def _register(self, module: nn.Module, tracked: _TrackedModule, ref: weakref.ref[nn.Module]) -> None:
+        """The pre-hook first and the post-hook last (`always_call`), as `register_forward_pre_hook(prepend=True)`
+        and `register_forward_hook(always_call=True)` put them: written into the module's hook dicts under ids
+        taken from torch's own counter, without the RemovableHandle and weak references each registration makes
+        (this runs for every module at every window); through the public API for a class that overrides it."""
+        cls = type(module)
+        if (
+            _hook_dicts is None
+            or cls.register_forward_pre_hook is not _REGISTER_PRE
+            or cls.register_forward_hook is not _REGISTER_POST
+        ):
+            self._handles.append(module.register_forward_pre_hook(tracked.forward_pre, prepend=True))
+            self._handles.append(module.register_forward_hook(tracked.forward_post, always_call=True))
+            return
+        pre, post, always_called = _hook_dicts(module)
+        key = RemovableHandle.next_id
+        RemovableHandle.next_id = key + 2
+        pre[key] = tracked.forward_pre
+        pre.move_to_end(key, last=False)
+        post[key + 1] = tracked.forward_post
+        always_called[key + 1] = True
+        self._written.append((ref, key))
 
     def _hook_tree(self, root: nn.Module, in_graph: bool) -> list[tuple[str, nn.Module]]:
         """Hook the modules whose hooks run eagerly; those of compiled modules and of modules inside them
@@ -770,8 +792,9 @@ class _ModuleHooks:
                     continue
                 if _in_compiled_forward(fqn, inside):
                     continue
-                self._register(module, tracked)
-                self._registered.append((weakref.ref(module), tracked))
+                ref = weakref.ref(module)
+                self._register(module, tracked, ref)
+                self._registered.append((ref, tracked))
             tracked_at = {fqn: tracked for tracked, (fqn, _module) in zip(self._tracked, modules, strict=True)}
             for fqn, wrappers in wrapped:
                 for wrapper in wrappers:
@@ -833,6 +856,7 @@ class _ModuleHooks:
     def _take_out(self) -> None:
         """Every hook and stand-in of ours out of the tree, exactly as it was."""
         handles, self._handles = self._handles, []
+        written, self._written = self._written, []
         self._hooked = False
         try:
             self._unhook_wrapper()
@@ -840,6 +864,13 @@ class _ModuleHooks:
         finally:
             for handle in handles:
                 handle.remove()
+            for ref, key in written:
+                module = ref()
+                if module is not None:
+                    pre, post, always_called = _hook_dicts(module)  # type: ignore[misc]
+                    pre.pop(key, None)
+                    post.pop(key + 1, None)
+                    always_called.pop(key + 1, None)
 
 
 # The hook sets kept for each root module, one per module depth hooked (weakly: a model that goes
@@ -975,7 +1006,7 @@ class TorchModuleTracker:
         return state
 
     def enter_call(self, info: ModuleInfo, phase: str) -> None:
-        state = self._thread_state()
+        state = getattr(self._local, "state", None) or self._thread_state()  # (a call only the first time)
         stack = state.stack
         if stack:
             parent: ModuleCall | None = stack[-1][0]
@@ -992,7 +1023,7 @@ class TorchModuleTracker:
         self._latest_call[info] = call
 
     def exit_call(self, info: ModuleInfo, output: Any = None) -> tuple[ModuleCall, str, int] | None:
-        state = self._thread_state()
+        state = getattr(self._local, "state", None) or self._thread_state()  # (a call only the first time)
         stack = state.stack
         for i in range(len(stack) - 1, -1, -1):
             if stack[i][0].module is info:
