@@ -62,6 +62,10 @@ _graph_task_id = _compat.current_graph_task_id  # -1 outside backward
 _slot: ObserverSlot[Observer] = ObserverSlot("hp_otel_op_observer")
 _observer_here = _slot.in_context  # this context's window only: other threads pass through, as with the mode
 _NO_KWARGS: dict[str, Any] = {}  # never mutated: `func(*args, **{})` gets a copy
+# What torch passes as `func` for a DTensor's attribute read or write (`p.grad`, `x.shape`): a
+# getset descriptor's bound `__get__` / `__set__`, most of the hook's calls (docs/how-it-works/costs.md).
+_METHOD_WRAPPER = type(object().__str__)
+_ATTRIBUTE_ACCESS = frozenset({"__get__", "__set__", "__delete__"})
 
 
 requested = settings.op_hook  # "class" (default) or "mode"
@@ -97,6 +101,9 @@ def _torch_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: An
     """DTensor's `__torch_function__` while a window records ops: report, and run the op as torch would."""
     if kwargs is None:
         kwargs = _NO_KWARGS
+    # An attribute read or write is never an op: out before anything else, the context lookup included.
+    if func.__class__ is _METHOD_WRAPPER and func.__name__ in _ATTRIBUTE_ACCESS:
+        return _original(func, types, args, kwargs)
     observer = _observer_here()
     if observer is None:  # a context with no window recording ops (another thread): straight through
         return _original(func, types, args, kwargs)

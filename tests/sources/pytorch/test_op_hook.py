@@ -222,6 +222,26 @@ def test_our_own_reads_in_the_module_hooks_do_not_reach_the_op_hook(tp_mlp, monk
     assert [s for s in seen if s.startswith(package)] == []
 
 
+def test_attribute_reads_and_writes_leave_before_the_context_lookup(tp_mlp, monkeypatch) -> None:
+    # most of the hook's calls in a step are `p.grad`, `x.shape`, `requires_grad`: they must cost
+    # a frame and no more (docs/how-it-works/costs.md); the ops themselves still reach the window
+    model, x = tp_mlp
+    lookups: list[int] = []
+    real_lookup = op_hook._observer_here
+    monkeypatch.setattr(op_hook, "_observer_here", lambda: (lookups.append(1), real_lookup())[1])
+    param = next(p for p in model.parameters() if isinstance(p, DTensor))
+    with CommDebugMode(module=model) as mode:
+        assert _class_attr() is not DISABLED
+        for _ in range(5):
+            assert param.shape[0] > 0  # __get__
+            param.grad = None  # __set__
+            _ = param.requires_grad
+        attribute_lookups = len(lookups)
+        model(x)
+    assert attribute_lookups == 0
+    assert len(lookups) > 0 and "linear" in _span_names(mode)
+
+
 @pytest.mark.parametrize(("when", "backend"), [("before", "eager"), ("inside", "aot_eager")])
 def test_compiled_fullgraph_no_break_and_no_recompile_for_the_hook(tp_mlp, when: str, backend: str) -> None:
     """dynamo wraps DTensors as plain tensor variables: it never traces the hook, and unlike the
