@@ -6,11 +6,11 @@ collective belongs, count it exactly, hand it to `collective_metrics`, and appen
 timestamped event.  What it records is fixed when it is made (`settings`).  Spans are
 built from those events by `SpanBuilder`:
 
-- deferred (default with hp_otel's own provider): when the spans are first read, or,
+- deferred (the default): at window end for your provider, when first read for hp_otel's own; or,
   once `max_pending` events have piled up, the oldest in slices of `_BUILD_SLICE` — the
   training step pays for an append, not for an SDK span (docs/how-it-works/costs.md), and a
   long window's step never waits for more than one slice;
-- live (default with your `tracer_provider`): as events happen, so spans reach your
+- live (`live_spans=True`): as events happen, through the SDK, so spans reach your
   processors at once and are the current span while their work runs.
 
 Nothing here raises into the traced code: a fault is counted, logged once per kind,
