@@ -14,7 +14,9 @@ to the work of each of its full collections (the SDK span is a couple of dozen t
 objects), and a record is several times smaller (docs/how-it-works/costs.md has the
 figures).  `get_finished_spans()` rebuilds
 `ReadableSpan`s from the records, equal field by field to the spans the SDK ended
-(`StoredSpan`: the same class hierarchy, compared by content).  A span with anything a
+(`StoredSpan`: the same class hierarchy, compared by content).  A deferred window's span
+reaches it as its fields (`keep`, from `readable_spans.DraftSpan`): the same record, no span
+object made in between.  A span with anything a
 record cannot say exactly (counts of dropped attributes, events or links; a context that
 is not a `SpanContext`) is kept as it came.
 """
