@@ -19,8 +19,11 @@ StepContext = Callable[[], contextlib.AbstractContextManager[Any]]
 
 UNTRACED = "untraced"
 HP_OTEL = "hp_otel"
+HP_OTEL_READ = "hp_otel, spans read"
+HP_OTEL_EXPORTING = "hp_otel, exporting provider"
 HP_OTEL_KEPT = "hp_otel, hooks kept"
 HP_OTEL_STACK = "hp_otel, stack=True"
+HP_OTEL_NO_OPS = "hp_otel, ops=False"
 COUNTS_ONLY = "hp_otel, counts only"
 COUNTS_ONLY_KEPT = "hp_otel, counts only, hooks kept"
 COUNTS_ONLY_DEPTH_1 = "hp_otel, counts only, metric depth 1"
@@ -37,7 +40,10 @@ FLOOR = "floor: bare torch modes"
 VARIANT_NAMES = (
     UNTRACED,
     HP_OTEL,
+    HP_OTEL_READ,
+    HP_OTEL_EXPORTING,
     HP_OTEL_STACK,
+    HP_OTEL_NO_OPS,
     HP_OTEL_KEPT,
     COUNTS_ONLY,
     COUNTS_ONLY_KEPT,
@@ -73,12 +79,18 @@ def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
     variants = [
         Variant(UNTRACED, contextlib.nullcontext, around_block=_nothing_installed),
         Variant(HP_OTEL, lambda: CommDebugMode(module=model), records_events=True),
+        Variant(HP_OTEL_READ, lambda: _spans_read(model), records_events=True),
+        _exporting_variant(model),
     ]
     skipped: dict[str, str] = {}
     if "stack" in inspect.signature(CommDebugMode).parameters:  # where each collective was called
         variants.append(Variant(HP_OTEL_STACK, lambda: CommDebugMode(module=model, stack=True), records_events=True))
     else:  # an hp_otel from before `stack=` (comparing releases)
         skipped[HP_OTEL_STACK] = "this hp_otel has no stack="
+    if "ops" in inspect.signature(CommDebugMode).parameters:  # what the op spans cost
+        variants.append(Variant(HP_OTEL_NO_OPS, lambda: CommDebugMode(module=model, ops=False), records_events=True))
+    else:
+        skipped[HP_OTEL_NO_OPS] = "this hp_otel has no ops="
     if hasattr(hp_otel, "install"):
         variants.append(Variant(HP_OTEL_KEPT, lambda: CommDebugMode(module=model), _hooks_kept, True))
     else:  # an hp_otel from before `install()` (comparing releases)
@@ -155,6 +167,61 @@ def _after_a_window() -> Iterator[None]:
     with CommDebugMode():
         pass
     yield
+
+
+@dataclass
+class SpansRead:
+    """What the "spans read" variant read back: a step count and the spans of each (tests check it reads)."""
+
+    per_step: list[int]
+
+
+SPANS_READ = SpansRead([])
+
+
+@contextlib.contextmanager
+def _spans_read(model: Any) -> Iterator[Any]:
+    """hp_otel's window, then its spans read back as a user's test reads them: building the
+    deferred SDK spans is part of the step's cost."""
+    from hp_otel import CommDebugMode
+
+    with CommDebugMode(module=model) as mode:
+        yield mode
+    SPANS_READ.per_step.append(len(mode.get_finished_spans()))
+
+
+def _exporting_variant(model: Any) -> Variant:
+    """hp_otel's window on a user's SDK provider that batches its spans to an exporter: live spans
+    (the default with a provider of one's own), each handed to the batch processor as it ends.
+
+    The provider is made once per timed block (a user makes it once per process) and shut
+    down after; its exporter drops what it gets, so no network is timed."""
+    from hp_otel import CommDebugMode
+
+    provider: list[Any] = []
+    return Variant(
+        HP_OTEL_EXPORTING,
+        lambda: CommDebugMode(module=model, tracer_provider=provider[-1]),
+        around_block=lambda: _exporting_provider(provider),
+        records_events=True,
+    )
+
+
+@contextlib.contextmanager
+def _exporting_provider(holder: list[Any]) -> Iterator[None]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from benchmarks.dropping_exporter import DroppingExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(DroppingExporter()))
+    holder.append(provider)
+    try:
+        yield
+    finally:
+        holder.remove(provider)
+        provider.shutdown()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,134 @@
+"""The variants that make hp_otel's spans as a user gets them: "spans read" reads them back each step and
+"exporting provider" hands them to a user's batch processor. Spans are counted at the OpenTelemetry SDK
+(every SDK span is a `ReadableSpan`), not through hp_otel or the bench's own figures."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+
+from benchmarks import instructions
+from benchmarks.dropping_exporter import DroppingExporter
+from benchmarks.timing import run_workload
+from benchmarks.variants import (
+    HP_OTEL,
+    HP_OTEL_EXPORTING,
+    HP_OTEL_READ,
+    SPANS_READ,
+    UNTRACED,
+    VARIANT_NAMES,
+    build_variants,
+)
+from benchmarks.workloads import build_workload
+
+STEPS = 3
+
+
+@pytest.fixture
+def sdk_spans(monkeypatch) -> list[int]:
+    """How many SDK spans were constructed: one element per span, whatever code made it."""
+    made: list[int] = []
+    real_init = ReadableSpan.__init__
+
+    def counting_init(self, *args, **kwargs) -> None:
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ReadableSpan, "__init__", counting_init)
+    return made
+
+
+def _spans_per_step(name: str, sdk_spans: list[int]) -> list[int]:
+    """SDK spans made in each of STEPS steps of variant `name` on the MLP, after one warm-up step."""
+    workload = build_workload("mlp")
+    (variant,) = [v for v in build_variants(workload.model)[0] if v.name == name]
+    per_step = []
+    with variant.around_block():
+        with variant.step_context():
+            workload.step()
+        for _ in range(STEPS):
+            before = len(sdk_spans)
+            with variant.step_context():
+                workload.step()
+            per_step.append(len(sdk_spans) - before)
+    return per_step
+
+
+def test_the_new_variants_are_listed_after_hp_otel() -> None:
+    at = VARIANT_NAMES.index(HP_OTEL)
+    assert VARIANT_NAMES[at + 1 : at + 3] == (HP_OTEL_READ, HP_OTEL_EXPORTING)
+
+
+def test_hp_otel_alone_builds_no_sdk_span(fake_world, sdk_spans) -> None:
+    # why the two variants exist: its own provider defers the spans and nobody reads them
+    assert _spans_per_step(HP_OTEL, sdk_spans) == [0] * STEPS
+
+
+def test_spans_read_builds_and_reads_spans_every_step(fake_world, sdk_spans) -> None:
+    SPANS_READ.per_step.clear()
+    per_step = _spans_per_step(HP_OTEL_READ, sdk_spans)
+    assert all(n > 0 for n in per_step)
+    read = SPANS_READ.per_step[1:]  # the warm-up step's read first
+    assert len(read) == STEPS and all(0 < n <= made for n, made in zip(read, per_step, strict=True))
+
+
+def test_exporting_provider_hands_every_step_s_spans_to_the_exporter(fake_world, sdk_spans) -> None:
+    _spans_per_step(HP_OTEL_READ, sdk_spans)
+    window_spans = SPANS_READ.per_step[-1]  # the spans of one window, as read from hp_otel's own store
+    exported_before = DroppingExporter.exported
+    per_step = _spans_per_step(HP_OTEL_EXPORTING, sdk_spans)
+    assert all(n > 0 for n in per_step)
+    # the provider was shut down after the block, flushing its batch: every span of every window exported
+    assert DroppingExporter.exported - exported_before == (STEPS + 1) * window_spans > 0
+
+
+def test_exporting_provider_is_made_once_per_block_and_shut_down(fake_world, monkeypatch) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    made, shut = [], []
+    real_init, real_shutdown = TracerProvider.__init__, TracerProvider.shutdown
+
+    def counting_init(self, *args, **kwargs) -> None:
+        made.append(self)
+        real_init(self, *args, **kwargs)
+
+    def counting_shutdown(self) -> None:
+        shut.append(self)
+        real_shutdown(self)
+
+    monkeypatch.setattr(TracerProvider, "__init__", counting_init)
+    monkeypatch.setattr(TracerProvider, "shutdown", counting_shutdown)
+    workload = build_workload("mlp")
+    (variant,) = [v for v in build_variants(workload.model)[0] if v.name == HP_OTEL_EXPORTING]
+    with variant.around_block():
+        for _ in range(STEPS):
+            with variant.step_context():
+                workload.step()
+    assert len(made) == 1 and shut == made
+
+
+def test_the_timed_bench_runs_them_with_a_per_event_figure(fake_world) -> None:
+    result = run_workload(build_workload("mlp"), rounds=1, steps=1, only=[HP_OTEL_READ, HP_OTEL_EXPORTING])
+    assert [v.name for v in result.variants] == [UNTRACED, HP_OTEL_READ, HP_OTEL_EXPORTING]
+    assert all(v.ratio.us_per_event is not None for v in result.variants[1:])
+
+
+class _NoCallgrind:
+    """Stands for the client-request library outside valgrind: counts the start and stop requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+
+    def hp_otel_cg_start(self) -> None:
+        self.requests.append("start")
+
+    def hp_otel_cg_stop(self) -> None:
+        self.requests.append("stop")
+
+
+@pytest.mark.parametrize("name", [HP_OTEL_READ, HP_OTEL_EXPORTING])
+def test_the_instructions_child_runs_each_new_variant(name, fake_world, monkeypatch, sdk_spans) -> None:
+    library = _NoCallgrind()
+    monkeypatch.setattr("ctypes.CDLL", lambda path: library)
+    assert instructions._counted_child("mlp", name, 2, "unused.so") == 0
+    assert library.requests == ["start", "stop"] and sdk_spans
