@@ -51,6 +51,19 @@ MEMBERS: Mapping[str, Member] = MappingProxyType(
             "the watchdog's in-flight spans carry the tracer's instrumentation scope, as the spans it ends do",
             "those spans have no instrumentation scope",
         ),
+        "span_limits": Member(
+            "opentelemetry.sdk.trace:Tracer",
+            "_span_limits",
+            "a deferred window's spans (record/readable_spans.py) are bounded by the provider's span limits, as the "
+            "SDK bounds the spans it starts",
+            "the limits the environment sets (SpanLimits())",
+        ),
+        "tracer_enabled": Member(
+            "opentelemetry.sdk.trace:Tracer",
+            "_is_enabled",
+            "a tracer the provider's tracer configurator disabled makes no spans: neither does a deferred window's",
+            "every tracer is taken as enabled",
+        ),
         "default_max_queue_size": Member(
             "opentelemetry.sdk.trace.export:BatchSpanProcessor",
             "_default_max_queue_size",
@@ -116,6 +129,20 @@ def span_attribute_dict(span: Any) -> Mapping[str, Any] | None:
 def instrumentation_scope(tracer: Any) -> Any:
     """The SDK tracer's instrumentation scope (`tracer._instrumentation_scope`), or None."""
     return getattr(tracer, "_instrumentation_scope", None)
+
+
+def span_limits(tracer: Any) -> Any:
+    """The SDK tracer's span limits (`tracer._span_limits`), or None."""
+    return getattr(tracer, "_span_limits", None)
+
+
+def tracer_enabled(tracer: Any) -> bool:
+    """False for an SDK tracer its provider's configurator disabled (`tracer._is_enabled()`); else True."""
+    enabled = getattr(tracer, "_is_enabled", None)
+    try:
+        return bool(enabled()) if callable(enabled) else True
+    except Exception:
+        return True
 
 
 def _env_int(name: str, default: int) -> int:

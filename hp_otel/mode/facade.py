@@ -58,9 +58,14 @@ class CommDebugMode:
             provider, read by an InMemoryMetricReader (`get_metric_reader()`).
         max_spans: spans kept in the local store; later ones are counted as dropped
             (`get_dropped_record_count()`) while the collective counts stay exact.
-        live_spans: build each span as its work happens (it reaches your processors at
-            once and is the current span meanwhile) instead of after the fact from
-            timestamped events. Default: live when you pass a `tracer_provider`.
+        live_spans: True builds each span through your tracer as its work happens: it is
+            the current span meanwhile, your processors' `on_start` and `on_end` see it at
+            once, and your sampler decides span by span. Default: deferred — spans are made
+            after the fact from timestamped events, as the finished `ReadableSpan`s the SDK's
+            `end()` hands on, and given to your provider's processors (`on_end`) when the
+            window ends (hp_otel's own provider: kept when first read). What a processor gives
+            up then: no `on_start` (no span is ever open), and your sampler is asked once per
+            window, for its root (a window it drops builds no span; counts and metrics stand).
         record_spans: False counts collectives (counts, metrics) but builds no spans —
             what an unsampled step of the always-on instrumentor does. Such a window
             installs only what counting needs (the collective hook and module forward
@@ -77,8 +82,9 @@ class CommDebugMode:
             not complete within its timeout makes this rank write its spans so far (the
             in-flight collective included) for `hp-otel ranks`. Off by default.
         collective_hook, module_hook, op_hook: your `fn(span, info)`, called for each
-            collective / module / op span before it ends and is exported — `span` is the SDK
-            span, still writable (`span.set_attribute(...)`), `info` the `CollectiveInfo` /
+            collective / module / op span before it ends and is exported — `span` is the span,
+            still writable (`span.set_attribute(...)`: the SDK span when live, else a record
+            with the same `Span` methods that becomes the `ReadableSpan`), `info` the `CollectiveInfo` /
             `ModuleInfo` / `OpInfo` the source reported (OTel contrib's `request_hook` idea).
             Deferred spans are built from the event log, so their hooks run then (window end,
             or when the spans are first read), not while the step runs. Not called for spans

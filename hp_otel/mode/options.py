@@ -212,7 +212,7 @@ class WindowOptions:
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
             max_spans=max_spans,
-            live=live_spans if live_spans is not None else tracer_provider is not None,
+            live=bool(live_spans),  # opt-in: deferred spans are built whole, at window end or when read
             record_spans=record_spans,
             ops=ops,
             extra_sources=sources,

@@ -7,6 +7,11 @@ sources make are that path's methods, bound here once: no event asks which path 
 call goes through a wrapper. The recorder itself holds the window's lifecycle and what is read from
 it (counts, faults, spans, exposure, the collectives in flight: `InFlight`).
 
+Spans are built from the events by `SpanBuilder` (through the `SpanFeed`): deferred by default, at
+window end for your provider and when first read for hp_otel's own, as `ReadableSpan`s handed to
+the processors' `on_end` (`record/readable_spans.py`: no SDK span per event, the sampler asked once
+per window); or live (`live_spans=True`), through the SDK as events happen.
+
 Nothing here raises into the traced code: a fault is counted, logged once per kind,
 and recording goes on.
 """

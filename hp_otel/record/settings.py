@@ -16,7 +16,7 @@ _MIN_PENDING_EVENTS = 256
 
 @dataclass(frozen=True, slots=True)
 class RecorderSettings:
-    live: bool  # spans built as events happen (your processors see them at once), else deferred
+    live: bool  # spans built by the SDK as events happen (live_spans=True), else deferred ReadableSpans
     max_spans: int  # spans the local store keeps; later ones are counted as dropped
     spans_enabled: bool = True  # False: counts and metrics only (an unsampled step)
     ops_enabled: bool = True  # False: sources leave out op tracing (counts, modules and collectives only)

@@ -29,6 +29,7 @@ from hp_otel.record.call_stack import module_of
 from hp_otel.record.collective_metrics import bandwidth_of
 from hp_otel.record.faults import weak_method
 from hp_otel.record.matching import Window
+from hp_otel.record.readable_spans import DraftSpan, SpanOutlet
 from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
 from hp_otel.spans import codec, schema
@@ -85,6 +86,7 @@ class SpanBuilder:
         # span would be built only to be dropped, so it is counted as dropped instead (time and memory
         # stay bounded by max_spans). The calls not built, by (kind, key), with how many are open.
         self._store_only = store_only and hooks == NO_HOOKS
+        self._to_processors = not store_only  # hp_otel's own provider has none: a span goes to the store only
         self._skipped: dict[tuple[str, Any], int] = {}
         self._collective_hook = hooks.collective  # the user's span hooks (user_hooks.py); None: not set
         self._module_hook = hooks.module
@@ -104,6 +106,13 @@ class SpanBuilder:
             window_trace = window.root_trace_id if window is not None else None
             self._root_trace_id = window_trace or RandomIdGenerator().generate_trace_id()
         self._live = live  # live: make each open span the current span of this thread
+        # Deferred spans on an SDK tracer: made as ReadableSpans and handed to its processors, the sampler
+        # asked once for the window (readable_spans.py); live ones, or another tracer's, take its own path.
+        self._outlet: SpanOutlet | None = None
+        self._window_parent: SpanContext | None = None  # the window's parent span, when valid
+        self._unsampled = False  # the window's root decision: build nothing
+        if not live:
+            self._outlet = self._outlet_for(tracer, parent_ctx)
         self._stack: list[_Frame] = []
         # Async collectives whose completion was awaited when built: ended at completion or window end.
         self._awaiting: dict[int, tuple[Span, ev.Collective]] = {}
@@ -118,7 +127,24 @@ class SpanBuilder:
         self._hook_interrupted = False
         self._ended: ev.Event | None = None  # that event: its span is done, nothing more to do
 
+    def _outlet_for(self, tracer: Tracer, parent_ctx: Any) -> SpanOutlet | None:
+        try:
+            outlet = SpanOutlet.of(tracer)
+            if outlet is None:
+                return None
+            parent = trace.get_current_span(parent_ctx).get_span_context()
+            self._window_parent = parent if parent.is_valid else None
+            outlet.decide(tracer, parent_ctx, parent.trace_id if parent.is_valid else self._root_trace_id)
+        except Exception as exc:  # a user's sampler raising: this window's spans take the tracer's own path
+            self._on_fault("span_processor", exc)
+            self._window_parent = None
+            return None
+        self._unsampled = not outlet.sampled
+        return outlet
+
     def feed(self, event: ev.Event) -> None:
+        if self._unsampled:  # the window was sampled out: its counts stand, no span is made
+            return
         if event is self._ended:
             self._ended = None
             return
@@ -199,8 +225,12 @@ class SpanBuilder:
         if parent_ctx is None:
             parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
         span = self._start_span(name, parent_ctx, attrs, time_ns)
-        # A span that failed to start is invisible: its children attach to its parent.
-        ctx = parent_ctx if span is _LOST_SPAN else trace.set_span_in_context(span, parent_ctx)
+        # A span that failed to start is invisible: its children attach to its parent. A draft is its
+        # children's parent as it is (no Context is made for it: nothing makes it current).
+        if type(span) is DraftSpan:
+            ctx: Any = span
+        else:
+            ctx = parent_ctx if span is _LOST_SPAN else trace.set_span_in_context(span, parent_ctx)
         saved = None
         if self._live:
             saved = otel_context.get_current()
@@ -240,6 +270,8 @@ class SpanBuilder:
         """The user's hook on a span about to end; what it raises is counted, never propagated."""
         if not span.is_recording():  # sampled out, or failed to start: nothing to write on
             return
+        if type(span) is DraftSpan:
+            span.checked = True  # what the hook writes is cleaned and bounded as the SDK would
         try:
             hook(span, info)
         except Exception as exc:
@@ -249,17 +281,38 @@ class SpanBuilder:
             raise
 
     def _end_span(self, span: Span, time_ns: int) -> None:
+        if type(span) is DraftSpan:
+            self._end_draft(span, time_ns)
+            return
         try:
             span.end(end_time=time_ns)
         except Exception as exc:  # a span processor's on_end raised
             self._on_fault("span_processor", exc)
         self._export(span)
 
+    def _end_draft(self, span: DraftSpan, time_ns: int) -> None:
+        """A deferred span's end: made readable for the provider's processors (where `end()` hands it);
+        the local store keeps its fields, or the readable span when they need the SDK's bounds."""
+        outlet = self._outlet
+        assert outlet is not None
+        plain = span.plain(outlet)
+        readable = span.readable(outlet, time_ns) if self._to_processors or not plain else None
+        if readable is not None and self._to_processors:
+            try:
+                outlet.processor.on_end(readable)
+            except Exception as exc:
+                self._on_fault("span_processor", exc)
+        if plain and span.keep_in(self._store, outlet, time_ns):
+            return
+        self._store.export((readable or span.readable(outlet, time_ns),))
+
     def _start_span(
         self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None, span_id: Any = None
     ) -> Span:
         """The SDK span; with `span_id`, that id (a link target other ranks derive, matching.py); a root
         span of a window under no span, in the window's trace (`Window.root_trace_id`)."""
+        if self._outlet is not None:
+            return self._draft(name, parent_ctx, attrs, time_ns, links, span_id)
         tracer = self._tracer
         token = trace_token = None
         root = parent_ctx is self._parent_ctx and self._root_trace_id is not None
@@ -281,6 +334,26 @@ class SpanBuilder:
                 matching.DERIVED_IDS.forced.reset(token)
             if trace_token is not None:
                 matching.DERIVED_IDS.forced_trace.reset(trace_token)
+
+    def _draft(
+        self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any, span_id: Any
+    ) -> DraftSpan:
+        """A deferred span, written on until it ends (`attrs` may be a shared cache: copied)."""
+        outlet = self._outlet
+        assert outlet is not None
+        parent = self._span_context_of(parent_ctx)
+        trace_id = self._root_trace_id if parent is None else 0
+        ctx = outlet.context(parent, trace_id or outlet.id_generator.generate_trace_id(), span_id)
+        return DraftSpan(name, ctx, parent, dict(attrs), time_ns, links, outlet.limits)
+
+    def _span_context_of(self, parent_ctx: Any) -> SpanContext | None:
+        """The span a parent context names (a draft, the window's parent, or a Context's span), if valid."""
+        if type(parent_ctx) is DraftSpan:
+            return parent_ctx.ctx
+        if parent_ctx is self._parent_ctx and self._outlet is not None:
+            return self._window_parent
+        parent = trace.get_current_span(parent_ctx).get_span_context()
+        return parent if parent.is_valid else None
 
     def _export(self, span: Span) -> None:
         if isinstance(span, ReadableSpan):  # sampled out spans record nothing
@@ -439,7 +512,7 @@ class SpanBuilder:
         `hp_otel.collective.in_flight` true. Made directly, not by the tracer: it goes to a file, never
         to your processors (the real span follows if the call ever returns)."""
         parent_ctx = self._issued.get(issue) or self._parent_for(issue.place)
-        parent = trace.get_current_span(parent_ctx).get_span_context()
+        parent = self._span_context_of(parent_ctx)
         place = issue.place
         # no link: the span its link would name is exported only if the call returns
         attrs, _, _ = self._matching(codec.encode_collective(issue.info), issue.info, issue.seq, place.fqn, place.phase)
@@ -447,7 +520,7 @@ class SpanBuilder:
         attrs[schema.COLLECTIVE_IN_FLIGHT] = True
         if issue.stack:
             codec.encode_call_stack(attrs, issue.stack, module_of)
-        trace_id = parent.trace_id if parent.is_valid else self._root_trace_id
+        trace_id = parent.trace_id if parent is not None else self._root_trace_id
         trace_id = trace_id or RandomIdGenerator().generate_trace_id()
         context = SpanContext(trace_id, RandomIdGenerator().generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
         events = ()
@@ -462,7 +535,7 @@ class SpanBuilder:
         return ReadableSpan(
             name=issue.info.op,
             context=context,
-            parent=parent if parent.is_valid else None,
+            parent=parent,
             resource=getattr(self._tracer, "resource", None) or Resource.get_empty(),
             instrumentation_scope=_otel_compat.instrumentation_scope(self._tracer),
             attributes=attrs,

@@ -14,7 +14,9 @@ to the work of each of its full collections (the SDK span is a couple of dozen t
 objects), and a record is several times smaller (docs/how-it-works/costs.md has the
 figures).  `get_finished_spans()` rebuilds
 `ReadableSpan`s from the records, equal field by field to the spans the SDK ended
-(`StoredSpan`: the same class hierarchy, compared by content).  A span with anything a
+(`StoredSpan`: the same class hierarchy, compared by content).  A deferred window's span
+reaches it as its fields (`keep`, from `readable_spans.DraftSpan`): the same record, no span
+object made in between.  A span with anything a
 record cannot say exactly (counts of dropped attributes, events or links; a context that
 is not a `SpanContext`) is kept as it came.
 """
@@ -36,6 +38,7 @@ _KINDS = {kind.value: kind for kind in SpanKind}
 _CODES = {code.value: code for code in StatusCode}
 _FLAGS = {0: TraceFlags(0), 1: TraceFlags(1)}
 _STATUS_UNSET = Status(StatusCode.UNSET)
+_INTERNAL = SpanKind.INTERNAL.value
 _MAX_KEY_SETS = 4096  # distinct attribute-name tuples shared between records (a bound on the table)
 
 
@@ -106,6 +109,60 @@ class LocalSpanStore(SpanExporter):
             compact = self._compact
             self._spans.extend([compact(span) for span in kept])
         return SpanExportResult.SUCCESS
+
+    def keep(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        status: Status,
+        start: int,
+        end: int,
+        attributes: dict[str, Any],
+        events: Sequence[Event] | None,
+        links: Sequence[Link] | None,
+        origin: tuple[Any, Any, Any],
+    ) -> bool:
+        """A finished span given by its fields (what `readable_spans.DraftSpan` holds): its record made
+        at once, the same `export` makes of its `ReadableSpan`, without making that span first.
+        `origin`: (resource, instrumentation scope, instrumentation info). False for a span a record
+        would not give back exactly (counts of dropped event or link attributes): not kept."""
+        if self._stopped:
+            return True
+        with self._lock:
+            if len(self._spans) >= self.max_spans:
+                self.dropped_spans += 1
+                return True
+            keys, values = self._attributes(attributes)
+            has_parent = parent is not None
+            try:
+                record = (
+                    name,
+                    context.trace_id,
+                    context.span_id,
+                    int(context.trace_flags),
+                    False,
+                    _state(context),
+                    parent.trace_id if has_parent else None,  # type: ignore[union-attr]
+                    parent.span_id if has_parent else None,  # type: ignore[union-attr]
+                    int(parent.trace_flags) if has_parent else None,  # type: ignore[union-attr]
+                    parent.is_remote if has_parent else None,  # type: ignore[union-attr]
+                    _state(parent) if has_parent else None,  # type: ignore[arg-type]
+                    _INTERNAL,
+                    status.status_code.value,
+                    status.description,
+                    start,
+                    end,
+                    keys,
+                    values,
+                    tuple([self._event(event) for event in events]) if events else (),
+                    tuple([self._link(link) for link in links]) if links else (),
+                    self._origin_of(*origin),
+                )
+            except _NotCompact:
+                return False
+            self._spans.append(record)
+        return True
 
     def __len__(self) -> int:
         """How many spans are kept (no span is rebuilt to say so)."""
@@ -219,8 +276,9 @@ class LocalSpanStore(SpanExporter):
         )
 
     def _origin(self, span: ReadableSpan) -> int:
-        resource, scope = span.resource, span.instrumentation_scope
-        info = getattr(span, "_instrumentation_info", None)
+        return self._origin_of(span.resource, span.instrumentation_scope, getattr(span, "_instrumentation_info", None))
+
+    def _origin_of(self, resource: Any, scope: Any, info: Any) -> int:
         key = (id(resource), id(scope), id(info))
         index = self._origin_index.get(key)
         if index is None:

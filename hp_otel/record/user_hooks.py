@@ -1,7 +1,8 @@
 """The user's span hooks: `fn(span, info)` before a collective, module or op span ends.
 
 As in OpenTelemetry's contrib instrumentations (`request_hook` / `response_hook`): the
-span is the SDK span, still writable (add attributes, events), and `info` is what the
+span is still writable (add attributes, events): the SDK span for live spans, a deferred
+window's `readable_spans.DraftSpan` (the same `Span` methods) otherwise, and `info` is what the
 source reported (`CollectiveInfo`, `ModuleInfo`, `OpInfo`).  A hook runs where the span
 is built: as the work happens for live spans, at window end or when the spans are first
 read for deferred ones (then from the event log, after the training step moved on).

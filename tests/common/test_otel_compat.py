@@ -35,7 +35,7 @@ def _sample(name: str):
         from opentelemetry.attributes import BoundedAttributes
 
         return BoundedAttributes(attributes={"k": 1})
-    if name == "instrumentation_scope":
+    if name in ("instrumentation_scope", "span_limits", "tracer_enabled"):
         return TracerProvider().get_tracer("t")
     if name in ("preferred_temporality", "preferred_aggregation"):
         return ConsoleMetricExporter()
@@ -66,6 +66,9 @@ def test_the_accessors_read_the_sdk_values(monkeypatch) -> None:
     assert _otel_compat.span_attribute_dict(span) is span._attributes._dict  # no copy
     tracer = _sample("instrumentation_scope")
     assert _otel_compat.instrumentation_scope(tracer).name == "t"
+    assert _otel_compat.span_limits(tracer) is tracer._span_limits
+    assert _otel_compat.tracer_enabled(tracer) is True
+    assert _otel_compat.span_limits(object()) is None and _otel_compat.tracer_enabled(object()) is True
     exporter = ConsoleMetricExporter()
     assert _otel_compat.preferred_temporality(exporter) is exporter._preferred_temporality
     assert _otel_compat.preferred_aggregation(exporter) is exporter._preferred_aggregation

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.torch_free  # needs no torch: not rerun on torch 2.14.1
 
 class TestUserProviders(TestBase):
     def test_spans_reach_the_users_exporter_live_and_the_table_still_renders(self) -> None:
-        with CommDebugMode(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider) as mode:
+        live = CommDebugMode(tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, live_spans=True)
+        with live as mode:
             design_mlp_forward(mode.observer, modules=False)
             # live spans reach the user's processors as they end, inside the window
             assert {s.name for s in self.memory_exporter.get_finished_spans()} == {"linear", "gelu", "all_reduce"}
@@ -30,6 +31,15 @@ class TestUserProviders(TestBase):
         assert "Op(gelu)" in mode.generate_comm_debug_tracing_table()
         assert collective.instrumentation_scope.name == "hp_otel"
 
+    def test_deferred_spans_reach_the_users_exporter_at_window_end(self) -> None:
+        with CommDebugMode(tracer_provider=self.tracer_provider) as mode:  # the default: deferred
+            design_mlp_forward(mode.observer, modules=False)
+            assert self.memory_exporter.get_finished_spans() == ()  # nothing built inside the window
+            assert trace.get_current_span() is trace.INVALID_SPAN  # no span of ours is ever current
+        users = self.memory_exporter.get_finished_spans()
+        assert {s.name for s in users} == {"linear", "gelu", "all_reduce"}
+        assert [s.context.span_id for s in users] == [s.context.span_id for s in mode.get_finished_spans()]
+
     def test_spans_nest_under_the_users_current_span(self) -> None:
         tracer = self.tracer_provider.get_tracer("train")
         with tracer.start_as_current_span("step 7") as step:
@@ -41,7 +51,7 @@ class TestUserProviders(TestBase):
         assert trace.get_current_span() is trace.INVALID_SPAN  # the mode left the context as it found it
 
     def test_live_op_span_is_current_while_it_runs(self) -> None:
-        with CommDebugMode(tracer_provider=self.tracer_provider) as mode:
+        with CommDebugMode(tracer_provider=self.tracer_provider, live_spans=True) as mode:
             mode.observer.on_op_enter("linear", [])
             current = trace.get_current_span()
             mode.observer.on_op_exit("linear", [])

@@ -47,7 +47,7 @@ def test_live_span_ends_at_the_wait(fake_world) -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     t = torch.ones(4)
-    with CommDebugMode(tracer_provider=provider) as mode:
+    with CommDebugMode(tracer_provider=provider, live_spans=True) as mode:
         out = torch.ops._c10d_functional.all_reduce(t, "sum", dist.group.WORLD.group_name)
         assert exporter.get_finished_spans() == ()  # launched, not complete: still open
         torch.ops._c10d_functional.wait_tensor(out)
