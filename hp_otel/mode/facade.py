@@ -58,14 +58,11 @@ class CommDebugMode:
             provider, read by an InMemoryMetricReader (`get_metric_reader()`).
         max_spans: spans kept in the local store; later ones are counted as dropped
             (`get_dropped_record_count()`) while the collective counts stay exact.
-        live_spans: True builds each span through your tracer as its work happens: it is
-            the current span meanwhile, your processors' `on_start` and `on_end` see it at
-            once, and your sampler decides span by span. Default: deferred — spans are made
-            after the fact from timestamped events, as the finished `ReadableSpan`s the SDK's
-            `end()` hands on, and given to your provider's processors (`on_end`) when the
-            window ends (hp_otel's own provider: kept when first read). What a processor gives
-            up then: no `on_start` (no span is ever open), and your sampler is asked once per
-            window, for its root (a window it drops builds no span; counts and metrics stand).
+        live_spans: True builds each span through your tracer as its work happens (current
+            meanwhile, `on_start` called, your sampler asked per span). Default: deferred —
+            finished `ReadableSpan`s made from the event log and handed to your processors'
+            `on_end` at window end; no `on_start`, the sampler asked once per window
+            (docs/guide/providers.md).
         record_spans: False counts collectives (counts, metrics) but builds no spans —
             what an unsampled step of the always-on instrumentor does. Such a window
             installs only what counting needs (the collective hook and module forward
@@ -83,21 +80,19 @@ class CommDebugMode:
             in-flight collective included) for `hp-otel ranks`. Off by default.
         collective_hook, module_hook, op_hook: your `fn(span, info)`, called for each
             collective / module / op span before it ends and is exported — `span` is the span,
-            still writable (`span.set_attribute(...)`: the SDK span when live, else a record
-            with the same `Span` methods that becomes the `ReadableSpan`), `info` the `CollectiveInfo` /
+            still writable (`span.set_attribute(...)`), `info` the `CollectiveInfo` /
             `ModuleInfo` / `OpInfo` the source reported (OTel contrib's `request_hook` idea).
-            Deferred spans are built from the event log, so their hooks run then (window end,
-            or when the spans are first read), not while the step runs. Not called for spans
-            not recorded (`record_spans=False`, a sampler's drop) nor for the watchdog's
-            in-flight spans. A hook that raises is counted in `get_callback_error_counts()`
+            Deferred spans' hooks run when they are built (window end, or first read). Not
+            called for spans not recorded (`record_spans=False`, a sampler's drop, the
+            watchdog's in-flight spans). A hook that raises is counted in `get_callback_error_counts()`
             (`user_collective_hook`, ...), logged once, and the span is still exported.
         stack: record where each collective and redistribute was called: the user's frames,
             innermost first, as `"file:line:function"` in the span attribute `hp_otel.call.stack`
             (the innermost also as `code.file.path` / `code.line.number` / `code.function.name`),
             in the table at noise level 3 and in the JSON dump. Frames of hp_otel, torch,
-            MindSpore, hyper-parallel, typing_extensions and the standard library are left out. True: the 8
-            innermost frames; an int 1..64: that many; False or 0: off. None (default): the
-            `HP_OTEL_STACK_DEPTH` setting, off when unset. Off, no frame is walked.
+            MindSpore, hyper-parallel, typing_extensions and the standard library are left out.
+            True: the 8 innermost frames; an int 1..64: that many; False or 0: off (no frame
+            walked). None (default): `HP_OTEL_STACK_DEPTH`, off when unset.
         metric_module_depth: how much of the module path the collective metrics carry
             (`hp_otel.module.fqn`, their cardinality): an int k keeps the first k dotted parts
             (`layers.3.attn` at 3 is `layers.*.attn`: a container index is `*`, so the series
