@@ -104,10 +104,9 @@ class CommDebugMode:
             spans and per-module counts go: an int k hooks the root (0) and the modules of
             up to k dotted parts (`layers.3` is 2; the children of a `ModuleList` at the
             depth too, since the list itself is never called), `"full"` every module. What
-            runs in a deeper module, forward or backward, counts for its ancestor at the
-            depth: 2 gives block-level spans on a 100-layer model for a fraction of the
-            cost. Default: `"full"` in a traced window; in a counts-only one the metric
-            depth (`metric_module_depth`), as deep as its labels go.
+            runs deeper, forward or backward, counts for its ancestor at the depth (2:
+            block-level spans on a 100-layer model, at a fraction of the cost). Default:
+            `"full"` traced; counts-only: `metric_module_depth`, as deep as its labels go.
     """
 
     _warns_partial_view = True  # the torch drop-in reads its window inside it, as torch allows: False there

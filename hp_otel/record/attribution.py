@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from threading import get_ident as _get_ident
+from types import MappingProxyType
 from typing import NamedTuple
 
 from hp_otel.record.faults import FaultSink, weak_sink
@@ -72,7 +73,7 @@ def of(phase: str, fqn: str = "", owners: Collection[str] = ()) -> Attribution:
 
 
 _OUTSIDE = of(schema.PHASE_OUTSIDE, "", (schema.OUTSIDE_FQN,))
-_NO_MODULE = {phase: of(phase) for phase in (schema.PHASE_FORWARD, schema.PHASE_BACKWARD)}
+_NO_MODULE = MappingProxyType({phase: of(phase) for phase in (schema.PHASE_FORWARD, schema.PHASE_BACKWARD)})
 # The same places for a collective of another thread than the window's, with no module call of its
 # own: distinct objects, so its span nests at the window's root (`is_elsewhere`).
 _OUTSIDE_ELSEWHERE = of(schema.PHASE_OUTSIDE, "", (schema.OUTSIDE_FQN,))

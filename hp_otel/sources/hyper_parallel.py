@@ -31,8 +31,8 @@ import functools
 import importlib
 import logging
 import sys
-from collections.abc import Callable
-from types import ModuleType
+from collections.abc import Callable, Mapping
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 from hp_otel.record import phase as phase_of
@@ -70,36 +70,42 @@ PLATFORM_CLASSES: tuple[tuple[str, str, str], ...] = (
     ("hyper_parallel.platform.mindspore.platform_graph", "MindSporeGraphPlatform", "mindspore"),
 )
 # hyper-parallel's name -> normalised op
-DIFFERENTIABLE_COLLECTIVES: dict[str, str] = {
-    "differentiable_all_gather_concat": "all_gather",
-    "differentiable_all_to_all": "all_to_all",
-    "differentiable_all_reduce": "all_reduce",
-    "differentiable_reduce_scatter": "reduce_scatter",
-    "differentiable_all_to_all_single": "all_to_all",
-    "differentiable_all_to_all_single_async": "all_to_all",
-}
-PLATFORM_COLLECTIVES: dict[str, str] = {
-    "all_reduce": "all_reduce",
-    "all_gather_into_tensor": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "broadcast": "broadcast",
-}
+DIFFERENTIABLE_COLLECTIVES: Mapping[str, str] = MappingProxyType(
+    {
+        "differentiable_all_gather_concat": "all_gather",
+        "differentiable_all_to_all": "all_to_all",
+        "differentiable_all_reduce": "all_reduce",
+        "differentiable_reduce_scatter": "reduce_scatter",
+        "differentiable_all_to_all_single": "all_to_all",
+        "differentiable_all_to_all_single_async": "all_to_all",
+    }
+)
+PLATFORM_COLLECTIVES: Mapping[str, str] = MappingProxyType(
+    {
+        "all_reduce": "all_reduce",
+        "all_gather_into_tensor": "all_gather",
+        "reduce_scatter_tensor": "reduce_scatter",
+        "broadcast": "broadcast",
+    }
+)
 # torch.distributed function -> normalised op; count keys are "torch.distributed.<name>"
 TORCH_DISTRIBUTED_MODULE = "torch.distributed"
-TORCH_DISTRIBUTED_COLLECTIVES: dict[str, str] = {
-    "all_reduce": "all_reduce",
-    "all_gather": "all_gather",
-    "all_gather_into_tensor": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "all_to_all": "all_to_all",
-    "all_to_all_single": "all_to_all",
-    "broadcast": "broadcast",
-    "scatter": "scatter",
-    "gather": "gather",
-    "reduce": "reduce",
-    "barrier": "barrier",
-}
+TORCH_DISTRIBUTED_COLLECTIVES: Mapping[str, str] = MappingProxyType(
+    {
+        "all_reduce": "all_reduce",
+        "all_gather": "all_gather",
+        "all_gather_into_tensor": "all_gather",
+        "reduce_scatter": "reduce_scatter",
+        "reduce_scatter_tensor": "reduce_scatter",
+        "all_to_all": "all_to_all",
+        "all_to_all_single": "all_to_all",
+        "broadcast": "broadcast",
+        "scatter": "scatter",
+        "gather": "gather",
+        "reduce": "reduce",
+        "barrier": "barrier",
+    }
+)
 # Attribute access reaching the dispatcher is bookkeeping, not an op the user wrote; so is MindSpore's
 # `CellBackwardHook`, the op a Cell backward hook (ours, when tracking modules) wraps a DTensor input in.
 _SKIPPED_OPS = frozenset({"__get__", "__set__", "__delete__", "CellBackwardHook"})

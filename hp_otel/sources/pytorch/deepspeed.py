@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from hp_otel.record.observer import Observer
@@ -29,7 +30,7 @@ from hp_otel.spans.infos import ModuleInfo
 ENGINE_MODULE = "deepspeed.runtime.engine"
 STEP = "step"
 BACKWARD_EPILOGUE = "_backward_epilogue"
-_PHASES = {STEP: schema.PHASE_OPTIMIZER, BACKWARD_EPILOGUE: schema.PHASE_BACKWARD}
+_PHASES = MappingProxyType({STEP: schema.PHASE_OPTIMIZER, BACKWARD_EPILOGUE: schema.PHASE_BACKWARD})
 _attached: list[DeepSpeedPhaseSource] = []  # the sources of the windows open now, outermost first
 _infos: dict[tuple[str, type], ModuleInfo] = {}
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import functools
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from hp_otel.sources.patching import AttributePatch, SharedPatches, patch_owned
@@ -36,13 +37,15 @@ _wrappers: dict[Callable[..., Any], Callable[..., Any]] = {}  # original -> its 
 # The phase of the group method running: what its collective is part of when it runs outside every
 # module and outside autograd (a pipeline schedule calls `unshard()` and `post_backward()` so).
 _param_phase: contextvars.ContextVar[str] = contextvars.ContextVar("hp_otel_fsdp_phase", default="")
-_PHASES = {  # FSDP2's and hyper-parallel's group methods, FSDP1's handle functions
-    "unshard": schema.PHASE_FORWARD,
-    "_unshard": schema.PHASE_FORWARD,
-    "post_backward": schema.PHASE_BACKWARD,
-    "_reduce_grad": schema.PHASE_BACKWARD,
-    "_reduce_grad_no_shard": schema.PHASE_BACKWARD,
-}
+_PHASES = MappingProxyType(
+    {  # FSDP2's and hyper-parallel's group methods, FSDP1's handle functions
+        "unshard": schema.PHASE_FORWARD,
+        "_unshard": schema.PHASE_FORWARD,
+        "post_backward": schema.PHASE_BACKWARD,
+        "_reduce_grad": schema.PHASE_BACKWARD,
+        "_reduce_grad_no_shard": schema.PHASE_BACKWARD,
+    }
+)
 # Module trackers' namers (innermost window last): a group's module by its path in the traced model.
 _namers: list[Callable[[Any], str | None]] = []
 
