@@ -1,7 +1,7 @@
 """Every collective a source can report carries a normalised op that `schema.NORMALISED_OPS` lists.
 
 The op tables are found by walking every module of `hp_otel.sources` (a module-level
-name -> op dict with at least one normalised value is an op table), so a new engine's
+name -> op mapping, dict or read-only, with at least one normalised value is an op table), so a new engine's
 table is checked without being named here; the explicit list proves the walk finds them.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import pytest
 
@@ -16,13 +18,13 @@ import hp_otel.sources
 from hp_otel.spans import schema
 
 
-def _op_tables() -> dict[str, dict[str, str]]:
+def _op_tables() -> dict[str, Mapping[str, str]]:
     tables = {}
     for module_info in pkgutil.walk_packages(hp_otel.sources.__path__, "hp_otel.sources."):
         module = importlib.import_module(module_info.name)
         for name, value in vars(module).items():
             if (
-                isinstance(value, dict)
+                isinstance(value, (dict, MappingProxyType))
                 and value
                 and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
                 and set(value.values()) & set(schema.NORMALISED_OPS)
