@@ -342,8 +342,10 @@ class SpanBuilder:
         outlet = self._outlet
         assert outlet is not None
         parent = self._span_context_of(parent_ctx)
-        trace_id = self._root_trace_id if parent is None else 0
-        ctx = outlet.context(parent, trace_id or outlet.id_generator.generate_trace_id(), span_id)
+        trace_id = 0  # a child's is its parent's
+        if parent is None:
+            trace_id = self._root_trace_id or outlet.id_generator.generate_trace_id()
+        ctx = outlet.context(parent, trace_id, span_id)
         return DraftSpan(name, ctx, parent, dict(attrs), time_ns, links, outlet.limits)
 
     def _span_context_of(self, parent_ctx: Any) -> SpanContext | None:
