@@ -107,6 +107,14 @@ MEMBERS: Mapping[str, Member] = MappingProxyType(
             "local store makes and reads two a span (docs/how-it-works/costs.md)",
             "SpanContext(...) and its properties (correct, slower), where the layout differs",
         ),
+        "readable_span_fields": Member(
+            "opentelemetry.sdk.trace:ReadableSpan",
+            "__dict__",
+            "a kept span is read back as a ReadableSpan whose instance dict is made in one go (its fields are "
+            "_name, _context, _parent, ..., as ReadableSpan.__init__ sets them), not through __init__'s keyword "
+            "arguments: the local store makes one a span on every read",
+            "ReadableSpan.__init__ (correct, slower), where its fields differ",
+        ),
         "ProxyMeterProvider": Member(
             "opentelemetry.metrics._internal:_ProxyMeterProvider",
             "",
@@ -183,6 +191,43 @@ if SPAN_CONTEXT_IS_TUPLE:
 else:  # pragma: no cover - an SDK whose SpanContext changed its layout
     new_span_context = SpanContext
     span_context_fields = _span_context_fields_slow
+
+
+# What ReadableSpan.__init__ sets, by argument: the instance dict a span read back is given in one go.
+READABLE_SPAN_FIELDS: Mapping[str, str] = MappingProxyType(
+    {
+        "name": "_name",
+        "context": "_context",
+        "kind": "_kind",
+        "instrumentation_info": "_instrumentation_info",
+        "instrumentation_scope": "_instrumentation_scope",
+        "parent": "_parent",
+        "start_time": "_start_time",
+        "end_time": "_end_time",
+        "attributes": "_attributes",
+        "events": "_events",
+        "links": "_links",
+        "resource": "_resource",
+        "status": "_status",
+    }
+)
+
+
+def _readable_span_is_its_fields() -> bool:
+    """True when a ReadableSpan's instance dict is exactly READABLE_SPAN_FIELDS, each holding its argument."""
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import ReadableSpan
+
+        given: dict[str, Any] = {name: object() for name in READABLE_SPAN_FIELDS}
+        given["name"], given["resource"] = "probe", Resource.get_empty()
+        probe = ReadableSpan(**given)
+        return vars(probe) == {field: given[name] for name, field in READABLE_SPAN_FIELDS.items()}
+    except Exception:
+        return False
+
+
+READABLE_SPAN_IS_ITS_FIELDS = _readable_span_is_its_fields()
 
 
 def instrumentation_scope(tracer: Any) -> Any:

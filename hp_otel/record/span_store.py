@@ -40,6 +40,8 @@ _FLAGS = {0: TraceFlags(0), 1: TraceFlags(1)}
 STATUS_UNSET = Status(StatusCode.UNSET)  # the status of a span nothing set one on (`keep` knows it by identity)
 _new_span_context = _otel_compat.new_span_context
 _fields = _otel_compat.span_context_fields
+_SPAN_IS_ITS_FIELDS = _otel_compat.READABLE_SPAN_IS_ITS_FIELDS
+_new_object = object.__new__
 _INTERNAL = SpanKind.INTERNAL.value
 _MAX_KEY_SETS = 4096  # distinct attribute-name tuples shared between records (a bound on the table)
 
@@ -66,7 +68,9 @@ def _trace_state(items: tuple[tuple[str, str], ...] | None) -> TraceState:
 
 
 def _context(trace_id: int, span_id: int, flags: int, remote: bool, state: Any) -> SpanContext:
-    return _new_span_context(trace_id, span_id, remote, _flags(flags), _trace_state(state))
+    trace_flags = _FLAGS[flags] if flags in _FLAGS else TraceFlags(flags)
+    trace_state = DEFAULT_TRACE_STATE if state is None else _trace_state(state)
+    return _new_span_context(trace_id, span_id, remote, trace_flags, trace_state)
 
 
 def _check_dropped(dropped: int) -> None:
@@ -321,30 +325,38 @@ def _rebuild(
     (name, trace_id, span_id, flags, remote, state, p_trace, p_span, p_flags, p_remote, p_state,
      kind, code, description, start, end, keys, values, events, links, origin) = record  # fmt: skip
     resource, scope, info = origins[origin]
-    key = record[1:6]  # (trace_id, span_id, flags, remote, state)
-    context = contexts.pop(key, None) or _context(
-        trace_id, span_id, flags, remote, state
-    )  # made if a child ended first
+    key = record[1:6]  # (trace_id, span_id, flags, remote, state): made already if a child ended first
+    context = contexts.pop(key, None) or _context(trace_id, span_id, flags, remote, state)
     parent = None
     if p_span is not None:
         parent_key = record[6:11]
         parent = contexts.get(parent_key)
         if parent is None:
             parent = contexts[parent_key] = _context(p_trace, p_span, p_flags, p_remote, p_state)
-    span = StoredSpan(
-        name=name,
-        context=context,
-        parent=parent,
-        resource=resource,
-        attributes=dict(zip(keys, values, strict=False)),  # made together: as long
-        events=tuple([Event(e[0], _attrs(e[2], e[3]), e[1]) for e in events]) if events else (),
-        links=tuple([Link(_context(*k[:5]), _attrs(k[5], k[6])) for k in links]) if links else (),
-        kind=_KINDS[kind],
-        instrumentation_info=info,
-        status=STATUS_UNSET if code == 0 and description is None else Status(_CODES[code], description),
-        start_time=start,
-        end_time=end,
-        instrumentation_scope=scope,
-    )
-    span._hp_record = record  # type: ignore[attr-defined]  # what equality compares (the same tuple, no copy)
+    attributes = dict(zip(keys, values, strict=False))  # made together: as long
+    kept_events = tuple([Event(e[0], _attrs(e[2], e[3]), e[1]) for e in events]) if events else ()
+    kept_links = tuple([Link(_context(*k[:5]), _attrs(k[5], k[6])) for k in links]) if links else ()
+    status = STATUS_UNSET if code == 0 and description is None else Status(_CODES[code], description)
+    if not _SPAN_IS_ITS_FIELDS:  # pragma: no cover - an SDK whose ReadableSpan keeps other fields
+        span = StoredSpan(name, context, parent, resource, attributes, kept_events, kept_links, _KINDS[kind], info,
+                          status, start, end, scope)  # fmt: skip
+        span._hp_record = record  # type: ignore[attr-defined]
+        return span
+    span = _new_object(StoredSpan)
+    span.__dict__ = {  # what ReadableSpan.__init__ sets (_otel_compat.READABLE_SPAN_FIELDS), in one go
+        "_name": name,
+        "_context": context,
+        "_kind": _KINDS[kind],
+        "_instrumentation_info": info,
+        "_instrumentation_scope": scope,
+        "_parent": parent,
+        "_start_time": start,
+        "_end_time": end,
+        "_attributes": attributes,
+        "_events": kept_events,
+        "_links": kept_links,
+        "_resource": resource,
+        "_status": status,
+        "_hp_record": record,  # what equality compares (the same tuple, no copy)
+    }
     return span
