@@ -105,6 +105,25 @@ def encode_op(name: str, inputs: Sequence[TensorInfo], phase: str) -> dict[str, 
     return attrs
 
 
+def encoded_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
+    """`encode_module`'s attributes, shared (never write on them): made once per module and phase for
+    as long as its parameters stay the same objects (a window makes new ModuleInfos; the values repeat)."""
+    parameters = module.parameters
+    key = (module.fqn, module.span_name, module.module_type, id(parameters), phase)
+    hit = _module_attrs.get(key)
+    if hit is not None and hit[0] is parameters:
+        return hit[1]
+    attrs = encode_module(module, phase)
+    if len(_module_attrs) >= _ENCODED_CACHE_LIMIT:
+        _module_attrs.clear()
+    _module_attrs[key] = (parameters, attrs)
+    return attrs
+
+
+_module_attrs: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
+_ENCODED_CACHE_LIMIT = 4096
+
+
 def encode_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
     """A module span's attributes; its own parameters go on the forward span only."""
     attrs: dict[str, Any] = {
