@@ -39,6 +39,9 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _RANDOM_TRACE_ID = TraceFlags.RANDOM_TRACE_ID
 _fields = _otel_compat.span_context_fields
+_SPAN_IS_ITS_FIELDS = _otel_compat.READABLE_SPAN_IS_ITS_FIELDS
+_new_object = object.__new__
+_INTERNAL = SpanKind.INTERNAL
 _UNSET = STATUS_UNSET  # the local store knows it by identity: no status to encode
 _new_span_context = _otel_compat.new_span_context
 
@@ -304,21 +307,28 @@ class DraftSpan(trace.Span):
         links: Any = self._links or ()
         if links and limits.max_links is not None and len(links) > limits.max_links:
             links = BoundedList.from_seq(limits.max_links, links)
-        return ReadableSpan(
-            name=self._name,
-            context=self.ctx,
-            parent=self.parent,
-            resource=outlet.resource,
-            attributes=attrs,
-            events=events,
-            links=links,
-            kind=SpanKind.INTERNAL,
-            instrumentation_info=outlet.info,
-            status=self._status,
-            start_time=self.start,
-            end_time=self.end_time,
-            instrumentation_scope=outlet.scope,
-        )
+        if not _SPAN_IS_ITS_FIELDS:  # pragma: no cover - an SDK whose ReadableSpan keeps other fields
+            return ReadableSpan(
+                self._name, self.ctx, self.parent, outlet.resource, attrs, events, links,
+                _INTERNAL, outlet.info, self._status, self.start, self.end_time, outlet.scope,
+            )  # fmt: skip
+        span = _new_object(ReadableSpan)
+        span.__dict__ = {  # what ReadableSpan.__init__ sets (_otel_compat.READABLE_SPAN_FIELDS), in one go
+            "_name": self._name,
+            "_context": self.ctx,
+            "_kind": _INTERNAL,
+            "_instrumentation_info": outlet.info,
+            "_instrumentation_scope": outlet.scope,
+            "_parent": self.parent,
+            "_start_time": self.start,
+            "_end_time": self.end_time,
+            "_attributes": attrs,
+            "_events": events,
+            "_links": links,
+            "_resource": outlet.resource,
+            "_status": self._status,
+        }
+        return span
 
 
 def _with_attributes(link: Link) -> Link:

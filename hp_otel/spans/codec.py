@@ -84,16 +84,35 @@ def _join_placements(placements: Sequence[Any]) -> str:
 
 
 def encode_tensor_infos(infos: Sequence[TensorInfo], direction: str) -> dict[str, Any]:
-    """Parallel attribute arrays for op inputs or outputs (`direction` is "input" or "output")."""
+    """Parallel attribute arrays for op inputs or outputs (`direction` is "input" or "output"), in one pass."""
+    shapes: list[int] = []
+    ranks: list[int] = []
+    dtypes: list[str] = []
+    dtensors: list[bool] = []
+    placements: list[str] = []
+    meshes: list[int] = []
+    mesh_ranks: list[int] = []
+    for info in infos:
+        shape, mesh = info.shape, info.mesh_shape
+        shapes += map(int, shape)
+        ranks.append(len(shape))
+        dtypes.append(info.dtype)
+        dtensors.append(info.is_dtensor)
+        placements.append(PLACEMENT_SEPARATOR.join(info.placements or ()))
+        if mesh:
+            meshes += map(int, mesh)
+            mesh_ranks.append(len(mesh))
+        else:
+            mesh_ranks.append(0)
     keys = _TENSOR_KEYS[direction]
     return {
-        keys[0]: tuple(int(d) for i in infos for d in i.shape),
-        keys[5]: tuple(len(i.shape) for i in infos),
-        keys[1]: tuple(i.dtype for i in infos),
-        keys[2]: tuple(i.is_dtensor for i in infos),
-        keys[3]: tuple(PLACEMENT_SEPARATOR.join(i.placements or ()) for i in infos),
-        keys[4]: tuple(int(d) for i in infos for d in i.mesh_shape or ()),
-        keys[6]: tuple(len(i.mesh_shape or ()) for i in infos),
+        keys[0]: tuple(shapes),
+        keys[5]: tuple(ranks),
+        keys[1]: tuple(dtypes),
+        keys[2]: tuple(dtensors),
+        keys[3]: tuple(placements),
+        keys[4]: tuple(meshes),
+        keys[6]: tuple(mesh_ranks),
     }
 
 
