@@ -7,16 +7,20 @@ what hp_otel uses it for, what happens without it) and the repository's test sui
 Every accessor has a fallback that keeps hp_otel working (slower, or with less detail);
 none raises.  Checked on opentelemetry-sdk 1.45.
 
-Lowest layer (spans/, record/ and export/ import it); it imports the SDK only.
+Lowest layer (spans/, record/ and export/ import it); it imports OpenTelemetry only.
 """
 
 from __future__ import annotations
 
+import operator
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace.span import TraceState
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,22 @@ MEMBERS: Mapping[str, Member] = MappingProxyType(
             "messages name where spans go, as the exporter resolved it from arguments and variables",
             "messages name no endpoint",
         ),
+        "span_context_tuple": Member(
+            "opentelemetry.trace:SpanContext",
+            "",
+            "a span context made and read as the tuple it is, (trace_id, span_id, is_remote, trace_flags, "
+            "trace_state, is_valid) (its declared base), without its Python-level __new__ and properties: the "
+            "local store makes and reads two a span (docs/how-it-works/costs.md)",
+            "SpanContext(...) and its properties (correct, slower), where the layout differs",
+        ),
+        "readable_span_fields": Member(
+            "opentelemetry.sdk.trace:ReadableSpan",
+            "__dict__",
+            "a kept span is read back as a ReadableSpan whose instance dict is made in one go (its fields are "
+            "_name, _context, _parent, ..., as ReadableSpan.__init__ sets them), not through __init__'s keyword "
+            "arguments: the local store makes one a span on every read",
+            "ReadableSpan.__init__ (correct, slower), where its fields differ",
+        ),
         "ProxyMeterProvider": Member(
             "opentelemetry.metrics._internal:_ProxyMeterProvider",
             "",
@@ -124,6 +144,90 @@ def span_attribute_dict(span: Any) -> Mapping[str, Any] | None:
     if isinstance(raw, dict):
         return raw
     return None
+
+
+def _span_context_is_tuple() -> bool:
+    """True when SpanContext is the tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid)."""
+    try:
+        flags, state = TraceFlags(1), TraceState([("k", "v")])
+        probe = SpanContext(3, 5, True, flags, state)
+        return tuple(probe) == (3, 5, True, flags, state, True) and (
+            probe.trace_id,
+            probe.span_id,
+            probe.is_remote,
+            probe.trace_flags,
+            probe.trace_state,
+            probe.is_valid,
+        ) == tuple(probe)
+    except Exception:
+        return False
+
+
+SPAN_CONTEXT_IS_TUPLE = _span_context_is_tuple()
+_TRACE_ID_MAX = 2**128 - 1
+_SPAN_ID_MAX = 2**64 - 1
+_tuple_new = tuple.__new__
+
+
+def _new_span_context_fast(
+    trace_id: int, span_id: int, is_remote: bool, trace_flags: TraceFlags, trace_state: TraceState
+) -> SpanContext:
+    valid = 0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX  # as SpanContext.__new__ says it
+    return _tuple_new(SpanContext, (trace_id, span_id, is_remote, trace_flags, trace_state, valid))
+
+
+def _span_context_fields_slow(context: SpanContext) -> tuple[int, int, bool, TraceFlags, TraceState]:
+    return (context.trace_id, context.span_id, context.is_remote, context.trace_flags, context.trace_state)
+
+
+# new_span_context(trace_id, span_id, is_remote, trace_flags, trace_state): SpanContext(...) with those
+# arguments (given, never None); span_context_fields(context): (trace_id, span_id, is_remote, trace_flags,
+# trace_state), read in C (an itemgetter) where SpanContext is the tuple it declares.
+new_span_context: Callable[[int, int, bool, TraceFlags, TraceState], SpanContext]
+span_context_fields: Callable[[SpanContext], tuple[int, int, bool, TraceFlags, TraceState]]
+if SPAN_CONTEXT_IS_TUPLE:
+    new_span_context = _new_span_context_fast
+    span_context_fields = operator.itemgetter(0, 1, 2, 3, 4)  # type: ignore[assignment]
+else:  # pragma: no cover - an SDK whose SpanContext changed its layout
+    new_span_context = SpanContext
+    span_context_fields = _span_context_fields_slow
+
+
+# What ReadableSpan.__init__ sets, by argument: the instance dict a span read back is given in one go.
+READABLE_SPAN_FIELDS: Mapping[str, str] = MappingProxyType(
+    {
+        "name": "_name",
+        "context": "_context",
+        "kind": "_kind",
+        "instrumentation_info": "_instrumentation_info",
+        "instrumentation_scope": "_instrumentation_scope",
+        "parent": "_parent",
+        "start_time": "_start_time",
+        "end_time": "_end_time",
+        "attributes": "_attributes",
+        "events": "_events",
+        "links": "_links",
+        "resource": "_resource",
+        "status": "_status",
+    }
+)
+
+
+def _readable_span_is_its_fields() -> bool:
+    """True when a ReadableSpan's instance dict is exactly READABLE_SPAN_FIELDS, each holding its argument."""
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import ReadableSpan
+
+        given: dict[str, Any] = {name: object() for name in READABLE_SPAN_FIELDS}
+        given["name"], given["resource"] = "probe", Resource.get_empty()
+        probe = ReadableSpan(**given)
+        return vars(probe) == {field: given[name] for name, field in READABLE_SPAN_FIELDS.items()}
+    except Exception:
+        return False
+
+
+READABLE_SPAN_IS_ITS_FIELDS = _readable_span_is_its_fields()
 
 
 def instrumentation_scope(tracer: Any) -> Any:

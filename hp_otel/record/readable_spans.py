@@ -31,12 +31,19 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from hp_otel.common import _otel_compat
+from hp_otel.record.span_store import STATUS_UNSET
 
 # What the sampler is asked about: the window as a whole (its root decision holds for every span of it).
 WINDOW_SAMPLE_NAME = "hp_otel window"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
-_UNSET = Status(StatusCode.UNSET)
+_RANDOM_TRACE_ID = TraceFlags.RANDOM_TRACE_ID
+_fields = _otel_compat.span_context_fields
+_SPAN_IS_ITS_FIELDS = _otel_compat.READABLE_SPAN_IS_ITS_FIELDS
+_new_object = object.__new__
+_INTERNAL = SpanKind.INTERNAL
+_UNSET = STATUS_UNSET  # the local store knows it by identity: no status to encode
+_new_span_context = _otel_compat.new_span_context
 
 
 class SpanOutlet:
@@ -49,6 +56,7 @@ class SpanOutlet:
         "info",
         "limits",
         "origin",
+        "plain",
         "processor",
         "resource",
         "sampled",
@@ -69,6 +77,9 @@ class SpanOutlet:
         self.sampled = True
         self.sampler_attributes: dict[str, Any] = {}
         self.trace_state = DEFAULT_TRACE_STATE
+        # Nothing the window adds to or cuts from a span's fields as written (no sampler attributes, no
+        # length limit): then the counts limits alone decide whether a span's fields stand as they are.
+        self.plain = self.limits.max_attribute_length is None
 
     @classmethod
     def of(cls, tracer: Any) -> SpanOutlet | None:
@@ -85,6 +96,7 @@ class SpanOutlet:
         result = tracer.sampler.should_sample(parent_ctx, trace_id, WINDOW_SAMPLE_NAME, SpanKind.INTERNAL, None, ())
         self.sampled = result.decision.is_sampled()
         self.sampler_attributes = dict(result.attributes or {})
+        self.plain = self.limits.max_attribute_length is None and not self.sampler_attributes
         self.trace_state = result.trace_state or DEFAULT_TRACE_STATE
 
     def context(self, parent: SpanContext | None, trace_id: int, span_id: int | None) -> SpanContext:
@@ -92,9 +104,10 @@ class SpanOutlet:
         if span_id is None:
             span_id = self.id_generator.generate_span_id()
         if parent is None:  # a root: in the window's trace, as the SDK path's forced trace id makes it
-            return SpanContext(trace_id, span_id, False, _SAMPLED, self.trace_state)
-        flags = _SAMPLED_RANDOM if parent.trace_flags.random_trace_id else _SAMPLED
-        return SpanContext(parent.trace_id, span_id, False, flags, parent.trace_state)
+            return _new_span_context(trace_id, span_id, False, _SAMPLED, self.trace_state)
+        parent_trace, _, _, parent_flags, parent_state = _fields(parent)
+        flags = _SAMPLED_RANDOM if parent_flags & _RANDOM_TRACE_ID else _SAMPLED
+        return _new_span_context(parent_trace, span_id, False, flags, parent_state)
 
 
 class DraftSpan(trace.Span):
@@ -248,13 +261,12 @@ class DraftSpan(trace.Span):
     def plain(self, outlet: SpanOutlet) -> bool:
         """True when its fields are what the readable span would hold as they are (nothing to clean or
         bound): then the local store can keep them without the span being made."""
+        if self.checked or not outlet.plain:
+            return False
         limits = outlet.limits
         most = limits.max_span_attributes
         return not (
-            self.checked
-            or outlet.sampler_attributes
-            or (most is not None and len(self._attrs) > most)
-            or limits.max_attribute_length is not None
+            (most is not None and len(self._attrs) > most)
             or (self._events and limits.max_events is not None and len(self._events) > limits.max_events)
             or (self._links and limits.max_links is not None and len(self._links) > limits.max_links)
         )
@@ -295,21 +307,28 @@ class DraftSpan(trace.Span):
         links: Any = self._links or ()
         if links and limits.max_links is not None and len(links) > limits.max_links:
             links = BoundedList.from_seq(limits.max_links, links)
-        return ReadableSpan(
-            name=self._name,
-            context=self.ctx,
-            parent=self.parent,
-            resource=outlet.resource,
-            attributes=attrs,
-            events=events,
-            links=links,
-            kind=SpanKind.INTERNAL,
-            instrumentation_info=outlet.info,
-            status=self._status,
-            start_time=self.start,
-            end_time=self.end_time,
-            instrumentation_scope=outlet.scope,
-        )
+        if not _SPAN_IS_ITS_FIELDS:  # pragma: no cover - an SDK whose ReadableSpan keeps other fields
+            return ReadableSpan(
+                self._name, self.ctx, self.parent, outlet.resource, attrs, events, links,
+                _INTERNAL, outlet.info, self._status, self.start, self.end_time, outlet.scope,
+            )  # fmt: skip
+        span = _new_object(ReadableSpan)
+        span.__dict__ = {  # what ReadableSpan.__init__ sets (_otel_compat.READABLE_SPAN_FIELDS), in one go
+            "_name": self._name,
+            "_context": self.ctx,
+            "_kind": _INTERNAL,
+            "_instrumentation_info": outlet.info,
+            "_instrumentation_scope": outlet.scope,
+            "_parent": self.parent,
+            "_start_time": self.start,
+            "_end_time": self.end_time,
+            "_attributes": attrs,
+            "_events": events,
+            "_links": links,
+            "_resource": outlet.resource,
+            "_status": self._status,
+        }
+        return span
 
 
 def _with_attributes(link: Link) -> Link:

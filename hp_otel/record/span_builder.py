@@ -34,7 +34,7 @@ from hp_otel.record.span_store import LocalSpanStore
 from hp_otel.record.user_hooks import COLLECTIVE_HOOK_FAULT, MODULE_HOOK_FAULT, NO_HOOKS, OP_HOOK_FAULT, UserHooks
 from hp_otel.spans import codec, schema
 from hp_otel.spans.bandwidth import attributes_of
-from hp_otel.spans.infos import CollectiveInfo, ModuleInfo, OpInfo
+from hp_otel.spans.infos import CollectiveInfo, OpInfo
 
 _LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
 
@@ -121,7 +121,6 @@ class SpanBuilder:
         self._described: set[str] = set()  # group ids whose name and members a span of this window carries
         self._rank: int | None = None  # this process's global rank (the first use: after the group exists)
         self._derived_tracer: Any = None  # the tracer's copy that gives link targets their derived ids
-        self._module_attrs: dict[tuple[ModuleInfo, str], dict[str, Any]] = {}
         # A user's hook interrupted (Ctrl-C, SystemExit): its span ended all the same, and the event
         # that ended it is fed again by the recorder (which puts back what a build did not finish).
         self._hook_interrupted = False
@@ -342,8 +341,10 @@ class SpanBuilder:
         outlet = self._outlet
         assert outlet is not None
         parent = self._span_context_of(parent_ctx)
-        trace_id = self._root_trace_id if parent is None else 0
-        ctx = outlet.context(parent, trace_id or outlet.id_generator.generate_trace_id(), span_id)
+        trace_id = 0  # a child's is its parent's
+        if parent is None:
+            trace_id = self._root_trace_id or outlet.id_generator.generate_trace_id()
+        ctx = outlet.context(parent, trace_id, span_id)
         return DraftSpan(name, ctx, parent, dict(attrs), time_ns, links, outlet.limits)
 
     def _span_context_of(self, parent_ctx: Any) -> SpanContext | None:
@@ -365,10 +366,7 @@ class SpanBuilder:
     # --- handlers -------------------------------------------------------------
     def _module_enter(self, e: ev.ModuleEnter) -> None:
         module = e.module
-        key = (module, e.phase)
-        attrs = self._module_attrs.get(key)
-        if attrs is None:
-            attrs = self._module_attrs[key] = codec.encode_module(module, e.phase)
+        attrs = codec.encoded_module(module, e.phase)  # shared: a span copies what it is given
         parent_ctx = self._module_ctx(e.under) if e.under is not None else None
         name = schema.module_span_name(module.span_name, e.phase)
         self._push(schema.KIND_MODULE, (module.fqn, e.phase), name, attrs, e.phase, e.time_ns, module, parent_ctx)

@@ -29,15 +29,19 @@ from typing import Any
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
-from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
 
 from hp_otel.common import _otel_compat
 
 _KINDS = {kind.value: kind for kind in SpanKind}
 _CODES = {code.value: code for code in StatusCode}
 _FLAGS = {0: TraceFlags(0), 1: TraceFlags(1)}
-_STATUS_UNSET = Status(StatusCode.UNSET)
+STATUS_UNSET = Status(StatusCode.UNSET)  # the status of a span nothing set one on (`keep` knows it by identity)
+_new_span_context = _otel_compat.new_span_context
+_fields = _otel_compat.span_context_fields
+_SPAN_IS_ITS_FIELDS = _otel_compat.READABLE_SPAN_IS_ITS_FIELDS
+_new_object = object.__new__
 _INTERNAL = SpanKind.INTERNAL.value
 _MAX_KEY_SETS = 4096  # distinct attribute-name tuples shared between records (a bound on the table)
 
@@ -51,9 +55,12 @@ def _flags(value: int) -> TraceFlags:
     return flags if flags is not None else TraceFlags(value)
 
 
+def _state_items(state: TraceState) -> tuple[tuple[str, str], ...] | None:
+    return None if state is DEFAULT_TRACE_STATE or not state else tuple(state.items())
+
+
 def _state(context: SpanContext) -> tuple[tuple[str, str], ...] | None:
-    state = context.trace_state
-    return tuple(state.items()) if state else None
+    return _state_items(context.trace_state)
 
 
 def _trace_state(items: tuple[tuple[str, str], ...] | None) -> TraceState:
@@ -61,7 +68,9 @@ def _trace_state(items: tuple[tuple[str, str], ...] | None) -> TraceState:
 
 
 def _context(trace_id: int, span_id: int, flags: int, remote: bool, state: Any) -> SpanContext:
-    return SpanContext(trace_id, span_id, remote, _flags(flags), _trace_state(state))
+    trace_flags = _FLAGS[flags] if flags in _FLAGS else TraceFlags(flags)
+    trace_state = DEFAULT_TRACE_STATE if state is None else _trace_state(state)
+    return _new_span_context(trace_id, span_id, remote, trace_flags, trace_state)
 
 
 def _check_dropped(dropped: int) -> None:
@@ -98,6 +107,8 @@ class LocalSpanStore(SpanExporter):
         self._origins: list[tuple[Any, Any, Any]] = []
         self._origin_index: dict[tuple[int, int, int], int] = {}
         self._key_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._last_origin: Any = None  # the origin `keep` was last given (one per window), and its index
+        self._last_origin_index = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._stopped:
@@ -129,39 +140,53 @@ class LocalSpanStore(SpanExporter):
         would not give back exactly (counts of dropped event or link attributes): not kept."""
         if self._stopped:
             return True
+        keys, values = self._attributes(attributes)
+        trace_id, span_id, _, flags, state = _fields(context)
+        if status is STATUS_UNSET:
+            code, description = 0, None
+        else:
+            code, description = status.status_code.value, status.description
+        if origin is not self._last_origin:
+            self._last_origin, self._last_origin_index = origin, self._origin_of(*origin)
+        try:
+            kept_events = tuple([self._event(event) for event in events]) if events else ()
+            kept_links = tuple([self._link(link) for link in links]) if links else ()
+        except _NotCompact:
+            return False
+        if parent is None:
+            p_trace = p_span = p_flags = p_remote = p_state = None
+        else:
+            p_trace, p_span, p_remote, p_flags, p_state = _fields(parent)
+            p_flags = int(p_flags)
+            p_state = None if p_state is DEFAULT_TRACE_STATE else _state_items(p_state)
+        record = (
+            name,
+            trace_id,
+            span_id,
+            int(flags),
+            False,
+            None if state is DEFAULT_TRACE_STATE else _state_items(state),
+            p_trace,
+            p_span,
+            p_flags,
+            p_remote,
+            p_state,
+            _INTERNAL,
+            code,
+            description,
+            start,
+            end,
+            keys,
+            values,
+            kept_events,
+            kept_links,
+            self._last_origin_index,
+        )
         with self._lock:
             if len(self._spans) >= self.max_spans:
                 self.dropped_spans += 1
-                return True
-            keys, values = self._attributes(attributes)
-            has_parent = parent is not None
-            try:
-                record = (
-                    name,
-                    context.trace_id,
-                    context.span_id,
-                    int(context.trace_flags),
-                    False,
-                    _state(context),
-                    parent.trace_id if has_parent else None,  # type: ignore[union-attr]
-                    parent.span_id if has_parent else None,  # type: ignore[union-attr]
-                    int(parent.trace_flags) if has_parent else None,  # type: ignore[union-attr]
-                    parent.is_remote if has_parent else None,  # type: ignore[union-attr]
-                    _state(parent) if has_parent else None,  # type: ignore[arg-type]
-                    _INTERNAL,
-                    status.status_code.value,
-                    status.description,
-                    start,
-                    end,
-                    keys,
-                    values,
-                    tuple([self._event(event) for event in events]) if events else (),
-                    tuple([self._link(link) for link in links]) if links else (),
-                    self._origin_of(*origin),
-                )
-            except _NotCompact:
-                return False
-            self._spans.append(record)
+            else:
+                self._spans.append(record)
         return True
 
     def __len__(self) -> int:
@@ -193,6 +218,7 @@ class LocalSpanStore(SpanExporter):
             self._origins = []
             self._origin_index = {}
             self._key_sets = {}
+            self._last_origin = None
 
     def shutdown(self) -> None:
         """Later exports fail, as the SDK's in-memory exporter's do."""
@@ -299,28 +325,38 @@ def _rebuild(
     (name, trace_id, span_id, flags, remote, state, p_trace, p_span, p_flags, p_remote, p_state,
      kind, code, description, start, end, keys, values, events, links, origin) = record  # fmt: skip
     resource, scope, info = origins[origin]
-    key = (trace_id, span_id, flags, remote, state)
-    context = contexts.pop(key, None) or _context(*key)  # made already if a child ended first
+    key = record[1:6]  # (trace_id, span_id, flags, remote, state): made already if a child ended first
+    context = contexts.pop(key, None) or _context(trace_id, span_id, flags, remote, state)
     parent = None
     if p_span is not None:
-        parent_key = (p_trace, p_span, p_flags, p_remote, p_state)
+        parent_key = record[6:11]
         parent = contexts.get(parent_key)
         if parent is None:
-            parent = contexts[parent_key] = _context(*parent_key)
-    span = StoredSpan(
-        name=name,
-        context=context,
-        parent=parent,
-        resource=resource,
-        attributes=_attrs(keys, values),
-        events=tuple(Event(e[0], _attrs(e[2], e[3]), e[1]) for e in events),
-        links=tuple(Link(_context(*k[:5]), _attrs(k[5], k[6])) for k in links),
-        kind=_KINDS[kind],
-        instrumentation_info=info,
-        status=_STATUS_UNSET if code == 0 and description is None else Status(_CODES[code], description),
-        start_time=start,
-        end_time=end,
-        instrumentation_scope=scope,
-    )
-    span._hp_record = record  # type: ignore[attr-defined]  # what equality compares (the same tuple, no copy)
+            parent = contexts[parent_key] = _context(p_trace, p_span, p_flags, p_remote, p_state)
+    attributes = dict(zip(keys, values, strict=False))  # made together: as long
+    kept_events = tuple([Event(e[0], _attrs(e[2], e[3]), e[1]) for e in events]) if events else ()
+    kept_links = tuple([Link(_context(*k[:5]), _attrs(k[5], k[6])) for k in links]) if links else ()
+    status = STATUS_UNSET if code == 0 and description is None else Status(_CODES[code], description)
+    if not _SPAN_IS_ITS_FIELDS:  # pragma: no cover - an SDK whose ReadableSpan keeps other fields
+        span = StoredSpan(name, context, parent, resource, attributes, kept_events, kept_links, _KINDS[kind], info,
+                          status, start, end, scope)  # fmt: skip
+        span._hp_record = record  # type: ignore[attr-defined]
+        return span
+    span = _new_object(StoredSpan)
+    span.__dict__ = {  # what ReadableSpan.__init__ sets (_otel_compat.READABLE_SPAN_FIELDS), in one go
+        "_name": name,
+        "_context": context,
+        "_kind": _KINDS[kind],
+        "_instrumentation_info": info,
+        "_instrumentation_scope": scope,
+        "_parent": parent,
+        "_start_time": start,
+        "_end_time": end,
+        "_attributes": attributes,
+        "_events": kept_events,
+        "_links": kept_links,
+        "_resource": resource,
+        "_status": status,
+        "_hp_record": record,  # what equality compares (the same tuple, no copy)
+    }
     return span

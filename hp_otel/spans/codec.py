@@ -84,16 +84,35 @@ def _join_placements(placements: Sequence[Any]) -> str:
 
 
 def encode_tensor_infos(infos: Sequence[TensorInfo], direction: str) -> dict[str, Any]:
-    """Parallel attribute arrays for op inputs or outputs (`direction` is "input" or "output")."""
+    """Parallel attribute arrays for op inputs or outputs (`direction` is "input" or "output"), in one pass."""
+    shapes: list[int] = []
+    ranks: list[int] = []
+    dtypes: list[str] = []
+    dtensors: list[bool] = []
+    placements: list[str] = []
+    meshes: list[int] = []
+    mesh_ranks: list[int] = []
+    for info in infos:
+        shape, mesh = info.shape, info.mesh_shape
+        shapes += map(int, shape)
+        ranks.append(len(shape))
+        dtypes.append(info.dtype)
+        dtensors.append(info.is_dtensor)
+        placements.append(PLACEMENT_SEPARATOR.join(info.placements or ()))
+        if mesh:
+            meshes += map(int, mesh)
+            mesh_ranks.append(len(mesh))
+        else:
+            mesh_ranks.append(0)
     keys = _TENSOR_KEYS[direction]
     return {
-        keys[0]: tuple(int(d) for i in infos for d in i.shape),
-        keys[5]: tuple(len(i.shape) for i in infos),
-        keys[1]: tuple(i.dtype for i in infos),
-        keys[2]: tuple(i.is_dtensor for i in infos),
-        keys[3]: tuple(PLACEMENT_SEPARATOR.join(i.placements or ()) for i in infos),
-        keys[4]: tuple(int(d) for i in infos for d in i.mesh_shape or ()),
-        keys[6]: tuple(len(i.mesh_shape or ()) for i in infos),
+        keys[0]: tuple(shapes),
+        keys[5]: tuple(ranks),
+        keys[1]: tuple(dtypes),
+        keys[2]: tuple(dtensors),
+        keys[3]: tuple(placements),
+        keys[4]: tuple(meshes),
+        keys[6]: tuple(mesh_ranks),
     }
 
 
@@ -103,6 +122,25 @@ def encode_op(name: str, inputs: Sequence[TensorInfo], phase: str) -> dict[str, 
     attrs[schema.OP_NAME] = name
     attrs[schema.PHASE] = phase
     return attrs
+
+
+def encoded_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
+    """`encode_module`'s attributes, shared (never write on them): made once per module and phase for
+    as long as its parameters stay the same objects (a window makes new ModuleInfos; the values repeat)."""
+    parameters = module.parameters
+    key = (module.fqn, module.span_name, module.module_type, id(parameters), phase)
+    hit = _module_attrs.get(key)
+    if hit is not None and hit[0] is parameters:
+        return hit[1]
+    attrs = encode_module(module, phase)
+    if len(_module_attrs) >= _ENCODED_CACHE_LIMIT:
+        _module_attrs.clear()
+    _module_attrs[key] = (parameters, attrs)
+    return attrs
+
+
+_module_attrs: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
+_ENCODED_CACHE_LIMIT = 4096
 
 
 def encode_module(module: ModuleInfo, phase: str) -> dict[str, Any]:

@@ -75,6 +75,7 @@ REVIEWED: dict[str, str] = {
     "sources/pytorch/waits.py:_wrappers": INSTALLED,
     "spans/codec.py:_decoded": CACHE,
     "spans/codec.py:_placements_texts": CACHE,
+    "spans/codec.py:_module_attrs": CACHE,
     "testing/snapshots.py:_session": "the pytest plugin's session option (--hp-otel-update-snapshots)",
     "testing/snapshots.py:written": "the snapshots this test session wrote, listed by the plugin at its end",
 }

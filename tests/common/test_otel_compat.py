@@ -119,3 +119,29 @@ def test_log_limits_still_cover_the_private_loggers() -> None:
             assert flt in logging.getLogger(module).filters
     finally:
         log_limits.unlimit_sdk_logs()
+
+
+def test_span_contexts_made_and_read_as_tuples_equal_the_sdks() -> None:
+    from opentelemetry.trace import SpanContext, TraceFlags
+    from opentelemetry.trace.span import TraceState
+
+    assert _otel_compat.SPAN_CONTEXT_IS_TUPLE  # on this SDK: the fast path is the one tested everywhere
+    state = TraceState([("vendor", "x")])
+    for args in (
+        (7, 9, False, TraceFlags(1), state),
+        (0, 9, True, TraceFlags(0), state),
+        (7, 2**64, False, TraceFlags(3), state),
+    ):
+        made, sdk = _otel_compat.new_span_context(*args), SpanContext(*args)
+        assert type(made) is SpanContext and made == sdk and made.is_valid == sdk.is_valid  # invalid ids too
+        assert _otel_compat.span_context_fields(sdk) == args
+
+
+def test_a_readable_span_is_its_fields() -> None:
+    """The store gives a span read back its instance dict in one go: the fields __init__ sets, by name."""
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    assert _otel_compat.READABLE_SPAN_IS_ITS_FIELDS
+    span = ReadableSpan("s", attributes={"k": 1}, start_time=3)
+    assert set(vars(span)) == set(_otel_compat.READABLE_SPAN_FIELDS.values())
+    assert span._start_time == 3 and span._name == "s"
