@@ -188,13 +188,14 @@ _native_hook = _NativeHook()
 
 
 def wrap_hook(python_hook: Callable[..., Any]) -> Any:
-    """`python_hook` (cls, func, types, args, kwargs) as DTensor's classmethod: behind the native
-    filter where the gate is loaded, else as it is. A gate that cannot make the filter is
+    """`python_hook` (cls, func, types, args, kwargs) as DTensor's `__torch_function__`: behind the
+    native filter where the gate is loaded (a builtin, as torch's own disabled impl is, that calls it
+    with cls=DTensor), else as a classmethod. A gate that cannot make the filter is
     disabled (said once) and the Python hook serves."""
     gate = native.gate()
     if gate is not None:
         try:
-            return classmethod(gate.op_filter(_slot.var, python_hook, _original, _METHOD_WRAPPER, _NO_KWARGS))
+            return gate.op_filter(_slot.var, python_hook, _original, _METHOD_WRAPPER, _NO_KWARGS, DTensor)
         except Exception as exc:
             native.disable(exc)
     return classmethod(python_hook)
