@@ -76,6 +76,11 @@ class ObserverSlot(Generic[T]):
         """True while some window has pushed one here (on any thread)."""
         return bool(self._installed)
 
+    @property
+    def var(self) -> contextvars.ContextVar[T | None]:
+        """The context variable itself (the op hook's native filter reads it in C)."""
+        return self._var
+
     def in_context(self) -> T | None:
         """This context's own one only (no fallback to another thread's)."""
         return self._var.get()

@@ -16,6 +16,11 @@ put back by identity when the last one closes (raising or not).  It is not kept 
 windows by `hp_otel.install()`: swapping is two attribute writes, while a kept hook
 would cost every DTensor call outside windows a Python frame.
 
+Where the native gate is built (`native/`, `hp-otel build-native`; `HP_OTEL_TORCH_NATIVE=off`: not),
+the classmethod installed is a C function in front of this hook: it passes on, without entering
+Python, what this hook would pass on first (an attribute access, a context with no window, a call
+inside backward) and calls this hook for the rest, so the same ops are recorded either way.
+
 Where the class hook cannot see the calls, `open_window` returns None and the caller
 uses the mode (`dtensor._OpMode`): `HP_OTEL_TORCH_OP_HOOK=mode`; a torch without the
 disabled impl; `DTensor.__torch_function__` already replaced by someone else (another
@@ -41,7 +46,7 @@ from torch.distributed.tensor import DTensor
 
 from hp_otel.record.observer import Observer
 from hp_otel.sources.patching import AttributePatch, ObserverSlot, SharedPatches
-from hp_otel.sources.pytorch import _compat, settings
+from hp_otel.sources.pytorch import _compat, native, settings
 from hp_otel.sources.pytorch.tensors import tensor_infos
 
 OP_HOOK_ENV = settings.OP_HOOK_ENV
@@ -87,7 +92,7 @@ def why_mode() -> str | None:
     if _original is None or _compat.is_missing(_no_subclass_hooks):
         return "this torch lacks torch._C._disabled_torch_function_impl or DisableTorchFunctionSubclass"
     current = vars(DTensor).get(_NAME)
-    if current is _HOOK:
+    if current is _HOOK or (current is not None and current is _native_hook.hook):
         return None  # ours, installed by an open window
     if current is not _original:
         return f"DTensor.__torch_function__ is {current!r}, not torch's disabled impl (replaced by another tracer)"
@@ -172,11 +177,50 @@ def report_op(
 _HOOK = classmethod(_torch_function)
 
 
+class _NativeHook:
+    """The native filter in front of `_torch_function`, made once per loaded gate."""
+
+    hook: Any = None
+    made_from: Any = None
+
+
+_native_hook = _NativeHook()
+
+
+def wrap_hook(python_hook: Callable[..., Any]) -> Any:
+    """`python_hook` (cls, func, types, args, kwargs) as DTensor's `__torch_function__`: behind the
+    native filter where the gate is loaded (a builtin, as torch's own disabled impl is, that calls it
+    with cls=DTensor), else as a classmethod. A gate that cannot make the filter is
+    disabled (said once) and the Python hook serves."""
+    gate = native.gate()
+    if gate is not None:
+        try:
+            return gate.op_filter(_slot.var, python_hook, _original, _METHOD_WRAPPER, _NO_KWARGS, DTensor)
+        except Exception as exc:
+            native.disable(exc)
+    return classmethod(python_hook)
+
+
+def installed_hook() -> Any:
+    """What a window installs as `DTensor.__torch_function__`: the native filter in front of the hook
+    where the gate is built (and `HP_OTEL_TORCH_NATIVE` is not off), else `_HOOK`."""
+    gate = native.gate()
+    if gate is None:
+        return _HOOK
+    if _native_hook.made_from is not gate:
+        made = wrap_hook(_torch_function)
+        if native.gate() is not gate:  # it could not make the filter
+            return _HOOK
+        _native_hook.hook, _native_hook.made_from = made, gate
+    return _native_hook.hook
+
+
 def _plan_class_hook() -> list[AttributePatch] | None:
     """The swap of `DTensor.__torch_function__`, or None where it cannot serve (`why_mode()`): use the mode."""
     if why_mode() is not None:
         return None
-    return [AttributePatch(DTensor, _NAME, lambda _original: _HOOK)]
+    hook = installed_hook()
+    return [AttributePatch(DTensor, _NAME, lambda _original: hook)]
 
 
 # Never kept between windows: a kept hook would cost every DTensor call outside windows a frame.

@@ -4,7 +4,9 @@ Every call into a Python kernel is a round trip into Python, even one that only 
 a functional collective's inner c10d op, and every collective while hooks are kept and no window
 records (the figures: docs/how-it-works/costs.md). The gate, a C++ kernel on the same key, passes
 those on without entering Python and hands the rest to the same Python kernels, so what is
-recorded does not change.
+recorded does not change. The same module makes the op hook's filter (`op_filter`, used by
+`op_hook.wrap_hook`): DTensor's `__torch_function__` while a window records ops, which passes on in
+C what the Python hook would pass on first and calls it for the rest.
 
 It is compiled, so it is never required:
 - `hp-otel build-native` (or `build()`) compiles it once with `torch.utils.cpp_extension` (a C++
