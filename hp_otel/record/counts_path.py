@@ -4,6 +4,7 @@ calls it runs in."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from time import time_ns
 from typing import Any
@@ -13,6 +14,9 @@ from hp_otel.record.collective_metrics import call_bandwidth
 from hp_otel.record.window_path import WindowPath
 from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
+
+_FORWARD = schema.PHASE_FORWARD
+_get_ident = threading.get_ident
 
 
 class CountsPath(WindowPath):
@@ -25,7 +29,11 @@ class CountsPath(WindowPath):
         if not self.accepting:
             return
         try:
-            self._open_call(module.fqn, phase)
+            modules = self._stacks.get(_get_ident())
+            if modules is not None and phase is _FORWARD:  # `_open_call`'s common case, inline
+                modules.append((module.fqn, phase))
+            else:
+                self._open_call(module.fqn, phase)
         except Exception as exc:
             self._on_fault("module_enter", exc)
 
@@ -33,7 +41,11 @@ class CountsPath(WindowPath):
         if not self.accepting:
             return
         try:
-            self._close_call(fqn, phase)
+            modules = self._stacks.get(_get_ident())
+            if modules and len(modules) > 1 and modules[-1] == (fqn, phase):  # `_close_call`'s common case, inline
+                del modules[-1]
+            else:
+                self._close_call(fqn, phase)
         except Exception as exc:
             self._on_fault("module_exit", exc)
 

@@ -25,6 +25,7 @@ from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall
 
 _get_ident = threading.get_ident
+_FORWARD = schema.PHASE_FORWARD
 
 
 class WindowPath:
@@ -131,6 +132,9 @@ class WindowPath:
         modules = self._stacks.get(thread)
         if modules is None:
             modules = self._stacks[thread] = []
+        elif phase is _FORWARD:  # the common case: nothing to follow
+            modules.append((fqn, phase))
+            return
         if phase == schema.PHASE_RECOMPUTE and (not modules or modules[-1][1] != phase):
             # a recompute starts: the backward calls follow the node that asked for it first, so it
             # nests (and counts) inside their calls (attribution.py)
@@ -141,10 +145,17 @@ class WindowPath:
 
     def _close_call(self, fqn: str, phase: str) -> None:
         """Forget the innermost open call of `fqn` in `phase`: this thread's, else another's."""
-        key = (fqn, phase)
         thread = _get_ident()
         stacks = self._stacks
         mine = stacks.get(thread)
+        if mine:  # the common case: this thread's innermost call closes
+            top = mine[-1]
+            if top[0] == fqn and top[1] == phase:
+                del mine[-1]
+                if not mine:
+                    del stacks[thread]
+                return
+        key = (fqn, phase)
         for ident, modules in [(thread, mine)] if mine is not None and key in mine else list(stacks.items()):
             for i in range(len(modules) - 1, -1, -1):
                 if modules[i] == key:

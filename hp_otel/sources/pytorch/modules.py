@@ -228,6 +228,24 @@ class _ThreadState:
         self.owners = NodeOwners()
 
 
+class _Copied:
+    """The hook set of a `_TrackedModule` in a copy of the model (`torch.save(model)`, `pickle`,
+    `copy.deepcopy`) made while its hooks are kept between windows: the hooks hold weak references and
+    the window's books, which cannot and must not be copied, so the copy's hooks are no window's and
+    take themselves out of the copy's module at its first call (`_TrackedModule.drop_copied`)."""
+
+    tracker = None
+
+
+_COPIED: Any = _Copied()
+
+
+def _copied_tracked(fqn: str, info: ModuleInfo) -> _TrackedModule:
+    tracked = _TrackedModule.__new__(_TrackedModule)
+    tracked.hooks, tracked.compiled_calls, tracked.fqn, tracked.info = _COPIED, 0, fqn, info
+    return tracked
+
+
 class _TrackedModule:
     """Hooks for one module; they report to the hook set's tracker while a window uses it.
 
@@ -248,6 +266,25 @@ class _TrackedModule:
             self.fqn, fqn or type(module).__name__, type(module).__qualname__, parameter_infos(module)
         )
 
+    def __reduce__(self) -> tuple[Callable[..., _TrackedModule], tuple[str, ModuleInfo]]:
+        return _copied_tracked, (self.fqn, self.info)  # a copy's hooks remove themselves (`_Copied`)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _TrackedModule:
+        return _copied_tracked(self.fqn, self.info)
+
+    def drop_copied(self, module: nn.Module) -> None:
+        """Take this copy's hooks (and those of a `_WrapperHooks` over it) out of `module` (`_Copied`):
+        torch runs a snapshot of the hook dicts, so that is safe inside the call."""
+        pre, post, always_called = (
+            _hook_dicts(module) if _hook_dicts is not None else (module._forward_pre_hooks, module._forward_hooks, {})
+        )
+        for hooks in (pre, post):
+            for key, hook in list(hooks.items()):
+                owner = getattr(hook, "__self__", None)
+                if owner is self or getattr(owner, "tracked", None) is self:
+                    del hooks[key]
+                    always_called.pop(key, None)
+
     def refresh(self, module: nn.Module) -> bool:
         """New parameter objects since the hooks were made (e.g. sharded later): describe them anew (True)."""
         parameters = parameter_infos(module)
@@ -261,6 +298,8 @@ class _TrackedModule:
             return
         tracker = self.hooks.tracker
         if tracker is None:  # hooks kept between windows: nothing records
+            if self.hooks is _COPIED:
+                self.drop_copied(module)
             return
         observer = tracker.observer
         if observer is None or not observer.accepting or self.compiled_calls:
@@ -278,6 +317,8 @@ class _TrackedModule:
             return
         tracker = self.hooks.tracker
         if tracker is None:
+            if self.hooks is _COPIED:
+                self.drop_copied(module)
             return
         observer = tracker.observer
         if observer is None or not observer.accepting or self.compiled_calls:
@@ -1017,25 +1058,45 @@ class TorchModuleTracker:
             parent = None
             state.owners.maybe_trim()  # between top-level calls (never inside backward): forget dead ones
         call = ModuleCall(info, parent)
-        first_node = state.owners.mark(call)
+        owners = state.owners
+        # owners.mark(call), inline (a call saved on every module call)
+        first_node = _next_sequence_nr()
+        bounds, calls = owners._table
+        if bounds and bounds[-1] == first_node:
+            calls[-1] = call
+        else:
+            bounds.append(first_node)
+            calls.append(call)
         stack.append((call, phase, first_node))
-        self._latest_owners = state.owners
+        self._latest_owners = owners
         self._latest_call[info] = call
 
     def exit_call(self, info: ModuleInfo, output: Any = None) -> tuple[ModuleCall, str, int] | None:
         state = getattr(self._local, "state", None) or self._thread_state()  # (a call only the first time)
         stack = state.stack
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i][0].module is info:
-                entry = stack.pop(i)
-                del stack[i:]  # calls that never exited (their forward raised past them)
-                if stack:
-                    state.owners.mark(stack[-1][0])
-                else:  # a top-level call: its boundaries live as long as its output's nodes
-                    state.owners.mark(None)
-                    state.owners.close_unit(entry[2], output)
-                return entry
-        return None
+        if stack and stack[-1][0].module is info:  # the common case: the innermost call returns
+            entry = stack.pop()
+        else:
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0].module is info:
+                    entry = stack.pop(i)
+                    del stack[i:]  # calls that never exited (their forward raised past them)
+                    break
+            else:
+                return None
+        owners = state.owners
+        if stack:  # owners.mark(the enclosing call), inline
+            seq = _next_sequence_nr()
+            bounds, calls = owners._table
+            if bounds and bounds[-1] == seq:
+                calls[-1] = stack[-1][0]
+            else:
+                bounds.append(seq)
+                calls.append(stack[-1][0])
+        else:  # a top-level call: its boundaries live as long as its output's nodes
+            owners.mark(None)
+            owners.close_unit(entry[2], output)
+        return entry
 
     def running_chain(self) -> tuple[ModuleCall, ...] | None:
         """The module calls (outermost first) whose forward created the autograd node running now.

@@ -5,6 +5,10 @@ through the public API."""
 
 from __future__ import annotations
 
+import copy
+import io
+import pickle
+
 import pytest
 import torch
 from torch import nn
@@ -125,5 +129,46 @@ def test_kept_hooks_stay_until_uninstall_then_leave_exactly() -> None:
     with CommDebugMode(module=model):
         model(torch.ones(1, 4))
     assert all(len(m._forward_pre_hooks) == 1 for m in model.modules())
+    hp_otel.uninstall()
+    assert _dicts(model) == before
+
+
+def _save_and_load(model: nn.Module) -> nn.Module:
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+_COPIES = {
+    "torch.save": _save_and_load,
+    "pickle": lambda model: pickle.loads(pickle.dumps(model)),
+    "deepcopy": copy.deepcopy,
+}
+
+
+@pytest.mark.parametrize("how", list(_COPIES))
+@pytest.mark.parametrize("inside_a_window", [False, True])
+def test_a_model_with_kept_hooks_can_be_saved_and_copied(how: str, inside_a_window: bool) -> None:
+    """Kept hooks hold weak references and the window's books: a copy's hooks are no window's and
+    take themselves out at the copy's first call; the model's own stay and still record."""
+    model = _model()
+    x = torch.ones(1, 4)
+    before = _dicts(model)
+    hp_otel.install()
+    with CommDebugMode(module=model):
+        model(x)
+    kept = _dicts(model)
+    with CommDebugMode(module=model):
+        copied = _COPIES[how](model) if inside_a_window else None
+        model(x)
+    copied = copied if copied is not None else _COPIES[how](model)
+    assert [tuple(map(len, d)) for d in _dicts(copied)] == [tuple(map(len, d)) for d in kept]
+    with CommDebugMode(module=model) as mode:
+        torch.testing.assert_close(copied(x), model(x))
+    # one span per module of the model: the copy's calls recorded nothing
+    assert sorted(span.name for span in mode.get_finished_spans()) == ["0", "1", "2", "Sequential"]
+    assert _dicts(copied) == before  # nothing of ours left on the copy after its first call
+    assert _dicts(model) == kept  # the model's own hooks stay as they were
     hp_otel.uninstall()
     assert _dicts(model) == before
