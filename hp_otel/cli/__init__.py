@@ -90,7 +90,8 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "build-native",
-        "compile the optional native gate that passes unrecorded collective calls on in C++ (once per machine)",
+        "compile the optional native gate that passes unrecorded collective and DTensor op-hook calls on in C++ "
+        "(once per machine and hp_otel release)",
         build_native.add_arguments,
         build_native.run,
         description="Builds hp_otel/sources/pytorch/native/passthrough.cpp with torch.utils.cpp_extension (a C++ "

@@ -1,6 +1,8 @@
-"""`hp-otel build-native`: compile the optional native gate in front of the collective kernels once.
+"""`hp-otel build-native`: compile the optional native gate in front of the collective kernels and
+the DTensor op hook once (a new hp_otel release changes its source, so it is built again).
 
-The gate (hp_otel/sources/pytorch/native) passes on, in C++, the collective calls no window records;
+The gate (hp_otel/sources/pytorch/native) passes on, in C++, the collective calls no window records
+and the op hook's calls that record nothing (attribute accesses, backward);
 windows use the cached build from then on. Building is never done behind a user's back, so this
 command is the one place it happens (CI runs it before the suite).
 """
