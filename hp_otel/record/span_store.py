@@ -146,8 +146,6 @@ class LocalSpanStore(SpanExporter):
             code, description = 0, None
         else:
             code, description = status.status_code.value, status.description
-        if origin is not self._last_origin:
-            self._last_origin, self._last_origin_index = origin, self._origin_of(*origin)
         try:
             kept_events = tuple([self._event(event) for event in events]) if events else ()
             kept_links = tuple([self._link(link) for link in links]) if links else ()
@@ -159,34 +157,36 @@ class LocalSpanStore(SpanExporter):
             p_trace, p_span, p_remote, p_flags, p_state = _fields(parent)
             p_flags = int(p_flags)
             p_state = None if p_state is DEFAULT_TRACE_STATE else _state_items(p_state)
-        record = (
-            name,
-            trace_id,
-            span_id,
-            int(flags),
-            False,
-            None if state is DEFAULT_TRACE_STATE else _state_items(state),
-            p_trace,
-            p_span,
-            p_flags,
-            p_remote,
-            p_state,
-            _INTERNAL,
-            code,
-            description,
-            start,
-            end,
-            keys,
-            values,
-            kept_events,
-            kept_links,
-            self._last_origin_index,
-        )
-        with self._lock:
+        with self._lock:  # the origin table and the spans change together (`clear` resets both)
             if len(self._spans) >= self.max_spans:
                 self.dropped_spans += 1
-            else:
-                self._spans.append(record)
+                return True
+            if origin is not self._last_origin:
+                self._last_origin, self._last_origin_index = origin, self._origin_of(*origin)
+            record = (
+                name,
+                trace_id,
+                span_id,
+                int(flags),
+                False,
+                None if state is DEFAULT_TRACE_STATE else _state_items(state),
+                p_trace,
+                p_span,
+                p_flags,
+                p_remote,
+                p_state,
+                _INTERNAL,
+                code,
+                description,
+                start,
+                end,
+                keys,
+                values,
+                kept_events,
+                kept_links,
+                self._last_origin_index,
+            )
+            self._spans.append(record)
         return True
 
     def __len__(self) -> int:
