@@ -29,6 +29,9 @@ from markers import (  # noqa: E402, F401
     pytest_runtest_makereport,
 )
 
+# The native gate's fixtures (built, gate_on, gate_off), shared by the tests run with it and without it.
+from native_gate import built, gate_off, gate_on  # noqa: E402, F401
+
 
 @pytest.fixture(autouse=True)
 def _one_off_windows(monkeypatch):

@@ -9,7 +9,6 @@ build that fails fails these tests; elsewhere they skip, saying why.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import pytest
@@ -20,30 +19,6 @@ from referee import Referee
 
 import hp_otel
 from hp_otel.sources.pytorch import kernels, native
-
-
-@pytest.fixture(scope="module")
-def built():
-    try:
-        return native.build()
-    except native.NativeBuildError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"the native gate must build under CI: {exc}")
-        pytest.skip(f"the native gate cannot be built here: {exc}")
-
-
-@pytest.fixture
-def gate_on(built, monkeypatch):
-    monkeypatch.setenv(native.NATIVE_ENV, "auto")
-    native.forget()
-    yield native.gate()
-    native.forget()
-
-
-@pytest.fixture
-def gate_off(monkeypatch):
-    monkeypatch.setenv(native.NATIVE_ENV, "off")
-    yield
 
 
 def _kernel_calls(run) -> list[str]:

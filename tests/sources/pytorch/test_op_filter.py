@@ -2,17 +2,18 @@
 pass on first (an attribute access, a context with no window, a call inside backward) is passed on in C,
 the rest reaches the same Python hook, so the op spans are the same with it and without it.
 
-The gate is built here when it is not yet (`native.build()`, ≈30 s once, cached), as in test_native_gate.
+The gate is built here when it is not yet (`native.build()`, ≈30 s once, cached), as in test_native_gate
+(the fixtures `built`, `gate_on`, `gate_off`: tests/support/native_gate.py, taken in by tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import pytest
 import torch
+from op_spans import op_spans
 from torch.distributed.tensor import DTensor
 
 from hp_otel import CommDebugMode
@@ -23,43 +24,8 @@ DISABLED = torch._C._disabled_torch_function_impl
 BUILTIN = type(len)
 
 
-@pytest.fixture(scope="module")
-def built():
-    try:
-        return native.build()
-    except native.NativeBuildError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"the native gate must build under CI: {exc}")
-        pytest.skip(f"the native gate cannot be built here: {exc}")
-
-
-@pytest.fixture
-def gate_on(built, monkeypatch):
-    monkeypatch.setenv(native.NATIVE_ENV, "auto")
-    native.forget()
-    yield native.gate()
-    native.forget()
-
-
-@pytest.fixture
-def gate_off(monkeypatch):
-    monkeypatch.setenv(native.NATIVE_ENV, "off")
-    native.forget()
-    yield
-    native.forget()
-
-
 def _class_attr() -> Any:
     return vars(DTensor)["__torch_function__"]
-
-
-def _op_spans(mode: CommDebugMode) -> list[tuple[str, tuple]]:
-    spans = sorted(mode.get_finished_spans(), key=lambda s: (s.start_time, s.context.span_id))
-    return [
-        (s.name, tuple(sorted((k, v) for k, v in s.attributes.items() if k.startswith("hp_otel.op."))))
-        for s in spans
-        if any(k.startswith("hp_otel.op.") for k in s.attributes)
-    ]
 
 
 class _Counting:
@@ -121,7 +87,7 @@ def test_attribute_accesses_and_backward_never_enter_python(tp_mlp, gate_on, mon
     assert counting.calls  # the ops reach the Python hook
     assert [c for c in counting.calls if c[1] != -1] == []  # nothing from inside backward
     assert [c for c in counting.calls if c[2] == "method-wrapper" and c[0] in {"__get__", "__set__"}] == []
-    names = [name for name, _ in _op_spans(mode)]
+    names = [name for name, _ in op_spans(mode)]
     assert names.count("linear") == 2
 
 
@@ -141,7 +107,7 @@ def test_a_context_without_a_window_stays_in_cpp(tp_mlp, gate_on, monkeypatch) -
         thread.join()
         model(x)
     assert other == [0]
-    assert [name for name, _ in _op_spans(mode)].count("linear") == 2  # this context's forward only
+    assert [name for name, _ in op_spans(mode)].count("linear") == 2  # this context's forward only
 
 
 @pytest.mark.parametrize("workload", ["mlp", "dtensor-transformer"])
@@ -158,7 +124,7 @@ def test_the_same_op_spans_with_the_filter_and_without(fake_world, built, monkey
             assert (type(_class_attr()) is BUILTIN) == (setting == "auto")
             work.step()
         recorded[setting] = (
-            _op_spans(mode),
+            op_spans(mode),
             sorted(s.name for s in mode.get_finished_spans()),
             mode.get_comm_counts(),
             mode.get_callback_error_counts(),

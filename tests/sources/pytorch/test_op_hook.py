@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from op_spans import op_spans
 from referee import Referee
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
@@ -51,16 +52,6 @@ class _OpReferee(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _op_spans(mode: CommDebugMode) -> list[tuple[str, tuple]]:
-    """Op spans in start order, with every attribute (the op spans are those with op input attributes)."""
-    spans = sorted(mode.get_finished_spans(), key=lambda s: (s.start_time, s.context.span_id))
-    return [
-        (s.name, tuple(sorted((k, v) for k, v in s.attributes.items() if k.startswith("hp_otel.op."))))
-        for s in spans
-        if any(k.startswith("hp_otel.op.") for k in s.attributes)
-    ]
-
-
 def _span_names(mode: CommDebugMode) -> list[str]:
     return sorted(s.name for s in mode.get_finished_spans())
 
@@ -89,9 +80,9 @@ def test_ops_counts_and_spans_match_the_referees_and_the_mode(fake_world, monkey
     assert modes_inside == 0  # the class hook, no TorchFunctionMode
     theirs, modes_in_fallback = _record(work.step, work.model, monkeypatch, "mode")
     assert modes_in_fallback == 1
-    assert [name for name, _ in _op_spans(ours)] == op_referee.names
+    assert [name for name, _ in op_spans(ours)] == op_referee.names
     assert len(op_referee.names) >= {"mlp": 2, "dtensor-transformer": 30}[workload]
-    assert _op_spans(ours) == _op_spans(theirs)  # same names and attributes, in the same order
+    assert op_spans(ours) == op_spans(theirs)  # same names and attributes, in the same order
     assert _span_names(ours) == _span_names(theirs)  # and every other span
     assert ours.get_comm_counts() == theirs.get_comm_counts() == dict(referee.counts)
     assert ours.get_comm_module_counts() == theirs.get_comm_module_counts() == referee.module_counts_dict()
