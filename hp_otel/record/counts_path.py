@@ -13,7 +13,6 @@ from hp_otel.record import events as ev
 from hp_otel.record.collective_metrics import call_bandwidth
 from hp_otel.record.window_path import WindowPath
 from hp_otel.spans import schema
-from hp_otel.spans.codec import MetricKey
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
 _FORWARD = schema.PHASE_FORWARD
@@ -81,7 +80,7 @@ class CountsPath(WindowPath):
             return None
         try:
             if not self.wants_completion:  # counts need no issue record: the staleness gauges' ticket only
-                launch = ev.Launch(start_ns, info)  # (and, if launched, its completion record: `_launched`)
+                launch = ev.Launch(start_ns, info)  # (and, if launched, its completion record)
                 self._liveness.issued(launch, start_ns, info.op, info.group)
                 return launch
             return self._issue(info, start_ns, phase)  # a hang watchdog writes the ones in flight
@@ -100,7 +99,7 @@ class CountsPath(WindowPath):
         awaits_completion: bool = False,
         done: Callable[[], bool] | None = None,
         device: Callable[[], int | None] | None = None,
-    ) -> ev.Collective | None:
+    ) -> ev.Collective | ev.Launch | None:
         """Count one collective; a launched one (`awaits_completion`) returns the token its completion
         and wait are reported with (its metrics wait for them)."""
         issue = ticket if type(ticket) is ev.CollectiveIssue else None
@@ -126,7 +125,14 @@ class CountsPath(WindowPath):
                 return None
             key = self._metrics.measure(info, place, None, error, None)
             if type(ticket) is ev.Launch:
-                return self._launched(ticket, info, start_ns, end_ns, key)
+                # No watchdog: the issue's ticket, in flight since its issue, is the launch's token too
+                # (what a `Collective` would hold for the metrics, and the same place in the staleness gauges).
+                ticket.start_ns = start_ns
+                ticket.info = info
+                ticket.end_ns = ticket.returned_ns = end_ns
+                ticket.completion = _LAUNCH
+                self._metrics.awaiting(ticket, key)
+                return ticket
             event = ev.Collective(
                 start_ns=start_ns,
                 end_ns=end_ns,
@@ -148,18 +154,6 @@ class CountsPath(WindowPath):
         except Exception as exc:
             self._on_fault("collective", exc)
             return None
-
-    def _launched(
-        self, launch: ev.Launch, info: CollectiveInfo, start_ns: int, end_ns: int, key: MetricKey
-    ) -> ev.Launch:
-        """No watchdog: the issue's ticket, in flight since its issue, is the launch's token too (what a
-        `Collective` would hold for the metrics, and the same place in the staleness gauges)."""
-        launch.start_ns = start_ns
-        launch.info = info
-        launch.end_ns = launch.returned_ns = end_ns
-        launch.completion = _LAUNCH
-        self._metrics.awaiting(launch, key)
-        return launch
 
     def on_collective_complete(self, token: Any, end_ns: int, completion: str) -> None:
         if type(token) is not ev.Launch:  # a `Collective`: launched while a watchdog watched
