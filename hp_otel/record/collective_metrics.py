@@ -67,7 +67,7 @@ class CollectiveMetrics:
         self._pending_durations: dict[MetricKey, list[int]] = {}
         self._pending_busbw: dict[MetricKey, list[float]] = {}  # bus bandwidths (bytes/s), handed over at window end
         self._pending_values = 0  # durations waiting in _pending_durations
-        self._awaiting: list[tuple[ev.Collective, MetricKey]] = []
+        self._awaiting: list[tuple[ev.Collective | ev.Launch, MetricKey]] = []
         self._awaiting_limit = _AWAITING_SWEEP
         self._window_context: Any = None  # the step's span: durations' exemplars link to it
 
@@ -111,14 +111,14 @@ class CollectiveMetrics:
                 self.flush()
         return key
 
-    def awaiting(self, event: ev.Collective, key: MetricKey) -> None:
+    def awaiting(self, event: ev.Collective | ev.Launch, key: MetricKey) -> None:
         """`event` was launched: its duration is handed on once it completes."""
         awaiting = self._awaiting
         awaiting.append((event, key))
         if len(awaiting) >= self._awaiting_limit:
             self._settle_completed()
 
-    def _settle(self, event: ev.Collective, key: MetricKey) -> None:
+    def _settle(self, event: ev.Collective | ev.Launch, key: MetricKey) -> None:
         """Hand an awaited collective's duration to the metrics: to its completion where seen, else its launch."""
         duration_ns = event.end_ns - event.start_ns
         self._pending_durations.setdefault(key, []).append(duration_ns)
@@ -127,7 +127,12 @@ class CollectiveMetrics:
             if event.completion == schema.COMPLETION_LAUNCH:  # its completion will not be seen now
                 self._liveness.forget(event)
             else:
-                bw = bandwidth_of(event, duration_ns)
+                # a `Launch` (counts only) has no span to share its bandwidth with
+                bw = (
+                    call_bandwidth(event.info, duration_ns)
+                    if type(event) is ev.Launch
+                    else bandwidth_of(event, duration_ns)
+                )
                 if bw is not None:
                     self._pending_busbw.setdefault(key, []).append(bw.busbw)
         except Exception as exc:
@@ -136,7 +141,7 @@ class CollectiveMetrics:
     def _settle_completed(self) -> None:
         """Settle the awaited collectives that completed meanwhile; keep those still awaited (at most
         `_MAX_AWAITING`: beyond, the oldest are settled with their launch time, as at window end)."""
-        still: list[tuple[ev.Collective, MetricKey]] = []
+        still: list[tuple[ev.Collective | ev.Launch, MetricKey]] = []
         for event, key in self._awaiting:
             if event.completion == schema.COMPLETION_LAUNCH:
                 still.append((event, key))

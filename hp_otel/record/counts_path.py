@@ -16,6 +16,7 @@ from hp_otel.spans import schema
 from hp_otel.spans.infos import CollectiveInfo, ModuleCall, ModuleInfo, TensorInfo
 
 _FORWARD = schema.PHASE_FORWARD
+_LAUNCH = schema.COMPLETION_LAUNCH
 _get_ident = threading.get_ident
 
 
@@ -79,7 +80,9 @@ class CountsPath(WindowPath):
             return None
         try:
             if not self.wants_completion:  # counts need no issue record: the staleness gauges' ticket only
-                return self._liveness.ticket(start_ns, info.op, info.group)
+                launch = ev.Launch(start_ns, info)  # (and, if launched, its completion record)
+                self._liveness.issued(launch, start_ns, info.op, info.group)
+                return launch
             return self._issue(info, start_ns, phase)  # a hang watchdog writes the ones in flight
         except Exception as exc:
             self._on_fault("collective_issue", exc)
@@ -96,7 +99,7 @@ class CountsPath(WindowPath):
         awaits_completion: bool = False,
         done: Callable[[], bool] | None = None,
         device: Callable[[], int | None] | None = None,
-    ) -> ev.Collective | None:
+    ) -> ev.Collective | ev.Launch | None:
         """Count one collective; a launched one (`awaits_completion`) returns the token its completion
         and wait are reported with (its metrics wait for them)."""
         issue = ticket if type(ticket) is ev.CollectiveIssue else None
@@ -121,6 +124,15 @@ class CountsPath(WindowPath):
                 self._liveness.completed(ticket, end_ns)
                 return None
             key = self._metrics.measure(info, place, None, error, None)
+            if type(ticket) is ev.Launch:
+                # No watchdog: the issue's ticket, in flight since its issue, is the launch's token too
+                # (what a `Collective` would hold for the metrics, and the same place in the staleness gauges).
+                ticket.start_ns = start_ns
+                ticket.info = info
+                ticket.end_ns = ticket.returned_ns = end_ns
+                ticket.completion = _LAUNCH
+                self._metrics.awaiting(ticket, key)
+                return ticket
             event = ev.Collective(
                 start_ns=start_ns,
                 end_ns=end_ns,
@@ -142,3 +154,24 @@ class CountsPath(WindowPath):
         except Exception as exc:
             self._on_fault("collective", exc)
             return None
+
+    def on_collective_complete(self, token: Any, end_ns: int, completion: str) -> None:
+        if type(token) is not ev.Launch:  # a `Collective`: launched while a watchdog watched
+            WindowPath.on_collective_complete(self, token, end_ns, completion)
+            return
+        if token.completion != _LAUNCH:
+            return
+        try:
+            token.end_ns = max(end_ns, token.end_ns)
+            token.completion = completion
+            self._liveness.completed(token, end_ns)
+        except Exception as exc:
+            self._on_fault("collective_complete", exc)
+
+    def on_collective_wait(self, token: Any, start_ns: int, end_ns: int) -> None:
+        """A `Launch` keeps no wait time (only spans and the exposure figures read it): its end only."""
+        if type(token) is not ev.Launch:
+            WindowPath.on_collective_wait(self, token, start_ns, end_ns)
+            return
+        if token.completion != _LAUNCH and token.end_ns > end_ns:  # as `WindowPath.on_collective_wait`
+            token.end_ns = max(end_ns, token.returned_ns)

@@ -91,6 +91,22 @@ class CollectiveIssue:
     stack: tuple[str, ...] = ()  # the user's frames issuing it (call_stack.py), when asked for
 
 
+class Launch:
+    """A collective of a counts-only window no watchdog watches, from its issue to its completion: the
+    staleness gauges' ticket (in flight from its issue) and, once its call returned without its work
+    done, its own completion record: no span and no in-flight record need a `Collective` there, so the
+    launch pays a few attribute stores (its duration histogram and gauges read the same times)."""
+
+    __slots__ = ("completion", "end_ns", "info", "returned_ns", "start_ns")
+
+    def __init__(self, start_ns: int, info: CollectiveInfo) -> None:
+        self.start_ns = start_ns
+        self.info = info
+        self.completion = "call"  # schema.COMPLETION_*: LAUNCH from its launch until its completion is seen
+        self.end_ns = start_ns  # the launch's end, then its completion's
+        self.returned_ns = start_ns  # when the issuing call returned
+
+
 @dataclass(slots=True, kw_only=True)
 class Collective:
     """A collective call: a leaf span of the innermost open call."""

@@ -27,17 +27,6 @@ _MAX_IN_FLIGHT = 4096  # work nobody waits for: forget the oldest beyond this
 _now = time.time_ns
 
 
-class LiveTicket:
-    """The issue record of a collective in a counts-only window (it carries only what the gauges need)."""
-
-    __slots__ = ("group", "op", "start_ns")
-
-    def __init__(self, start_ns: int, op: str, group: str) -> None:
-        self.start_ns = start_ns
-        self.op = op
-        self.group = group
-
-
 class Liveness:
     """Collectives in flight and the last completion time, per metric provider (so across windows)."""
 
@@ -56,17 +45,6 @@ class Liveness:
         in_flight[id(key)] = (start_ns, op, group, key)
         if not self.first_issue_ns:
             self.first_issue_ns = start_ns
-
-    def ticket(self, start_ns: int, op: str, group: str) -> LiveTicket:
-        """A new issue record for a counts-only window, in flight from now."""
-        ticket = LiveTicket(start_ns, op, group)
-        in_flight = self._in_flight  # `issued()`, inline: one frame less per collective
-        if len(in_flight) >= _MAX_IN_FLIGHT:
-            in_flight.pop(next(iter(in_flight)), None)
-        in_flight[id(ticket)] = (start_ns, op, group, ticket)
-        if not self.first_issue_ns:
-            self.first_issue_ns = start_ns
-        return ticket
 
     def completed(self, key: Any, end_ns: int) -> None:
         """`key`'s collective completed at `end_ns` (a key never issued still counts as a completion)."""

@@ -83,6 +83,6 @@ def test_a_fault_in_a_gauge_callback_is_counted_not_raised(monkeypatch: pytest.M
 def test_in_flight_stays_bounded() -> None:
     liveness = Liveness()
     for i in range(5000):
-        liveness.ticket(i, "all_reduce", "g")
+        liveness.issued(object(), i, "all_reduce", "g")
     assert len(liveness.snapshot()) == 4096
     assert min(liveness.snapshot())[0] == 5000 - 4096  # the oldest were forgotten

@@ -147,12 +147,13 @@ class CollectiveTimer:
         observer = self._observer
         done = None
         try:
+            watched = ticket is not None and observer.wants_completion  # (a property: asked once)
             if info is None:
                 info = spec.describe(args, kwargs, result, param_module())
-            elif info.output_shape or (ticket is not None and (observer.spans_enabled or observer.wants_completion)):
+            elif info.output_shape or watched or (ticket is not None and observer.spans_enabled):
                 # (a counts-only info has no shapes to complete)
                 info = spec.complete(info, result)
-            if ticket is not None and error is None and observer.wants_completion:
+            if watched and error is None:
                 done = self._probe(spec, args, kwargs, result)
         except Exception as exc:
             observer.on_fault("collective_describe", exc)
