@@ -142,6 +142,7 @@ class DraftSpan(trace.Span):
         "_limits",
         "_links",
         "_name",
+        "_shared",
         "_status",
         "checked",
         "ctx",
@@ -159,12 +160,14 @@ class DraftSpan(trace.Span):
         start: int,
         links: Any,
         limits: SpanLimits,
+        shared: bool = False,
     ) -> None:
         self._name = name
         self._limits = limits
         self.ctx = ctx
         self.parent = parent
         self._attrs = attrs
+        self._shared = shared  # `attrs` is a cache others read (a module's): copied before the first write
         self.start = start
         # The SDK keeps a link's attributes as a (possibly empty) mapping, never None
         self._links: list[Any] | None = [_with_attributes(link) for link in links] if links else None
@@ -182,11 +185,17 @@ class DraftSpan(trace.Span):
 
     def set_attribute(self, key: str, value: Any) -> None:
         if self.end_time is None:
-            self._attrs[key] = value
+            self._own_attrs()[key] = value
 
     def set_attributes(self, attributes: Any) -> None:
         if self.end_time is None:
-            self._attrs.update(attributes)
+            self._own_attrs().update(attributes)
+
+    def _own_attrs(self) -> dict[str, Any]:
+        if self._shared:
+            self._attrs = dict(self._attrs)
+            self._shared = False
+        return self._attrs
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
         if self.end_time is not None:
@@ -315,6 +324,7 @@ class DraftSpan(trace.Span):
         limits = outlet.limits
         attrs: Any = self._attrs
         if outlet.sampler_attributes:
+            attrs = self._own_attrs()
             attrs.update(outlet.sampler_attributes)
         most = limits.max_span_attributes
         if self.checked or (most is not None and len(attrs) > most) or limits.max_attribute_length is not None:

@@ -246,11 +246,13 @@ class SpanBuilder:
         time_ns: int,
         info: Any = None,
         parent_ctx: Any = None,
+        shared: bool = False,
     ) -> None:
+        """Open a span; `shared`: `attrs` is a cache others read too (a span copies it before it writes)."""
         if parent_ctx is None:
             parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
         if self._outlet is not None:  # deferred: a draft is its children's parent as it is
-            draft = self._draft(name, parent_ctx, attrs, time_ns, None, None)
+            draft = self._draft(name, parent_ctx, attrs, time_ns, None, None, shared)
             self._stack.append(_Frame(kind, key, draft, draft, None, phase, info))
             return
         span = self._start_span(name, parent_ctx, attrs, time_ns)
@@ -371,9 +373,16 @@ class SpanBuilder:
                 matching.DERIVED_IDS.forced_trace.reset(trace_token)
 
     def _draft(
-        self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any, span_id: Any
+        self,
+        name: str,
+        parent_ctx: Any,
+        attrs: dict[str, Any],
+        time_ns: int,
+        links: Any,
+        span_id: Any,
+        shared: bool = False,
     ) -> DraftSpan:
-        """A deferred span, written on until it ends (`attrs` may be a shared cache: copied)."""
+        """A deferred span, written on until it ends (`shared`: `attrs` is a cache, copied before a write)."""
         outlet = self._outlet
         assert outlet is not None
         if type(parent_ctx) is DraftSpan:  # the usual parent, inline
@@ -385,7 +394,7 @@ class SpanBuilder:
             if parent is None:
                 trace_id = self._root_trace_id or outlet.id_generator.generate_trace_id()
             ctx = outlet.context(parent, trace_id, span_id)
-        return DraftSpan(name, ctx, parent, dict(attrs), time_ns, links, outlet.limits)
+        return DraftSpan(name, ctx, parent, attrs, time_ns, links, outlet.limits, shared)
 
     def _span_context_of(self, parent_ctx: Any) -> SpanContext | None:
         """The span a parent context names (a draft, the window's parent, or a Context's span), if valid."""
@@ -409,7 +418,8 @@ class SpanBuilder:
         attrs = codec.encoded_module(module, e.phase)  # shared: a span copies what it is given
         parent_ctx = self._module_ctx(e.under) if e.under is not None else None
         name = schema.module_span_name(module.span_name, e.phase)
-        self._push(schema.KIND_MODULE, (module.fqn, e.phase), name, attrs, e.phase, e.time_ns, module, parent_ctx)
+        key = (module.fqn, e.phase)
+        self._push(schema.KIND_MODULE, key, name, attrs, e.phase, e.time_ns, module, parent_ctx, shared=True)
 
     def _module_ctx(self, key: tuple[str, str]) -> Any:
         """The context of the innermost open module span of `key` (the window's root if none is open)."""
