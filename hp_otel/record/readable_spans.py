@@ -16,6 +16,7 @@ record a span is while it is open: the builder and the user's hooks write on it 
 
 from __future__ import annotations
 
+import random
 import time
 import traceback
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
@@ -46,6 +48,13 @@ _UNSET = STATUS_UNSET  # the local store knows it by identity: no status to enco
 _new_span_context = _otel_compat.new_span_context
 
 
+_SDK_SPAN_ID_DRAW = RandomIdGenerator.generate_span_id  # as imported: a patched one is called instead
+
+
+def _draws_as_the_sdk(generator: Any) -> bool:
+    return RandomIdGenerator.generate_span_id is _SDK_SPAN_ID_DRAW and "generate_span_id" not in vars(generator)
+
+
 class SpanOutlet:
     """What the spans of one window share, read once from an SDK tracer: None from `of` for a tracer
     that is not the SDK's (its spans then take the tracer's own path)."""
@@ -58,6 +67,7 @@ class SpanOutlet:
         "origin",
         "plain",
         "processor",
+        "random_bits",
         "resource",
         "sampled",
         "sampler_attributes",
@@ -68,6 +78,9 @@ class SpanOutlet:
     def __init__(self, tracer: Any) -> None:
         self.processor = tracer.span_processor  # where the SDK's `Span.end()` hands a span on
         self.id_generator = tracer.id_generator
+        # `RandomIdGenerator.generate_span_id` is `random.getrandbits(64)` until nonzero: drawn here directly
+        random_ids = type(self.id_generator) is RandomIdGenerator and _draws_as_the_sdk(self.id_generator)
+        self.random_bits = random.getrandbits if random_ids else None
         self.resource = getattr(tracer, "resource", None) or Resource.get_empty()
         self.scope = _otel_compat.instrumentation_scope(tracer)
         self.info = getattr(tracer, "instrumentation_info", None)
@@ -101,10 +114,17 @@ class SpanOutlet:
 
     def context(self, parent: SpanContext | None, trace_id: int, span_id: int | None) -> SpanContext:
         """A new span's context: its parent's trace (or `trace_id` for a root), the given span id or a new one."""
+        if parent is not None:
+            return self.child_context(parent, span_id)
         if span_id is None:
             span_id = self.id_generator.generate_span_id()
-        if parent is None:  # a root: in the window's trace, as the SDK path's forced trace id makes it
-            return _new_span_context(trace_id, span_id, False, _SAMPLED, self.trace_state)
+        # a root: in the window's trace, as the SDK path's forced trace id makes it
+        return _new_span_context(trace_id, span_id, False, _SAMPLED, self.trace_state)
+
+    def child_context(self, parent: SpanContext, span_id: int | None) -> SpanContext:
+        """A child's context: its parent's trace, flags and state; the given span id or a new one."""
+        if span_id is None:  # the SDK's random generator's draw, without its call (0 is invalid: drawn again)
+            span_id = (self.random_bits and self.random_bits(64)) or self.id_generator.generate_span_id()
         parent_trace, _, _, parent_flags, parent_state = _fields(parent)
         flags = _SAMPLED_RANDOM if parent_flags & _RANDOM_TRACE_ID else _SAMPLED
         return _new_span_context(parent_trace, span_id, False, flags, parent_state)
@@ -122,6 +142,7 @@ class DraftSpan(trace.Span):
         "_limits",
         "_links",
         "_name",
+        "_shared",
         "_status",
         "checked",
         "ctx",
@@ -139,12 +160,14 @@ class DraftSpan(trace.Span):
         start: int,
         links: Any,
         limits: SpanLimits,
+        shared: bool = False,
     ) -> None:
         self._name = name
         self._limits = limits
         self.ctx = ctx
         self.parent = parent
         self._attrs = attrs
+        self._shared = shared  # `attrs` is a cache others read (a module's): copied before the first write
         self.start = start
         # The SDK keeps a link's attributes as a (possibly empty) mapping, never None
         self._links: list[Any] | None = [_with_attributes(link) for link in links] if links else None
@@ -162,11 +185,17 @@ class DraftSpan(trace.Span):
 
     def set_attribute(self, key: str, value: Any) -> None:
         if self.end_time is None:
-            self._attrs[key] = value
+            self._own_attrs()[key] = value
 
     def set_attributes(self, attributes: Any) -> None:
         if self.end_time is None:
-            self._attrs.update(attributes)
+            self._own_attrs().update(attributes)
+
+    def _own_attrs(self) -> dict[str, Any]:
+        if self._shared:
+            self._attrs = dict(self._attrs)
+            self._shared = False
+        return self._attrs
 
     def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
         if self.end_time is not None:
@@ -258,22 +287,20 @@ class DraftSpan(trace.Span):
         return self.start
 
     # --- finished ------------------------------------------------------------------
-    def plain(self, outlet: SpanOutlet) -> bool:
-        """True when its fields are what the readable span would hold as they are (nothing to clean or
-        bound): then the local store can keep them without the span being made."""
+    def keep_in(self, store: Any, outlet: SpanOutlet, end_ns: int) -> bool:
+        """Hand its fields to the local store, ended at `end_ns` unless a hook ended it, when they are what
+        the readable span would hold as they are (nothing to clean or bound): no span is made then.
+        False if they are not, or the store cannot keep them as a record (then it takes the readable span)."""
         if self.checked or not outlet.plain:
             return False
         limits = outlet.limits
         most = limits.max_span_attributes
-        return not (
+        if (
             (most is not None and len(self._attrs) > most)
             or (self._events and limits.max_events is not None and len(self._events) > limits.max_events)
             or (self._links and limits.max_links is not None and len(self._links) > limits.max_links)
-        )
-
-    def keep_in(self, store: Any, outlet: SpanOutlet, end_ns: int) -> bool:
-        """Hand its fields to the local store (when `plain`), ended at `end_ns` unless a hook ended it;
-        False if the store cannot keep them as a record (then it takes the readable span)."""
+        ):
+            return False
         if self.end_time is None:
             self.end_time = end_ns
         return store.keep(
@@ -297,6 +324,7 @@ class DraftSpan(trace.Span):
         limits = outlet.limits
         attrs: Any = self._attrs
         if outlet.sampler_attributes:
+            attrs = self._own_attrs()
             attrs.update(outlet.sampler_attributes)
         most = limits.max_span_attributes
         if self.checked or (most is not None and len(attrs) > most) or limits.max_attribute_length is not None:

@@ -10,7 +10,7 @@ open call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -91,6 +91,7 @@ class SpanBuilder:
         self._collective_hook = hooks.collective  # the user's span hooks (user_hooks.py); None: not set
         self._module_hook = hooks.module
         self._op_hook = hooks.op
+        self._no_call_hooks = hooks.module is None and hooks.op is None  # a call's span ends as it is
         self._window = window  # what collective sequence numbers count within (matching.py)
         self._issued: dict[ev.CollectiveIssue, Any] = {}  # in flight -> the parent context it was issued under
         # A user's span processor raising inside start/end: counted here, and the span
@@ -125,6 +126,7 @@ class SpanBuilder:
         # that ended it is fed again by the recorder (which puts back what a build did not finish).
         self._hook_interrupted = False
         self._ended: ev.Event | None = None  # that event: its span is done, nothing more to do
+        self.fed = 0  # how many events the last `feed_all` advanced by
 
     def _outlet_for(self, tracer: Tracer, parent_ctx: Any) -> SpanOutlet | None:
         try:
@@ -142,20 +144,44 @@ class SpanBuilder:
         return outlet
 
     def feed(self, event: ev.Event) -> None:
+        """Advance by one event; what its handler raises is raised."""
+        self.feed_all((event,), None)
+
+    def feed_all(self, events: Sequence[ev.Event], on_fault: Callable[[BaseException], None] | None) -> None:
+        """Advance by each event in turn (one call for a whole build). A handler's Exception goes to
+        `on_fault` and the next event is fed (raised without one); a BaseException (Ctrl-C from a
+        user's hook) is raised at once, `fed` then saying how many events were done before it."""
         if self._unsampled:  # the window was sampled out: its counts stand, no span is made
+            self.fed = len(events)
             return
-        if event is self._ended:
-            self._ended = None
-            return
-        if self._store_only and (self._skipped or self._store.full) and self._skip(event):
-            return
+        handlers, store = _HANDLERS, self._store
+        fed = 0
         try:
-            _HANDLERS[type(event)](self, event)
+            for event in events:
+                if event is self._ended:
+                    self._ended = None
+                elif not (self._store_only and (self._skipped or store.full) and self._skip(event)):
+                    try:
+                        handlers[type(event)](self, event)
+                    except Exception as exc:
+                        self._after_raise(event)
+                        if on_fault is None:
+                            raise
+                        on_fault(exc)
+                fed += 1
         except BaseException:
-            if self._hook_interrupted and type(event) in _ONE_SPAN_EVENTS:
-                self._ended = event
-            self._hook_interrupted = False
+            if fed < len(events):
+                self._after_raise(events[fed])
+            self.fed = fed
             raise
+        self.fed = fed
+
+    def _after_raise(self, event: ev.Event) -> None:
+        """A handler raised: an event whose span ended all the same (a user's hook interrupted) is
+        done, and does nothing when fed again."""
+        if self._hook_interrupted and type(event) in _ONE_SPAN_EVENTS:
+            self._ended = event
+        self._hook_interrupted = False
 
     def _skip(self, event: ev.Event) -> bool:
         """With the store full: True for an event whose span would only be dropped (counted as dropped)."""
@@ -220,9 +246,15 @@ class SpanBuilder:
         time_ns: int,
         info: Any = None,
         parent_ctx: Any = None,
+        shared: bool = False,
     ) -> None:
+        """Open a span; `shared`: `attrs` is a cache others read too (a span copies it before it writes)."""
         if parent_ctx is None:
             parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
+        if self._outlet is not None:  # deferred: a draft is its children's parent as it is
+            draft = self._draft(name, parent_ctx, attrs, time_ns, None, None, shared)
+            self._stack.append(_Frame(kind, key, draft, draft, None, phase, info))
+            return
         span = self._start_span(name, parent_ctx, attrs, time_ns)
         # A span that failed to start is invisible: its children attach to its parent. A draft is its
         # children's parent as it is (no Context is made for it: nothing makes it current).
@@ -243,6 +275,10 @@ class SpanBuilder:
         children, and a missing exit must not end someone else's span.
         """
         stack = self._stack
+        if stack and not self._live:  # the innermost one, as calls nest (nothing to restore: not live)
+            frame = stack[-1]
+            if frame.kind == kind and frame.key == key:
+                return stack.pop()
         for i in range(len(stack) - 1, -1, -1):
             frame = stack[i]
             if frame.kind == kind and frame.key == key:
@@ -255,6 +291,9 @@ class SpanBuilder:
     def _end(self, frame: _Frame, time_ns: int, error: Any = None, outputs: Any = ()) -> None:
         if error is not None:
             mark_error(frame.span, error)
+        elif self._no_call_hooks and type(frame.span) is DraftSpan:
+            self._end_draft(frame.span, time_ns)
+            return
         try:
             if frame.kind == schema.KIND_MODULE:
                 if self._module_hook is not None:
@@ -294,16 +333,15 @@ class SpanBuilder:
         the local store keeps its fields, or the readable span when they need the SDK's bounds."""
         outlet = self._outlet
         assert outlet is not None
-        plain = span.plain(outlet)
-        readable = span.readable(outlet, time_ns) if self._to_processors or not plain else None
-        if readable is not None and self._to_processors:
+        readable = None
+        if self._to_processors:
+            readable = span.readable(outlet, time_ns)
             try:
                 outlet.processor.on_end(readable)
             except Exception as exc:
                 self._on_fault("span_processor", exc)
-        if plain and span.keep_in(self._store, outlet, time_ns):
-            return
-        self._store.export((readable or span.readable(outlet, time_ns),))
+        if not span.keep_in(self._store, outlet, time_ns):
+            self._store.export((readable or span.readable(outlet, time_ns),))
 
     def _start_span(
         self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any = None, span_id: Any = None
@@ -335,17 +373,28 @@ class SpanBuilder:
                 matching.DERIVED_IDS.forced_trace.reset(trace_token)
 
     def _draft(
-        self, name: str, parent_ctx: Any, attrs: dict[str, Any], time_ns: int, links: Any, span_id: Any
+        self,
+        name: str,
+        parent_ctx: Any,
+        attrs: dict[str, Any],
+        time_ns: int,
+        links: Any,
+        span_id: Any,
+        shared: bool = False,
     ) -> DraftSpan:
-        """A deferred span, written on until it ends (`attrs` may be a shared cache: copied)."""
+        """A deferred span, written on until it ends (`shared`: `attrs` is a cache, copied before a write)."""
         outlet = self._outlet
         assert outlet is not None
-        parent = self._span_context_of(parent_ctx)
-        trace_id = 0  # a child's is its parent's
-        if parent is None:
-            trace_id = self._root_trace_id or outlet.id_generator.generate_trace_id()
-        ctx = outlet.context(parent, trace_id, span_id)
-        return DraftSpan(name, ctx, parent, dict(attrs), time_ns, links, outlet.limits)
+        if type(parent_ctx) is DraftSpan:  # the usual parent, inline
+            parent = parent_ctx.ctx
+            ctx = outlet.child_context(parent, span_id)
+        else:
+            parent = self._span_context_of(parent_ctx)
+            trace_id = 0  # a child's is its parent's
+            if parent is None:
+                trace_id = self._root_trace_id or outlet.id_generator.generate_trace_id()
+            ctx = outlet.context(parent, trace_id, span_id)
+        return DraftSpan(name, ctx, parent, attrs, time_ns, links, outlet.limits, shared)
 
     def _span_context_of(self, parent_ctx: Any) -> SpanContext | None:
         """The span a parent context names (a draft, the window's parent, or a Context's span), if valid."""
@@ -369,7 +418,8 @@ class SpanBuilder:
         attrs = codec.encoded_module(module, e.phase)  # shared: a span copies what it is given
         parent_ctx = self._module_ctx(e.under) if e.under is not None else None
         name = schema.module_span_name(module.span_name, e.phase)
-        self._push(schema.KIND_MODULE, (module.fqn, e.phase), name, attrs, e.phase, e.time_ns, module, parent_ctx)
+        key = (module.fqn, e.phase)
+        self._push(schema.KIND_MODULE, key, name, attrs, e.phase, e.time_ns, module, parent_ctx, shared=True)
 
     def _module_ctx(self, key: tuple[str, str]) -> Any:
         """The context of the innermost open module span of `key` (the window's root if none is open)."""

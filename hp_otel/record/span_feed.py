@@ -101,20 +101,17 @@ class SpanFeed:
         builder = self.builder
         if builder is None:
             return
-        built = 0
         self.building = threading.get_ident()
         try:
-            for event in events:
-                try:
-                    builder.feed(event)
-                except Exception as exc:
-                    self._on_fault("span_build", exc)
-                built += 1
+            builder.feed_all(events, self._on_build_fault)
         except BaseException:
-            self.pending[:0] = events[built:]
+            self.pending[:0] = events[builder.fed :]
             raise
         finally:
             self.building = 0
+
+    def _on_build_fault(self, exc: BaseException) -> None:
+        self._on_fault("span_build", exc)
 
     def reset(self, window_open: bool) -> None:
         """Forget the unbuilt events; between windows (`window_open` False) also the builder and its

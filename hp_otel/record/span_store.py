@@ -100,6 +100,9 @@ class LocalSpanStore(SpanExporter):
     def __init__(self, max_spans: int) -> None:
         self.max_spans = max_spans
         self.dropped_spans = 0
+        # True once `max_spans` are kept: every later span is dropped (an attribute, not a property: the
+        # span builder asks before each event)
+        self.full = max_spans <= 0
         self._spans: list[Any] = []  # records (tuples), or a span kept as it came
         self._lock = threading.Lock()
         self._stopped = False
@@ -119,6 +122,7 @@ class LocalSpanStore(SpanExporter):
             self.dropped_spans += len(spans) - len(kept)
             compact = self._compact
             self._spans.extend([compact(span) for span in kept])
+            self.full = len(self._spans) >= self.max_spans
         return SpanExportResult.SUCCESS
 
     def keep(
@@ -140,7 +144,13 @@ class LocalSpanStore(SpanExporter):
         would not give back exactly (counts of dropped event or link attributes): not kept."""
         if self._stopped:
             return True
-        keys, values = self._attributes(attributes)
+        keys = tuple(attributes)  # `_attributes`, inline: this runs once a span
+        values = tuple(attributes.values())
+        shared = self._key_sets.get(keys)
+        if shared is not None:
+            keys = shared
+        elif len(self._key_sets) < _MAX_KEY_SETS:
+            self._key_sets[keys] = keys
         trace_id, span_id, _, flags, state = _fields(context)
         if status is STATUS_UNSET:
             code, description = 0, None
@@ -187,16 +197,13 @@ class LocalSpanStore(SpanExporter):
                 self._last_origin_index,
             )
             self._spans.append(record)
+            if len(self._spans) >= self.max_spans:
+                self.full = True
         return True
 
     def __len__(self) -> int:
         """How many spans are kept (no span is rebuilt to say so)."""
         return len(self._spans)
-
-    @property
-    def full(self) -> bool:
-        """True once `max_spans` are kept: every later span is dropped."""
-        return len(self._spans) >= self.max_spans
 
     def count_dropped(self, spans: int) -> None:
         """Spans not even built because they would have been dropped (see `SpanBuilder`)."""
@@ -215,6 +222,7 @@ class LocalSpanStore(SpanExporter):
         with self._lock:
             self._spans = []  # a new list: the old one's memory goes (clear() keeps its capacity)
             self.dropped_spans = 0
+            self.full = self.max_spans <= 0
             self._origins = []
             self._origin_index = {}
             self._key_sets = {}

@@ -128,14 +128,14 @@ def test_the_step_never_waits_for_more_than_one_slice_of_the_backlog(monkeypatch
     monkeypatch.setattr(settings_module, "_MAX_PENDING_EVENTS", 1_000)
     monkeypatch.setattr(span_feed_module, "_BUILD_SLICE", 64)
     fed = 0
-    original = span_builder.SpanBuilder.feed
+    original = span_builder.SpanBuilder.feed_all
 
-    def counting(self, event):  # type: ignore[no-untyped-def]
+    def counting(self, events, on_fault):  # type: ignore[no-untyped-def]
         nonlocal fed
-        fed += 1
-        original(self, event)
+        fed += len(events)
+        original(self, events, on_fault)
 
-    monkeypatch.setattr(span_builder.SpanBuilder, "feed", counting)
+    monkeypatch.setattr(span_builder.SpanBuilder, "feed_all", counting)
     longest, steps = 0, 400  # 5,200 events
     with CommDebugMode() as mode:
         for _ in range(steps):
