@@ -118,7 +118,7 @@ def test_no_readable_span_is_made_past_the_cap(monkeypatch) -> None:
     assert mode.get_dropped_record_count() == 3_000 * 7 - 100
     built = made
     assert built <= 2 * (100 + 7), built  # the SDK makes two a span: the span, and the copy on_end gets
-    read = mode.get_finished_spans()  # made from the records in one go (_otel_compat.READABLE_SPAN_FIELDS)
+    read = mode.get_finished_spans()  # fields set from the records (_otel_compat.READABLE_SPAN_FIELDS)
     assert len(read) == 100 and made == built and all(type(span) is StoredSpan for span in read)
 
 
