@@ -33,7 +33,6 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
 
 from hp_otel.common import _otel_compat
-from hp_otel.record import attribute_dicts
 
 _KINDS = {kind.value: kind for kind in SpanKind}
 _CODES = {code.value: code for code in StatusCode}
@@ -319,7 +318,7 @@ def _attrs(keys: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
 
 def _rebuild_all(records: list[Any], origins: list[tuple[Any, Any, Any]]) -> tuple[ReadableSpan, ...]:
     """The spans the records were made from, in their order (a `StoredSpan` a record, a span kept as it
-    came as itself): one loop, no Python call a span but its attribute dict's.  A span context is made
+    came as itself): one loop, no Python call a span.  A span context is made
     once and shared between a span and its children (one object fewer a span): a child's parent,
     kept by span id, is reused when its trace id, flags and remoteness are the span's and neither has
     a trace state.  Fields are set one by one, as `ReadableSpan.__init__` sets them (the instance's
@@ -332,8 +331,6 @@ def _rebuild_all(records: list[Any], origins: list[tuple[Any, Any, Any]]) -> tup
     pop_context, get_context = contexts.pop, contexts.get
     new, cls, kinds, unset = _new_object, StoredSpan, _KINDS, STATUS_UNSET
     new_context, flag_objects, default_state = _new_span_context, _FLAGS, DEFAULT_TRACE_STATE
-    makers: dict[int, attribute_dicts.Maker] = {}  # by id(names): the records hold their names meanwhile
-    makers_get, maker = makers.get, attribute_dicts.maker
     for record in records:
         if type(record) is not tuple:
             append(record)
@@ -374,10 +371,7 @@ def _rebuild_all(records: list[Any], origins: list[tuple[Any, Any, Any]]) -> tup
         span._parent = parent
         span._start_time = start
         span._end_time = end
-        make = makers_get(id(keys))
-        if make is None:
-            make = makers[id(keys)] = maker(keys)
-        span._attributes = make(values)
+        span._attributes = dict(zip(keys, values, strict=False))  # made together: as long
         span._events = _events(events) if events else ()
         span._links = _links(links) if links else ()
         span._resource = resource
