@@ -110,8 +110,8 @@ MEMBERS: Mapping[str, Member] = MappingProxyType(
         "readable_span_fields": Member(
             "opentelemetry.sdk.trace:ReadableSpan",
             "__dict__",
-            "a kept span is read back as a ReadableSpan whose instance dict is made in one go (its fields are "
-            "_name, _context, _parent, ..., as ReadableSpan.__init__ sets them), not through __init__'s keyword "
+            "a ReadableSpan made by hp_otel (a kept span read back, a deferred span built) is given the fields "
+            "ReadableSpan.__init__ sets (_name, _context, _parent, ...), by name, not through __init__'s keyword "
             "arguments: the local store makes one a span on every read",
             "ReadableSpan.__init__ (correct, slower), where its fields differ",
         ),
@@ -193,7 +193,7 @@ else:  # pragma: no cover - an SDK whose SpanContext changed its layout
     span_context_fields = _span_context_fields_slow
 
 
-# What ReadableSpan.__init__ sets, by argument: the instance dict a span read back is given in one go.
+# What ReadableSpan.__init__ sets, by argument: the fields a span hp_otel makes is given.
 READABLE_SPAN_FIELDS: Mapping[str, str] = MappingProxyType(
     {
         "name": "_name",

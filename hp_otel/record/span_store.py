@@ -215,8 +215,7 @@ class LocalSpanStore(SpanExporter):
         with self._lock:
             records = list(self._spans)
             origins = list(self._origins)
-        rebuild, contexts = _rebuild, {}
-        return tuple(rebuild(record, origins, contexts) if type(record) is tuple else record for record in records)
+        return _rebuild_all(records, origins)
 
     def clear(self) -> None:
         with self._lock:
@@ -325,46 +324,89 @@ def _attrs(keys: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
     return dict(zip(keys, values, strict=True))
 
 
-def _rebuild(
-    record: tuple[Any, ...], origins: list[tuple[Any, Any, Any]], contexts: dict[tuple[Any, ...], SpanContext]
-) -> StoredSpan:
-    """The `ReadableSpan` a record was made from (a `StoredSpan`). `contexts`: the span contexts made
-    so far in this read, shared between a span and its children (one object fewer per span)."""
+def _rebuild_all(records: list[Any], origins: list[tuple[Any, Any, Any]]) -> tuple[ReadableSpan, ...]:
+    """The spans the records were made from, in their order (a `StoredSpan` a record, a span kept as it
+    came as itself): one loop, no Python call a span.  A span context is made
+    once and shared between a span and its children (one object fewer a span): a child's parent,
+    kept by span id, is reused when its trace id, flags and remoteness are the span's and neither has
+    a trace state.  Fields are set one by one, as `ReadableSpan.__init__` sets them (the instance's
+    values in the class's shared-key layout: no dict made)."""
+    if not _SPAN_IS_ITS_FIELDS:  # pragma: no cover - an SDK whose ReadableSpan keeps other fields
+        return tuple(_rebuild_by_init(record, origins) if type(record) is tuple else record for record in records)
+    spans: list[ReadableSpan] = []
+    append = spans.append
+    contexts: dict[int, tuple[SpanContext, Any, Any, Any]] = {}  # by span id: (context, trace id, flags, remote)
+    pop_context, get_context = contexts.pop, contexts.get
+    new, cls, kinds, unset = _new_object, StoredSpan, _KINDS, STATUS_UNSET
+    new_context, flag_objects, default_state = _new_span_context, _FLAGS, DEFAULT_TRACE_STATE
+    for record in records:
+        if type(record) is not tuple:
+            append(record)
+            continue
+        (name, trace_id, span_id, flags, remote, state, p_trace, p_span, p_flags, p_remote, p_state,
+         kind, code, description, start, end, keys, values, events, links, origin) = record  # fmt: skip
+        made = pop_context(span_id, None)  # made by a child that ended first
+        if made is not None and made[1] == trace_id and made[2] == flags and made[3] is remote and state is None:
+            context = made[0]
+        elif state is None and flags in flag_objects:
+            context = new_context(trace_id, span_id, remote, flag_objects[flags], default_state)
+        else:
+            context = _context(trace_id, span_id, flags, remote, state)
+        if p_span is None:
+            parent = None
+        else:
+            made = get_context(p_span)  # made by a sibling
+            if (
+                made is not None
+                and made[1] == p_trace
+                and made[2] == p_flags
+                and made[3] is p_remote
+                and p_state is None
+            ):
+                parent = made[0]
+            elif p_state is None and p_flags in flag_objects:
+                parent = new_context(p_trace, p_span, p_remote, flag_objects[p_flags], default_state)
+                contexts[p_span] = (parent, p_trace, p_flags, p_remote)
+            else:
+                parent = _context(p_trace, p_span, p_flags, p_remote, p_state)
+        resource, scope, info = origins[origin]
+        span = new(cls)  # its fields set as ReadableSpan.__init__ sets them, in its order
+        span._name = name
+        span._context = context
+        span._kind = kinds[kind]
+        span._instrumentation_info = info
+        span._instrumentation_scope = scope
+        span._parent = parent
+        span._start_time = start
+        span._end_time = end
+        span._attributes = dict(zip(keys, values, strict=False))  # made together: as long
+        span._events = _events(events) if events else ()
+        span._links = _links(links) if links else ()
+        span._resource = resource
+        span._status = unset if code == 0 and description is None else Status(_CODES[code], description)
+        span._hp_record = record  # what equality compares (the same tuple, no copy)
+        append(span)
+    return tuple(spans)
+
+
+def _events(events: tuple[tuple[Any, ...], ...]) -> tuple[Event, ...]:
+    return tuple([Event(e[0], _attrs(e[2], e[3]), e[1]) for e in events])
+
+
+def _links(links: tuple[tuple[Any, ...], ...]) -> tuple[Link, ...]:
+    return tuple([Link(_context(*k[:5]), _attrs(k[5], k[6])) for k in links])
+
+
+def _rebuild_by_init(record: tuple[Any, ...], origins: list[tuple[Any, Any, Any]]) -> StoredSpan:  # pragma: no cover
+    """A record's span through `ReadableSpan.__init__`, where the SDK's span keeps other fields."""
     (name, trace_id, span_id, flags, remote, state, p_trace, p_span, p_flags, p_remote, p_state,
      kind, code, description, start, end, keys, values, events, links, origin) = record  # fmt: skip
     resource, scope, info = origins[origin]
-    key = record[1:6]  # (trace_id, span_id, flags, remote, state): made already if a child ended first
-    context = contexts.pop(key, None) or _context(trace_id, span_id, flags, remote, state)
-    parent = None
-    if p_span is not None:
-        parent_key = record[6:11]
-        parent = contexts.get(parent_key)
-        if parent is None:
-            parent = contexts[parent_key] = _context(p_trace, p_span, p_flags, p_remote, p_state)
-    attributes = dict(zip(keys, values, strict=False))  # made together: as long
-    kept_events = tuple([Event(e[0], _attrs(e[2], e[3]), e[1]) for e in events]) if events else ()
-    kept_links = tuple([Link(_context(*k[:5]), _attrs(k[5], k[6])) for k in links]) if links else ()
+    context = _context(trace_id, span_id, flags, remote, state)
+    parent = None if p_span is None else _context(p_trace, p_span, p_flags, p_remote, p_state)
     status = STATUS_UNSET if code == 0 and description is None else Status(_CODES[code], description)
-    if not _SPAN_IS_ITS_FIELDS:  # pragma: no cover - an SDK whose ReadableSpan keeps other fields
-        span = StoredSpan(name, context, parent, resource, attributes, kept_events, kept_links, _KINDS[kind], info,
-                          status, start, end, scope)  # fmt: skip
-        span._hp_record = record  # type: ignore[attr-defined]
-        return span
-    span = _new_object(StoredSpan)
-    span.__dict__ = {  # what ReadableSpan.__init__ sets (_otel_compat.READABLE_SPAN_FIELDS), in one go
-        "_name": name,
-        "_context": context,
-        "_kind": _KINDS[kind],
-        "_instrumentation_info": info,
-        "_instrumentation_scope": scope,
-        "_parent": parent,
-        "_start_time": start,
-        "_end_time": end,
-        "_attributes": attributes,
-        "_events": kept_events,
-        "_links": kept_links,
-        "_resource": resource,
-        "_status": status,
-        "_hp_record": record,  # what equality compares (the same tuple, no copy)
-    }
+    attributes = dict(zip(keys, values, strict=False))
+    span = StoredSpan(name, context, parent, resource, attributes, _events(events), _links(links), _KINDS[kind], info,
+                      status, start, end, scope)  # fmt: skip
+    span._hp_record = record  # type: ignore[attr-defined]
     return span

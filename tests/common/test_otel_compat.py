@@ -148,7 +148,7 @@ def test_span_contexts_made_and_read_as_tuples_equal_the_sdks() -> None:
 
 
 def test_a_readable_span_is_its_fields() -> None:
-    """The store gives a span read back its instance dict in one go: the fields __init__ sets, by name."""
+    """The store gives a span read back the fields __init__ sets, by name, without calling it."""
     from opentelemetry.sdk.trace import ReadableSpan
 
     assert _otel_compat.READABLE_SPAN_IS_ITS_FIELDS

@@ -118,7 +118,7 @@ def test_no_readable_span_is_made_past_the_cap(monkeypatch) -> None:
     assert mode.get_dropped_record_count() == 3_000 * 7 - 100
     built = made
     assert built <= 2 * (100 + 7), built  # the SDK makes two a span: the span, and the copy on_end gets
-    read = mode.get_finished_spans()  # made from the records in one go (_otel_compat.READABLE_SPAN_FIELDS)
+    read = mode.get_finished_spans()  # fields set from the records (_otel_compat.READABLE_SPAN_FIELDS)
     assert len(read) == 100 and made == built and all(type(span) is StoredSpan for span in read)
 
 
@@ -187,3 +187,49 @@ def test_memory_is_bounded_by_the_cap_and_small_per_span() -> None:
     assert per_span < 1_500, per_span
     print(f"{per_span:.0f} B/span, capped peak {peak / 2**20:.2f} MiB")
     assert peak < 2 * 2**20, peak
+
+
+@pytest.mark.parametrize("parent_ends", [2, 3, 4, 5, 8])  # after the last child naming it: its own, flags 0, ...
+def test_span_contexts_are_shared_only_between_equal_ones(parent_ends: int) -> None:
+    """A child's parent is the parent span's own context object when every field is the same; a
+    parent with the same span id and another trace id, flags, remoteness or trace state is its own."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.trace import SpanContext, TraceFlags
+    from opentelemetry.trace.span import TraceState
+
+    from hp_otel.record.span_store import LocalSpanStore
+
+    state = TraceState([("vendor", "x")])
+
+    def context(trace_id: int, span_id: int, remote: bool = False, flags: int = 1, trace_state=None):  # type: ignore[no-untyped-def]
+        return SpanContext(trace_id, span_id, remote, TraceFlags(flags), trace_state)
+
+    own = context(1, 10)
+    parents = [own, own, context(1, 10, flags=0), context(1, 10, remote=True), context(2, 10), context(1, 10, flags=3),
+               context(1, 10, trace_state=state), context(1, 10), None]  # fmt: skip
+    resource = Resource.create({})
+    spans = [ReadableSpan(f"c{i}", context(1, 20 + i), parent, resource, {"i": i}) for i, parent in enumerate(parents)]
+    spans.insert(parent_ends, ReadableSpan("p", own, None, resource, {"i": -1}))
+    for i, parent in enumerate((context(1, 40), context(1, 40, remote=True))):  # siblings: only remoteness differs
+        spans.append(ReadableSpan(f"e{i}", context(1, 41 + i), parent, resource, {"i": 7}))
+    spans.append(ReadableSpan("d", context(1, 31), context(1, 30), resource, {"i": 8}))
+    spans.append(
+        ReadableSpan("s", context(1, 30, trace_state=state), context(1, 11, trace_state=state), resource, {"i": 9})
+    )
+    store = LocalSpanStore(100)
+    store.export(spans)
+    for read in (store.get_finished_spans(), store.get_finished_spans()):  # the second: attribute dicts compiled
+        assert all(type(span) is StoredSpan for span in read)
+        for span, sdk_span in zip(read, spans, strict=True):
+            assert span.to_json() == sdk_span.to_json()
+            assert span.context == sdk_span.context and span.parent == sdk_span.parent
+            assert type(span.context) is SpanContext and span.context.is_valid
+            assert span.parent is None or (type(span.parent) is SpanContext and span.parent.is_valid)
+        by_name = {span.name: span for span in read}
+        assert by_name["c0"].parent is by_name["c1"].parent  # made once
+        if parent_ends == 2:
+            assert by_name["c1"].parent is by_name["p"].context
+        for name in ("c2", "c3", "c4", "c5", "c6"):  # the same span id, another field
+            assert by_name[name].parent is not by_name["p"].context
+        assert by_name["d"].parent is not by_name["s"].context  # the same, but for the trace state
+        assert (by_name["c7"].parent is by_name["p"].context) == (parent_ends == 8)  # only if it ended first
