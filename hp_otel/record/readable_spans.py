@@ -340,22 +340,20 @@ class DraftSpan(trace.Span):
                 self._name, self.ctx, self.parent, outlet.resource, attrs, events, links,
                 _INTERNAL, outlet.info, self._status, self.start, self.end_time, outlet.scope,
             )  # fmt: skip
-        span = _new_object(ReadableSpan)
-        span.__dict__ = {  # what ReadableSpan.__init__ sets (_otel_compat.READABLE_SPAN_FIELDS), in one go
-            "_name": self._name,
-            "_context": self.ctx,
-            "_kind": _INTERNAL,
-            "_instrumentation_info": outlet.info,
-            "_instrumentation_scope": outlet.scope,
-            "_parent": self.parent,
-            "_start_time": self.start,
-            "_end_time": self.end_time,
-            "_attributes": attrs,
-            "_events": events,
-            "_links": links,
-            "_resource": outlet.resource,
-            "_status": self._status,
-        }
+        span = _new_object(ReadableSpan)  # its fields set as ReadableSpan.__init__ sets them, in its order
+        span._name = self._name  # (_otel_compat.READABLE_SPAN_FIELDS): the class's shared-key layout, no dict
+        span._context = self.ctx
+        span._kind = _INTERNAL
+        span._instrumentation_info = outlet.info
+        span._instrumentation_scope = outlet.scope
+        span._parent = self.parent
+        span._start_time = self.start
+        span._end_time = self.end_time
+        span._attributes = attrs
+        span._events = events
+        span._links = links
+        span._resource = outlet.resource
+        span._status = self._status
         return span
 
 
