@@ -5,6 +5,7 @@ provider's span limits applied, and a hook's span writable as the SDK span is.""
 from __future__ import annotations
 
 import os
+import random as random_module
 from typing import Any
 from unittest import mock
 
@@ -12,6 +13,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, SamplingResult
 from opentelemetry.trace import StatusCode
 
@@ -190,3 +192,35 @@ def test_a_raising_processor_is_counted_and_the_span_kept() -> None:
     mode, _ = _window(_provider(Broken()))
     assert len(mode.get_finished_spans()) == 23
     assert mode.get_callback_error_counts().get("span_processor") == 23
+
+
+class _CountingIds(RandomIdGenerator):
+    """The SDK's random generator, subclassed: a span id from 1 up (a deferred span must still ask it)."""
+
+    def __init__(self) -> None:
+        self.span_ids = 0
+
+    def generate_span_id(self) -> int:
+        self.span_ids += 1
+        return self.span_ids
+
+
+def test_deferred_span_ids_come_from_the_providers_id_generator() -> None:
+    ids = _CountingIds()
+    mode, _ = _window(_provider(id_generator=ids))
+    spans = mode.get_finished_spans()
+    # as rank 1 its collectives link to rank 0's (matching.py): no span id is derived, every span asks
+    assert all(s.links for s in spans if s.name == "all_reduce")
+    assert (
+        sorted(s.context.span_id for s in spans) == list(range(1, len(spans) + 1)) == list(range(1, ids.span_ids + 1))
+    )
+
+
+def test_the_sdks_own_random_ids_are_valid_and_distinct(monkeypatch) -> None:
+    """The SDK's `RandomIdGenerator` is drawn from `random.getrandbits` directly; a zero draw is drawn again."""
+    draws = iter([0, 0, *range(1, 100)])
+    monkeypatch.setattr(random_module, "getrandbits", lambda bits: next(draws))
+    mode, _ = _window(_provider())
+    spans = mode.get_finished_spans()
+    span_ids = [s.context.span_id for s in spans]
+    assert 0 not in span_ids and len(set(span_ids)) == len(span_ids) == 23
