@@ -91,6 +91,16 @@ class CollectiveInfo:
         """On torch's fake process group: it returns at once, so no duration, bandwidth or overlap means anything."""
         return self.backend == schema.BACKEND_FAKE
 
+    def with_output_shape(self, shape: tuple[int, ...]) -> CollectiveInfo:
+        """This info with the output shape the op returned: its fields copied as they are, where
+        `dataclasses.replace` walks every field and runs `__init__` again (nothing to re-check here;
+        a traced window's gathers and scatters pay it at every call: docs/how-it-works/costs.md)."""
+        copy = object.__new__(type(self))
+        fields = copy.__dict__  # a frozen dataclass blocks setattr, not its instance dict
+        fields.update(self.__dict__)
+        fields["output_shape"] = shape
+        return copy
+
 
 @dataclass(frozen=True)
 class ParameterInfo:

@@ -8,7 +8,6 @@ count.  Arguments are found by their names in each op's schema, once per op.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import weakref
 from collections.abc import Mapping
@@ -273,7 +272,7 @@ class CollectiveSpec:
         if self._output is None and isinstance(result, torch.Tensor):
             shape = tuple(result.shape)
             if shape != info.output_shape:
-                return dataclasses.replace(info, output_shape=shape)
+                return info.with_output_shape(shape)
         return info
 
     def first_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
