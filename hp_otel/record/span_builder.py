@@ -415,7 +415,7 @@ class SpanBuilder:
     # --- handlers -------------------------------------------------------------
     def _module_enter(self, e: ev.ModuleEnter) -> None:
         module = e.module
-        attrs = codec.encoded_module(module, e.phase)  # shared: a span copies what it is given
+        attrs = codec.encoded_module(module, e.phase)  # shared: the span copies it before it writes on it
         parent_ctx = self._module_ctx(e.under) if e.under is not None else None
         name = schema.module_span_name(module.span_name, e.phase)
         key = (module.fqn, e.phase)
