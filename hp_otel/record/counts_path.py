@@ -154,24 +154,3 @@ class CountsPath(WindowPath):
         except Exception as exc:
             self._on_fault("collective", exc)
             return None
-
-    def on_collective_complete(self, token: Any, end_ns: int, completion: str) -> None:
-        if type(token) is not ev.Launch:  # a `Collective`: launched while a watchdog watched
-            WindowPath.on_collective_complete(self, token, end_ns, completion)
-            return
-        if token.completion != _LAUNCH:
-            return
-        try:
-            token.end_ns = max(end_ns, token.end_ns)
-            token.completion = completion
-            self._liveness.completed(token, end_ns)
-        except Exception as exc:
-            self._on_fault("collective_complete", exc)
-
-    def on_collective_wait(self, token: Any, start_ns: int, end_ns: int) -> None:
-        """A `Launch` keeps no wait time (only spans and the exposure figures read it): its end only."""
-        if type(token) is not ev.Launch:
-            WindowPath.on_collective_wait(self, token, start_ns, end_ns)
-            return
-        if token.completion != _LAUNCH and token.end_ns > end_ns:  # as `WindowPath.on_collective_wait`
-            token.end_ns = max(end_ns, token.returned_ns)

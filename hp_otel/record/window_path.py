@@ -28,6 +28,11 @@ _get_ident = threading.get_ident
 _FORWARD = schema.PHASE_FORWARD
 
 
+# What a launched collective's completion and waits are reported on: its span's event, or a counts-only
+# window's slimmer record (counts_path.py)
+_LAUNCHED = (ev.Collective, ev.Launch)
+
+
 class WindowPath:
     """The books both paths keep, and the observer calls that do the same on both."""
 
@@ -99,7 +104,7 @@ class WindowPath:
 
     def on_collective_complete(self, token: Any, end_ns: int, completion: str) -> None:
         """The collective of `token` finished at `end_ns` (its wait_tensor, its Work); any thread."""
-        if not isinstance(token, ev.Collective) or token.completion != schema.COMPLETION_LAUNCH:
+        if type(token) not in _LAUNCHED or token.completion != schema.COMPLETION_LAUNCH:
             return
         try:
             token.end_ns = max(end_ns, token.end_ns)
@@ -109,16 +114,18 @@ class WindowPath:
         except Exception as exc:
             self._on_fault("collective_complete", exc)
 
-    def _completed(self, token: ev.Collective) -> None:
+    def _completed(self, token: ev.Collective | ev.Launch) -> None:
         """A launched collective's completion is known (`token` holds it)."""
 
     def on_collective_wait(self, token: Any, start_ns: int, end_ns: int) -> None:
         """A thread waited for the collective of `token` from `start_ns` to `end_ns` (before or after
         its completion was reported); any thread."""
-        if not isinstance(token, ev.Collective):
+        kind = type(token)
+        if kind not in _LAUNCHED:
             return
         try:
-            token.waited_ns += max(end_ns - max(start_ns, token.start_ns), 0)
+            if kind is ev.Collective:  # a `Launch` keeps no wait time (only spans and exposure read it)
+                token.waited_ns += max(end_ns - max(start_ns, token.start_ns), 0)
             if token.completion != schema.COMPLETION_LAUNCH and token.end_ns > end_ns:
                 # done by the time its wait returned: the backend thread's timestamp came late (the GIL)
                 token.end_ns = max(end_ns, token.returned_ns)
