@@ -72,7 +72,7 @@ _NORMALISED: Mapping[str, str] = MappingProxyType(
     }
 )
 
-_MAX_CACHED_INFOS = 256  # counts-only infos kept per collective op (a step has a few shapes)
+_MAX_CACHED_INFOS = 256  # infos kept per collective op, each kind (a step has a few shapes)
 _INPUT_ARGS = ("input", "self", "input_tensor", "input_tensors", "inputs", "tensors", "tensor")
 _OUTPUT_ARGS = ("output", "out", "output_tensor", "output_tensors")
 _GROUP_ARGS = ("group_name", "process_group", "group")
@@ -152,6 +152,14 @@ def _global_rank(group: GroupDetails, group_rank: int) -> int:
     return group.ranks[group_rank] if 0 <= group_rank < len(group.ranks) else group_rank
 
 
+def _reduce_key(value: Any) -> Any:
+    """What a reduce op's name depends on, hashable: a TorchScript ReduceOp is boxed anew at every
+    call (its identity says nothing), its `op()` is the RedOpType it names."""
+    if isinstance(value, torch.ScriptObject):
+        return value.op()
+    return _reduce_name(value)
+
+
 def _reduce_name(value: Any) -> str:
     """Eager c10d ops pass a TorchScript ReduceOp, whose only accessor is its `op()` method: unbox it first."""
     if isinstance(value, torch.ScriptObject):
@@ -183,6 +191,11 @@ class CollectiveSpec:
         self._splits = all(n in self._index for n in _SPLIT_ARGS)
         # (group name, group size, dtype, bytes) -> the counts-only info (frozen: shared by every call like it)
         self._counts_infos: dict[tuple[str, int, Any, int], CollectiveInfo] = {}
+        # what `describe` reads from a call -> (the group's details, kept alive for their id; the info)
+        self._infos: dict[tuple[Any, ...], tuple[GroupDetails, CollectiveInfo]] = {}
+        # (id of an info described at issue, the output shape returned) -> (that info, kept alive for its
+        # id; it completed)
+        self._completed: dict[tuple[int, Any], tuple[CollectiveInfo, CollectiveInfo]] = {}
 
     def _arg(self, name: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if name is None:
@@ -199,19 +212,44 @@ class CollectiveSpec:
         outputs = self._arg(self._output, args, kwargs)
         if outputs is None:
             outputs = result if isinstance(result, torch.Tensor) else inputs  # in place: output is the input
-        first_in = _first_tensor(inputs)
-        first_out = _first_tensor(outputs)
+        first_in = inputs if isinstance(inputs, torch.Tensor) else _first_tensor(inputs)
+        first_out = outputs if isinstance(outputs, torch.Tensor) else _first_tensor(outputs)
         group = self._arg(self._group, args, kwargs)
         ginfo = _group_info(group) if group is not None else NO_GROUP
         asked = self._arg(self._async, args, kwargs)
         is_async = True if self.functional else bool(self._async_default if asked is None else asked)
-        peers: tuple[int, ...] = ()
+        nbytes = inputs.numel() * inputs.element_size() if first_in is inputs else _total_bytes(inputs)
+        reduce = self._arg(self._reduce, args, kwargs)
+        peer_ranks: tuple[int, ...] = ()
         tags: tuple[int, ...] = ()
         if self._peer is not None:
-            peers = tuple(_global_rank(ginfo, int(p)) for p in _ints(self._arg(self._peer, args, kwargs)))
+            peer_ranks = tuple(_ints(self._arg(self._peer, args, kwargs)))
             tags = tuple(_ints(self._arg(self._tag, args, kwargs)))
-        splits_in, splits_out = self._split_sizes(args, kwargs, ginfo.size)
-        return CollectiveInfo(
+        splits_in, splits_out = self._split_sizes(args, kwargs, ginfo.size) if self._splits else ((), ())
+        # Everything the info is made of, as the call gave it: the group by its details' identity (the
+        # entry keeps them alive, so the id is not reused), the reduce op by what names it.
+        key: tuple[Any, ...] | None = (
+            id(ginfo),
+            first_in.shape if first_in is not None else None,
+            first_in.dtype if first_in is not None else None,
+            nbytes,
+            first_out.shape if first_out is not None else None,
+            reduce if reduce is None or type(reduce) is str else _reduce_key(reduce),
+            is_async,
+            param_module,
+            peer_ranks,
+            tags,
+            splits_in,
+            splits_out,
+        )
+        try:
+            cached = self._infos.get(key)
+        except TypeError:  # a part that does not hash (a symbolic shape, while tracing): described, not kept
+            key, cached = None, None
+        if cached is not None:  # a step repeats the same few collectives: described once, not per call
+            return cached[1]
+        peers = tuple(_global_rank(ginfo, p) for p in peer_ranks)
+        info = CollectiveInfo(
             name=self.name,
             op=self.normalised,
             group_size=ginfo.size,
@@ -220,8 +258,8 @@ class CollectiveSpec:
             input_shape=tuple(first_in.shape) if first_in is not None else (),
             output_shape=tuple(first_out.shape) if first_out is not None else (),
             dtype=dtype_name(first_in.dtype) if first_in is not None else "",
-            bytes=_total_bytes(inputs),
-            reduce_op=_reduce_name(self._arg(self._reduce, args, kwargs)),
+            bytes=nbytes,
+            reduce_op=_reduce_name(reduce),
             is_async=is_async,
             param_module=param_module,
             peers=peers,
@@ -231,6 +269,9 @@ class CollectiveSpec:
             input_split_sizes=splits_in,
             output_split_sizes=splits_out,
         )
+        if key is not None and len(self._infos) < _MAX_CACHED_INFOS:
+            self._infos[key] = (ginfo, info)
+        return info
 
     def _split_sizes(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], group_size: int
@@ -270,9 +311,18 @@ class CollectiveSpec:
     def complete(self, info: CollectiveInfo, result: Any) -> CollectiveInfo:
         """The info described at issue, with the output the op returned (functional ops return theirs)."""
         if self._output is None and isinstance(result, torch.Tensor):
-            shape = tuple(result.shape)
+            shape = result.shape
             if shape != info.output_shape:
-                return info.with_output_shape(shape)
+                try:
+                    cached = self._completed.get((id(info), shape))
+                except TypeError:  # a symbolic shape, while tracing
+                    return info.with_output_shape(tuple(shape))
+                if cached is not None:  # the same described info, the same output: completed once
+                    return cached[1]
+                done = info.with_output_shape(tuple(shape))
+                if len(self._completed) < _MAX_CACHED_INFOS:
+                    self._completed[(id(info), shape)] = (info, done)
+                return done
         return info
 
     def first_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
