@@ -28,12 +28,14 @@ import importlib
 import inspect
 import operator
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 CALLABLE, CLASS, MODULE, ATTRIBUTE = "callable", "class", "module", "attribute"
 _NO_FALLBACK: Any = object()
@@ -179,6 +181,19 @@ _TABLE: tuple[Symbol, ...] = (
     Symbol(
         "queue_backward_callback", "torch.autograd", "Variable._execution_engine.queue_callback", CALLABLE,
         "run a callback when the current backward pass ends (closes backward spans)",
+    ),
+    Symbol(
+        "tensor_hook_dict", "torch", "Tensor", ATTRIBUTE,
+        "a module output's grad hook goes straight into the dict `Tensor.register_hook` fills (one hook per module "
+        "call: without that method's Python checks and a RemovableHandle nobody keeps)",
+        fallback="each grad hook is registered through `Tensor.register_hook`", fallback_value=None,
+        member="_backward_hooks", sample=lambda: torch.ones(1, requires_grad=True).mul(2),
+    ),
+    Symbol(
+        "node_register_hook_dict", "torch.autograd.graph", "Node", ATTRIBUTE,
+        "hands a tensor's grad hook dict to the node that makes its gradient, as `Tensor.register_hook` does",
+        fallback="each grad hook is registered through `Tensor.register_hook`", fallback_value=None,
+        member="_register_hook_dict", sample=_graph_node,
     ),
     Symbol(
         "DisableTorchFunction", "torch._C", "DisableTorchFunction", CLASS,
@@ -409,6 +424,33 @@ _stop_recomputation = resolve("StopRecomputationError")
 # The exception types that end a recomputation on purpose (() without torch's).
 STOP_RECOMPUTATION: tuple[type[BaseException], ...] = (
     (_stop_recomputation,) if isinstance(_stop_recomputation, type) else ()
+)
+
+_TENSOR_HOOK_DICTS = all(resolve(name) is not None for name in ("tensor_hook_dict", "node_register_hook_dict"))
+
+
+def _add_to_hook_dict(tensor: torch.Tensor, grad_fn: Any, hook: Callable[[Any], Any]) -> None:
+    """`tensor.register_hook(hook)` for a tensor made by `grad_fn` (its current grad_fn), handle not kept.
+
+    The same dict, node registration and hook id as torch's method, so the hook runs where that
+    method's would, in order with the user's hooks on the tensor; only its Python checks are left
+    out (the caller holds DisableTorchFunction and the tensor requires grad)."""
+    hooks = tensor._backward_hooks
+    if hooks is None:
+        hooks = tensor._backward_hooks = OrderedDict()
+        grad_fn._register_hook_dict(tensor)
+    key = RemovableHandle.next_id  # a user's later handle gets another id: its remove() leaves ours
+    RemovableHandle.next_id = key + 1
+    hooks[key] = hook
+
+
+def _register_hook(tensor: torch.Tensor, grad_fn: Any, hook: Callable[[Any], Any]) -> None:
+    tensor.register_hook(hook)
+
+
+# `add_tensor_hook(tensor, grad_fn, hook)`: a grad hook on a non-leaf tensor whose handle nobody keeps.
+add_tensor_hook: Callable[[torch.Tensor, Any, Callable[[Any], Any]], None] = (
+    _add_to_hook_dict if _TENSOR_HOOK_DICTS else _register_hook
 )
 
 

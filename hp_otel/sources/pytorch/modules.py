@@ -60,6 +60,7 @@ _next_sequence_nr = _compat.next_sequence_nr  # this thread's next autograd node
 _current_node = _compat.current_autograd_node
 _graph_task_id = _compat.current_graph_task_id  # -1 outside backward
 _sequence_nr = _compat.node_sequence_nr  # an autograd node's number
+_add_tensor_hook = _compat.add_tensor_hook  # `tensor.register_hook`, for a hook whose handle nobody keeps
 logger = logging.getLogger("hp_otel")
 _NO_SEQUENCE_NR = 2**64 - 1  # AccumulateGrad nodes: made on demand, not by a forward
 # Non-reentrant checkpointing stops a recomputed forward once it has what backward needs.
@@ -343,11 +344,11 @@ class _TrackedModule:
                 # Outputs made by this call's own nodes: their gradient starts its backward
                 # (a module that returns its input unchanged has no backward work of its own).
                 with _compat.DisableTorchFunction():  # our reads: no user ops, no op hook or mode to pay
-                    outputs = [
-                        t
-                        for t in _grad_tensors(output)
-                        if t.grad_fn is not None and first_node <= _sequence_nr(t.grad_fn) != _NO_SEQUENCE_NR
-                    ]
+                    outputs = []
+                    for t in _grad_tensors(output):
+                        node = t.grad_fn  # read once: each read of a C++ node makes its Python object
+                        if node is not None and first_node <= _sequence_nr(node) != _NO_SEQUENCE_NR:
+                            outputs.append((t, node))
                     if outputs:
                         tracker.add_grad_hook(outputs, functools.partial(tracker.backward_start, call))
         except Exception as exc:
@@ -1192,21 +1193,22 @@ class TorchModuleTracker:
         except Exception as exc:
             observer.on_fault("module_backward_start", exc)
 
-    def add_grad_hook(self, tensors: list[torch.Tensor], callback: Any) -> None:
-        """Run `callback()` once, when the first gradient of `tensors` arrives.
+    def add_grad_hook(self, outputs: list[tuple[torch.Tensor, Any]], callback: Any) -> None:
+        """Run `callback()` once, when the first gradient of the `outputs` tensors arrives
+        (each given with its grad_fn, None for a leaf; the caller holds DisableTorchFunction).
 
         Nested modules often share an output (the root's output is fc2's output).  One
         hook per tensor runs the callbacks in reverse order of registration — outer call
         first, innermost last — so the innermost call is the one whose backward runs on,
         whatever order autograd keeps for same-tensor hooks.
         """
-        if len(tensors) != 1:
-            with _compat.DisableTorchFunction():  # our own tensor calls are not the user's ops
-                self._grad_handles.append(
-                    register_multi_grad_hook(tensors, lambda grads: self._run_safely(callback), mode="any")
-                )
+        if len(outputs) != 1:
+            tensors = [t for t, _ in outputs]
+            self._grad_handles.append(
+                register_multi_grad_hook(tensors, lambda grads: self._run_safely(callback), mode="any")
+            )
             return
-        tensor = tensors[0]
+        tensor, node = outputs[0]
         entry = self._tensor_callbacks.get(id(tensor))
         if entry is not None and entry[0]() is tensor:
             entry[1].append(callback)
@@ -1220,10 +1222,10 @@ class TorchModuleTracker:
             for pending in reversed(callbacks):
                 self._run_safely(pending)
 
-        with _compat.DisableTorchFunction():
-            handle = tensor.register_hook(hook)
-        if tensor.grad_fn is None:  # a leaf outlives the step: remove its hook after backward
-            self._grad_handles.append(handle)
+        if node is not None:  # its hook goes with the autograd graph
+            _add_tensor_hook(tensor, node, hook)
+        else:  # a leaf outlives the step: remove its hook after backward
+            self._grad_handles.append(tensor.register_hook(hook))
 
     def _run_safely(self, callback: Any) -> None:
         """Run one of our grad-hook callbacks; a fault is counted, never raised into autograd."""
