@@ -72,6 +72,7 @@ REVIEWED: dict[str, str] = {
     "sources/pytorch/optimizer.py:_registered": INSTALLED,
     "sources/pytorch/placement_texts.py:_texts": CACHE + " (weak: by each placement object)",
     "sources/pytorch/tensors.py:_dtype_names": CACHE + " (one entry per dtype)",
+    "sources/pytorch/tensors.py:_plain_infos": CACHE,
     "sources/pytorch/tensors.py:_spec_infos": CACHE,
     "sources/pytorch/waits.py:_wrappers": INSTALLED,
     "spans/codec.py:_decoded": CACHE,
