@@ -45,8 +45,14 @@ def of_forward_call(autograd_running: bool) -> str:
     return FORWARD_CALL[autograd_running]
 
 
+# The phase of an op or redistribute outside every module call.
+OUTSIDE_MODULES: Final = FORWARD
+
+
 def enclosing(module_phases: Iterable[str]) -> str:
-    """The phase of work inside the open module calls given innermost first: the innermost's, else forward."""
+    """The phase of work inside the open module calls given innermost first: the innermost's, else
+    `OUTSIDE_MODULES`.  The span builder, which asks for every op and redistribute, applies it with a
+    plain loop over its open calls (no generator); a test holds the two to the same answers."""
     for phase in module_phases:
         return phase
-    return FORWARD
+    return OUTSIDE_MODULES

@@ -37,6 +37,7 @@ from hp_otel.spans.bandwidth import attributes_of
 from hp_otel.spans.infos import CollectiveInfo, OpInfo
 
 _LOST_SPAN = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+_MODULE = schema.KIND_MODULE
 
 
 def _ignore_fault(where: str, exc: BaseException) -> None:
@@ -410,7 +411,11 @@ class SpanBuilder:
             self._store.export((span,))
 
     def _phase(self) -> str:
-        return phase_of.enclosing(f.phase for f in reversed(self._stack) if f.kind == schema.KIND_MODULE)
+        """The phase of an op or redistribute starting now: `phase_of.enclosing` over the open module calls."""
+        for frame in reversed(self._stack):
+            if frame.kind == _MODULE:
+                return frame.phase
+        return phase_of.OUTSIDE_MODULES
 
     # --- handlers -------------------------------------------------------------
     def _module_enter(self, e: ev.ModuleEnter) -> None:

@@ -37,13 +37,40 @@ def test_work_outside_every_module_call_is_forward() -> None:
 
 
 def test_only_the_innermost_call_is_read() -> None:
-    """The rest of the open calls are not walked (the span builder hands a lazy generator)."""
+    """The rest of the open calls are not walked (a caller may hand a lazy generator)."""
 
     def phases():  # type: ignore[no-untyped-def]
         yield schema.PHASE_BACKWARD
         raise AssertionError("read past the innermost call")
 
     assert phase.enclosing(phases()) == schema.PHASE_BACKWARD
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [
+        [],
+        [(schema.KIND_OP, schema.PHASE_FORWARD)],
+        [(schema.KIND_MODULE, schema.PHASE_BACKWARD)],
+        [(schema.KIND_MODULE, schema.PHASE_FORWARD), (schema.KIND_MODULE, schema.PHASE_RECOMPUTE)],
+        [(schema.KIND_MODULE, schema.PHASE_RECOMPUTE), (schema.KIND_OP, schema.PHASE_FORWARD)],
+        [
+            (schema.KIND_MODULE, schema.PHASE_OPTIMIZER),
+            (schema.KIND_REDISTRIBUTE, schema.PHASE_FORWARD),
+            (schema.KIND_OP, schema.PHASE_BACKWARD),
+        ],
+        [(schema.KIND_MODULE, schema.PHASE_BACKWARD), (schema.KIND_MODULE, schema.PHASE_FORWARD)],
+    ],
+)
+def test_the_span_builders_loop_gives_what_the_rule_gives(stack: list[tuple[str, str]]) -> None:
+    """The builder walks its open calls itself (it asks for every op): the same answer as `enclosing`."""
+    from types import SimpleNamespace
+
+    from hp_otel.record.span_builder import SpanBuilder, _Frame
+
+    frames = [_Frame(kind, None, None, None, None, phase_, None) for kind, phase_ in stack]  # type: ignore[arg-type]
+    expected = phase.enclosing(p for kind, p in reversed(stack) if kind == schema.KIND_MODULE)
+    assert SpanBuilder._phase(SimpleNamespace(_stack=frames)) == expected  # type: ignore[arg-type]
 
 
 def test_the_sources_and_the_span_builder_decide_through_the_owner() -> None:

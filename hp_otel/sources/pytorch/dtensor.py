@@ -35,8 +35,8 @@ from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
 from hp_otel.sources.pytorch.fsdp import fsdp_patches
+from hp_otel.sources.pytorch.placement_texts import placements_text
 from hp_otel.sources.pytorch.waits import wait_slot, work_wait_patches
-from hp_otel.spans.codec import placements_text
 
 # Attribute access and hook registration: bookkeeping, not computation (op_hook's set).
 _SKIPPED_FUNCTIONS = op_hook.SKIPPED_FUNCTIONS
@@ -141,7 +141,7 @@ def _wrap_redistribute(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             src = placements_text(current_spec.placements)
             dst = placements_text(target_spec.placements)
-            shape = tuple(current_spec.shape)
+            shape = tuple(current_spec.tensor_meta.shape)  # `.shape`'s own read, without its property call
         except Exception as exc:
             observer.on_fault("redistribute_describe", exc)
             return original(local_tensor, current_spec, target_spec, *args, **kwargs)

@@ -27,14 +27,21 @@ _SPEC_CACHE_LIMIT = 4096
 _dtensor_spec = _compat.dtensor_spec
 
 
+# (shape, dtype) -> TensorInfo of a plain tensor: a frozen dataclass costs a Python __setattr__ per
+# field to make, and a step's plain tensors repeat a few shapes.
+_plain_infos: dict[tuple[Any, torch.dtype], TensorInfo] = {}
+_PLAIN_CACHE_LIMIT = 1024
+
+
 def tensor_info(t: torch.Tensor) -> TensorInfo:
+    dtype = t.dtype
     if isinstance(t, DTensor):
         spec = _dtensor_spec(t)
         info = _spec_infos.get(spec)
-        if info is None or info.dtype != dtype_name(t.dtype):
+        if info is None or info.dtype != _dtype_names.get(dtype):
             info = TensorInfo(
                 shape=tuple(spec.shape),
-                dtype=dtype_name(t.dtype),
+                dtype=dtype_name(dtype),
                 is_dtensor=True,
                 placements=tuple(repr(p) for p in spec.placements),
                 mesh_shape=tuple(spec.mesh.shape),
@@ -43,7 +50,17 @@ def tensor_info(t: torch.Tensor) -> TensorInfo:
                 _spec_infos.clear()
             _spec_infos[spec] = info
         return info
-    return TensorInfo(shape=tuple(t.shape), dtype=dtype_name(t.dtype))
+    key = (t.shape, dtype)
+    try:
+        info = _plain_infos.get(key)
+    except TypeError:  # a symbolic size does not hash: no cache
+        return TensorInfo(shape=tuple(t.shape), dtype=dtype_name(dtype))
+    if info is None:
+        info = TensorInfo(shape=tuple(key[0]), dtype=dtype_name(dtype))
+        if len(_plain_infos) >= _PLAIN_CACHE_LIMIT:
+            _plain_infos.clear()
+        _plain_infos[key] = info
+    return info
 
 
 def tensor_infos(*values: Any) -> list[TensorInfo]:
