@@ -70,7 +70,6 @@ REVIEWED: dict[str, str] = {
     "sources/pytorch/optimizer.py:_attached": INSTALLED,
     "sources/pytorch/optimizer.py:_infos": CACHE,
     "sources/pytorch/optimizer.py:_registered": INSTALLED,
-    "sources/pytorch/placement_texts.py:_texts": CACHE + " (weak: by each placement object)",
     "sources/pytorch/tensors.py:_dtype_names": CACHE + " (one entry per dtype)",
     "sources/pytorch/tensors.py:_plain_infos": CACHE,
     "sources/pytorch/tensors.py:_spec_infos": CACHE,

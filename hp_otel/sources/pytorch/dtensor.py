@@ -35,8 +35,8 @@ from hp_otel.sources.pytorch.collective_timer import CollectiveTimer
 from hp_otel.sources.pytorch.collectives import CollectiveSpec, collective_specs
 from hp_otel.sources.pytorch.completion import WAIT_TENSOR, AsyncCollectiveTensor
 from hp_otel.sources.pytorch.fsdp import fsdp_patches
-from hp_otel.sources.pytorch.placement_texts import placements_text
 from hp_otel.sources.pytorch.waits import wait_slot, work_wait_patches
+from hp_otel.spans.codec import placements_text
 
 # Attribute access and hook registration: bookkeeping, not computation (op_hook's set).
 _SKIPPED_FUNCTIONS = op_hook.SKIPPED_FUNCTIONS
