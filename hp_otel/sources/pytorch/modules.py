@@ -963,9 +963,9 @@ class TorchModuleTracker:
         self.backward_spans = True  # grad hooks open backward spans; counting needs none
         self._hooks: _ModuleHooks | None = None
         self._fsdp1 = False  # fsdp1_patches held by this window
-        # Grad hooks live on tensors: those on tensors that outlive a step (leaves such as
-        # the batch or the parameters) are removed when the backward pass ends and on
-        # detach, so they never pile up; the others go away with the autograd graph.
+        # Grad hooks live on module outputs made in the step (never leaves): a single output's hook
+        # goes away with the autograd graph; a multi-output call's `register_multi_grad_hook`
+        # handles are removed when the backward pass ends and on detach, so they never pile up.
         self._grad_handles: list[RemovableHandle] = []
         # id(tensor) -> (weak ref, callbacks): tensors compare elementwise, so no WeakKeyDictionary
         self._tensor_callbacks: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
@@ -1195,7 +1195,7 @@ class TorchModuleTracker:
 
     def add_grad_hook(self, outputs: list[tuple[torch.Tensor, Any]], callback: Any) -> None:
         """Run `callback()` once, when the first gradient of the `outputs` tensors arrives
-        (each given with its grad_fn, None for a leaf; the caller holds DisableTorchFunction).
+        (each made by this call, given with its grad_fn; the caller holds DisableTorchFunction).
 
         Nested modules often share an output (the root's output is fc2's output).  One
         hook per tensor runs the callbacks in reverse order of registration — outer call
@@ -1222,10 +1222,7 @@ class TorchModuleTracker:
             for pending in reversed(callbacks):
                 self._run_safely(pending)
 
-        if node is not None:  # its hook goes with the autograd graph
-            _add_tensor_hook(tensor, node, hook)
-        else:  # a leaf outlives the step: remove its hook after backward
-            self._grad_handles.append(tensor.register_hook(hook))
+        _add_tensor_hook(tensor, node, hook)  # it goes with the autograd graph: no handle to keep
 
     def _run_safely(self, callback: Any) -> None:
         """Run one of our grad-hook callbacks; a fault is counted, never raised into autograd."""
