@@ -104,9 +104,13 @@ def test_the_target_is_removed_when_the_rank_is_killed_or_exits(tmp_path, how) -
     from installed_metadata import ROOT
 
     env = {**os.environ, SD_DIR_VARIABLE: str(tmp_path / "sd"), "RANK": "5", "PYTHONPATH": str(ROOT)}
+    # SIGINT at its default in the child, as in a process started from a terminal: a suite run as a
+    # background job (`cmd &` without job control) hands its children SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler, so the signal would not reach hp_otel or the child at all.
     child = subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-c", KEEP_SERVING, how],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         path = Path(child.stdout.readline().strip())
