@@ -152,6 +152,14 @@ def _global_rank(group: GroupDetails, group_rank: int) -> int:
     return group.ranks[group_rank] if 0 <= group_rank < len(group.ranks) else group_rank
 
 
+def _keep(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """Store in a per-op info cache, bounded: a full one starts again, so a run whose shapes keep
+    changing (sequence lengths) still finds the current ones instead of the first few hundred."""
+    if len(cache) >= _MAX_CACHED_INFOS:
+        cache.clear()
+    cache[key] = value
+
+
 def _reduce_key(value: Any) -> Any:
     """What a reduce op's name depends on, hashable: a TorchScript ReduceOp is boxed anew at every
     call (its identity says nothing), its `op()` is the RedOpType it names."""
@@ -269,8 +277,8 @@ class CollectiveSpec:
             input_split_sizes=splits_in,
             output_split_sizes=splits_out,
         )
-        if key is not None and len(self._infos) < _MAX_CACHED_INFOS:
-            self._infos[key] = (ginfo, info)
+        if key is not None:
+            _keep(self._infos, key, (ginfo, info))
         return info
 
     def _split_sizes(
@@ -304,8 +312,7 @@ class CollectiveSpec:
                 is_async=self.functional,
                 backend=ginfo.backend,
             )
-            if len(self._counts_infos) < _MAX_CACHED_INFOS:
-                self._counts_infos[key] = info
+            _keep(self._counts_infos, key, info)
         return info
 
     def complete(self, info: CollectiveInfo, result: Any) -> CollectiveInfo:
@@ -320,8 +327,7 @@ class CollectiveSpec:
                 if cached is not None:  # the same described info, the same output: completed once
                     return cached[1]
                 done = info.with_output_shape(tuple(shape))
-                if len(self._completed) < _MAX_CACHED_INFOS:
-                    self._completed[(id(info), shape)] = (info, done)
+                _keep(self._completed, (id(info), shape), (info, done))
                 return done
         return info
 

@@ -160,9 +160,10 @@ def test_the_cache_is_bounded(fake_world, monkeypatch) -> None:
     monkeypatch.setattr(spec, "_infos", {})
     world = dist.group.WORLD.group_name
     infos = [spec.describe((torch.ones(n), "sum", world), {}, None, "") for n in range(1, 6)]
-    assert len(spec._infos) == 3
+    assert len(spec._infos) <= 3
     assert [i.input_shape for i in infos] == [(n,) for n in range(1, 6)]
-    assert spec.describe((torch.ones(5), "sum", world), {}, None, "") == infos[-1]
+    # full, it starts again: the latest shapes are the ones found, not the first three
+    assert spec.describe((torch.ones(5), "sum", world), {}, None, "") is infos[-1]
 
 
 def _symbolic(shape: tuple[int, ...]) -> torch.Tensor:
