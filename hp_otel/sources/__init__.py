@@ -115,7 +115,10 @@ def default_sources(module: Any = None, engine: str = "auto") -> list[Source]:
     from hp_otel.sources.graph_mode import GraphModeWatch
 
     resolved = resolve_engine(check_engine(engine), module)
-    sources = _BY_NAME[resolved].make_sources()
+    chosen = _BY_NAME[resolved]
+    # "auto" with no framework importable (a torch-free install): nothing to patch, rather than a
+    # source whose attach fails and counts a fault in every window (an explicit engine is checked above)
+    sources = chosen.make_sources() if importable(chosen.package) else []
     if module is not None:
         sources.append(module_tracker(module))
     # the optimizer step as a phase of its own (torch's global step hooks): torch engines only
