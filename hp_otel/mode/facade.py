@@ -51,7 +51,7 @@ class CommDebugMode:
             "hyper_parallel" (its OpDispatcher and platform collectives, torch or
             MindSpore), "mindspore" (Cell hooks and `mint.distributed` collectives), or
             "auto" (default): hyper_parallel if importable, else mindspore for a `Cell`
-            or without torch, else torch.
+            or without torch, else torch; with none of them importable, no hooks.
         tracer_provider: spans also go to this provider's processors (e.g. OTLP); the
             table still renders from the mode's local store. Default: hp_otel's own SDK provider.
         meter_provider: where the collective counters go. Default: hp_otel's own SDK

@@ -81,7 +81,8 @@ def is_mindspore_cell(module: Any) -> bool:
 
 
 def resolve_engine(engine: str, module: Any = None) -> str:
-    """ "auto": hyper-parallel if importable; else MindSpore for a Cell or without torch; else torch."""
+    """ "auto": hyper-parallel if importable; else MindSpore for a Cell or without torch; else torch
+    (`default_sources` installs nothing for an engine whose package is not importable)."""
     if engine != "auto":
         return engine
     if importable("hyper_parallel"):
