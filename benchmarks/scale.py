@@ -41,20 +41,28 @@ _FC1 = ModuleInfo("fc1", "fc1", "Linear")
 _FC2 = ModuleInfo("fc2", "fc2", "Linear")
 
 
+# The tensors' infos, made once: the sources hand out cached infos (one per DTensor spec), so a
+# step's ops see the same objects every step.
+_X = _dt(4, 16)
+_W1 = _dt(32, 16, placement="Shard(dim=0)")
+_H = _dt(4, 32, placement="Shard(dim=1)")
+_W2 = _dt(16, 32, placement="Shard(dim=1)")
+
+
 def mlp_forward_events(observer: Any) -> None:
     """One forward of the design's TP MLP as observer events (7 spans)."""
     observer.on_module_enter(_ROOT, "forward")
     observer.on_module_enter(_FC1, "forward")
-    observer.on_op_enter("linear", [_dt(4, 16), _dt(32, 16, placement="Shard(dim=0)")])
-    observer.on_op_exit("linear", [_dt(4, 32, placement="Shard(dim=1)")])
+    observer.on_op_enter("linear", [_X, _W1])
+    observer.on_op_exit("linear", [_H])
     observer.on_module_exit("fc1", "forward")
-    observer.on_op_enter("gelu", [_dt(4, 32, placement="Shard(dim=1)")])
-    observer.on_op_exit("gelu", [_dt(4, 32, placement="Shard(dim=1)")])
+    observer.on_op_enter("gelu", [_H])
+    observer.on_op_exit("gelu", [_H])
     observer.on_module_enter(_FC2, "forward")
-    observer.on_op_enter("linear", [_dt(4, 32, placement="Shard(dim=1)"), _dt(16, 32, placement="Shard(dim=1)")])
+    observer.on_op_enter("linear", [_H, _W2])
     start = time.time_ns()
     observer.on_collective(_ALL_REDUCE, start, start + 1000)
-    observer.on_op_exit("linear", [_dt(4, 16)])
+    observer.on_op_exit("linear", [_X])
     observer.on_module_exit("fc2", "forward")
     observer.on_module_exit("(root)", "forward")
 

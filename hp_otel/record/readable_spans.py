@@ -34,6 +34,7 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from hp_otel.common import _otel_compat
 from hp_otel.record.span_store import STATUS_UNSET
+from hp_otel.spans.codec import SharedAttributes
 
 # What the sampler is asked about: the window as a whole (its root decision holds for every span of it).
 WINDOW_SAMPLE_NAME = "hp_otel window"
@@ -160,14 +161,13 @@ class DraftSpan(trace.Span):
         start: int,
         links: Any,
         limits: SpanLimits,
-        shared: bool = False,
     ) -> None:
         self._name = name
         self._limits = limits
         self.ctx = ctx
         self.parent = parent
         self._attrs = attrs
-        self._shared = shared  # `attrs` is a cache others read (a module's): copied before the first write
+        self._shared = type(attrs) is SharedAttributes  # a cache others read: copied before the first write
         self.start = start
         # The SDK keeps a link's attributes as a (possibly empty) mapping, never None
         self._links: list[Any] | None = [_with_attributes(link) for link in links] if links else None
@@ -190,6 +190,15 @@ class DraftSpan(trace.Span):
     def set_attributes(self, attributes: Any) -> None:
         if self.end_time is None:
             self._own_attrs().update(attributes)
+
+    def shared_attributes(self) -> SharedAttributes | None:
+        """Its attributes while they are still the shared encoding it was given (nothing wrote on them)."""
+        return self._attrs if self._shared and self.end_time is None else None  # type: ignore[return-value]
+
+    def share_attributes(self, attrs: SharedAttributes) -> None:
+        """Take another shared encoding for its still-shared attributes (a superset the builder made)."""
+        assert self._shared, "a span's own attributes are written on, not replaced"
+        self._attrs = attrs
 
     def _own_attrs(self) -> dict[str, Any]:
         if self._shared:
@@ -314,6 +323,7 @@ class DraftSpan(trace.Span):
             self._events,
             self._links,
             outlet.origin,
+            self._attrs.split if self._shared else None,  # type: ignore[attr-defined]
         )
 
     # --- made readable -------------------------------------------------------------

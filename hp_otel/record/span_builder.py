@@ -247,13 +247,12 @@ class SpanBuilder:
         time_ns: int,
         info: Any = None,
         parent_ctx: Any = None,
-        shared: bool = False,
     ) -> None:
-        """Open a span; `shared`: `attrs` is a cache others read too (a span copies it before it writes)."""
+        """Open a span (on `attrs` as they are: a `codec.SharedAttributes` is copied before a write)."""
         if parent_ctx is None:
             parent_ctx = self._stack[-1].ctx if self._stack else self._parent_ctx
         if self._outlet is not None:  # deferred: a draft is its children's parent as it is
-            draft = self._draft(name, parent_ctx, attrs, time_ns, None, None, shared)
+            draft = self._draft(name, parent_ctx, attrs, time_ns, None, None)
             self._stack.append(_Frame(kind, key, draft, draft, None, phase, info))
             return
         span = self._start_span(name, parent_ctx, attrs, time_ns)
@@ -381,9 +380,8 @@ class SpanBuilder:
         time_ns: int,
         links: Any,
         span_id: Any,
-        shared: bool = False,
     ) -> DraftSpan:
-        """A deferred span, written on until it ends (`shared`: `attrs` is a cache, copied before a write)."""
+        """A deferred span, written on until it ends."""
         outlet = self._outlet
         assert outlet is not None
         if type(parent_ctx) is DraftSpan:  # the usual parent, inline
@@ -395,7 +393,7 @@ class SpanBuilder:
             if parent is None:
                 trace_id = self._root_trace_id or outlet.id_generator.generate_trace_id()
             ctx = outlet.context(parent, trace_id, span_id)
-        return DraftSpan(name, ctx, parent, attrs, time_ns, links, outlet.limits, shared)
+        return DraftSpan(name, ctx, parent, attrs, time_ns, links, outlet.limits)
 
     def _span_context_of(self, parent_ctx: Any) -> SpanContext | None:
         """The span a parent context names (a draft, the window's parent, or a Context's span), if valid."""
@@ -420,11 +418,11 @@ class SpanBuilder:
     # --- handlers -------------------------------------------------------------
     def _module_enter(self, e: ev.ModuleEnter) -> None:
         module = e.module
-        attrs = codec.encoded_module(module, e.phase)  # shared: the span copies it before it writes on it
+        attrs = codec.encoded_module(module, e.phase)  # shared: a span copies it before it writes on it
         parent_ctx = self._module_ctx(e.under) if e.under is not None else None
         name = schema.module_span_name(module.span_name, e.phase)
         key = (module.fqn, e.phase)
-        self._push(schema.KIND_MODULE, key, name, attrs, e.phase, e.time_ns, module, parent_ctx, shared=True)
+        self._push(schema.KIND_MODULE, key, name, attrs, e.phase, e.time_ns, module, parent_ctx)
 
     def _module_ctx(self, key: tuple[str, str]) -> Any:
         """The context of the innermost open module span of `key` (the window's root if none is open)."""
@@ -447,20 +445,27 @@ class SpanBuilder:
 
     def _op_enter(self, e: ev.OpEnter) -> None:
         phase = self._phase()
-        self._push(schema.KIND_OP, e.name, e.name, codec.encode_op(e.name, e.inputs, phase), phase, e.time_ns, e.inputs)
+        attrs = codec.encoded_op(e.name, e.inputs, phase)  # shared: a span copies it before it writes on it
+        self._push(schema.KIND_OP, e.name, e.name, attrs, phase, e.time_ns, e.inputs)
 
     def _op_exit(self, e: ev.OpExit) -> None:
         frame = self._pop(schema.KIND_OP, e.name)
         if frame is None:
             return
         if e.outputs:
-            frame.span.set_attributes(codec.encode_tensor_infos(e.outputs, "output"))
+            span = frame.span
+            shared = span.shared_attributes() if type(span) is DraftSpan else None
+            if shared is not None:  # nothing wrote on it: the shared encoding with these outputs
+                span.share_attributes(codec.encoded_op_outputs(shared, e.outputs))
+            else:
+                span.set_attributes(codec.encode_tensor_infos(e.outputs, "output"))
         self._end(frame, e.time_ns, e.error, e.outputs)
 
     def _redistribute_enter(self, e: ev.RedistributeEnter) -> None:
         phase = self._phase()
-        attrs = codec.encode_redistribute(e.src_placements, e.dst_placements, e.shape, phase)
-        if e.stack:
+        attrs = codec.encoded_redistribute(e.src_placements, e.dst_placements, e.shape, phase)
+        if e.stack:  # its own copy, with the call stack
+            attrs = dict(attrs)
             codec.encode_call_stack(attrs, e.stack, module_of)
         self._push(schema.KIND_REDISTRIBUTE, None, schema.REDISTRIBUTE_SPAN_NAME, attrs, phase, e.time_ns)
 

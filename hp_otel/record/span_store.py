@@ -33,6 +33,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE, TraceState
 
 from hp_otel.common import _otel_compat
+from hp_otel.spans import codec
 
 _KINDS = {kind.value: kind for kind in SpanKind}
 _CODES = {code.value: code for code in StatusCode}
@@ -137,20 +138,26 @@ class LocalSpanStore(SpanExporter):
         events: Sequence[Event] | None,
         links: Sequence[Link] | None,
         origin: tuple[Any, Any, Any],
+        split: tuple[tuple[str, ...], tuple[Any, ...]] | None = None,
     ) -> bool:
         """A finished span given by its fields (what `readable_spans.DraftSpan` holds): its record made
         at once, the same `export` makes of its `ReadableSpan`, without making that span first.
-        `origin`: (resource, instrumentation scope, instrumentation info). False for a span a record
-        would not give back exactly (counts of dropped event or link attributes): not kept."""
+        `origin`: (resource, instrumentation scope, instrumentation info); `split`: the attributes as
+        (keys, values) tuples when they are a shared encoding (`codec.SharedAttributes`): its records share them.
+        False for a span a record would not give back exactly (counts of dropped event or link
+        attributes): not kept."""
         if self._stopped:
             return True
-        keys = tuple(attributes)  # `_attributes`, inline: this runs once a span
-        values = tuple(attributes.values())
-        shared = self._key_sets.get(keys)
-        if shared is not None:
-            keys = shared
-        elif len(self._key_sets) < _MAX_KEY_SETS:
-            self._key_sets[keys] = keys
+        if split is not None:
+            keys, values = split
+        else:
+            keys = tuple(attributes)  # `_attributes`, inline: this runs once a span
+            values = tuple(attributes.values())
+            known = self._key_sets.get(keys)
+            if known is not None:
+                keys = known
+            elif len(self._key_sets) < _MAX_KEY_SETS:
+                self._key_sets[keys] = keys
         trace_id, span_id, _, flags, state = _fields(context)
         if status is STATUS_UNSET:
             code, description = 0, None
@@ -211,7 +218,8 @@ class LocalSpanStore(SpanExporter):
             self.dropped_spans += spans
 
     def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
-        """The kept spans in the order they ended, rebuilt as `ReadableSpan`s (new objects each call)."""
+        """The kept spans in the order they ended, rebuilt as `ReadableSpan`s (new spans each call; the
+        spans of one shared encoding, `codec.SharedAttributes`, read that one mapping)."""
         with self._lock:
             records = list(self._spans)
             origins = list(self._origins)
@@ -326,7 +334,7 @@ def _attrs(keys: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
 
 def _rebuild_all(records: list[Any], origins: list[tuple[Any, Any, Any]]) -> tuple[ReadableSpan, ...]:
     """The spans the records were made from, in their order (a `StoredSpan` a record, a span kept as it
-    came as itself): one loop, no Python call a span.  A span context is made
+    came as itself): one loop, one Python call a span (its attributes).  A span context is made
     once and shared between a span and its children (one object fewer a span): a child's parent,
     kept by span id, is reused when its trace id, flags and remoteness are the span's and neither has
     a trace state.  Fields are set one by one, as `ReadableSpan.__init__` sets them (the instance's
@@ -339,6 +347,7 @@ def _rebuild_all(records: list[Any], origins: list[tuple[Any, Any, Any]]) -> tup
     pop_context, get_context = contexts.pop, contexts.get
     new, cls, kinds, unset = _new_object, StoredSpan, _KINDS, STATUS_UNSET
     new_context, flag_objects, default_state = _new_span_context, _FLAGS, DEFAULT_TRACE_STATE
+    shared_attributes = codec.shared_attributes
     for record in records:
         if type(record) is not tuple:
             append(record)
@@ -379,7 +388,9 @@ def _rebuild_all(records: list[Any], origins: list[tuple[Any, Any, Any]]) -> tup
         span._parent = parent
         span._start_time = start
         span._end_time = end
-        span._attributes = dict(zip(keys, values, strict=False))  # made together: as long
+        # a shared encoding's split (a module's, an op's): that encoding, read-only behind the proxy
+        # `ReadableSpan.attributes` gives; else a dict of the record's own
+        span._attributes = shared_attributes(keys, values) or dict(zip(keys, values, strict=False))
         span._events = _events(events) if events else ()
         span._links = _links(links) if links else ()
         span._resource = resource

@@ -124,7 +124,35 @@ def encode_op(name: str, inputs: Sequence[TensorInfo], phase: str) -> dict[str, 
     return attrs
 
 
-def encoded_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
+class SharedAttributes(dict):  # type: ignore[type-arg]
+    """Span attributes encoded once and shared by every span that has them (a module's, an op's): never
+    written on (a span copies them first).  `split` is them as (keys, values) tuples, made once: what
+    the local store keeps of a span."""
+
+    __slots__ = ("split",)
+
+    def __init__(self, attrs: dict[str, Any]) -> None:
+        super().__init__(attrs)
+        keys, values = self.split = (tuple(attrs), tuple(attrs.values()))
+        _keep_encoded(_shared_by_values, _ENCODED_CACHE_LIMIT, id(values), (keys, values, self))
+
+
+# Shared encodings by their split's values tuple (the entry holds it: the id stays its own), so a span
+# kept as that split is read back with the encoding itself instead of a dict made again.
+_shared_by_values: dict[int, tuple[tuple[str, ...], tuple[Any, ...], SharedAttributes]] = {}
+
+
+def shared_attributes(keys: tuple[str, ...], values: tuple[Any, ...]) -> SharedAttributes | None:
+    """The shared encoding whose split these tuples are (the same objects), if it is still known."""
+    entry = _shared_by_values.get(id(values))
+    return entry[2] if entry is not None and entry[0] is keys else None
+
+
+_module_attrs: dict[tuple[Any, ...], tuple[Any, SharedAttributes]] = {}
+_ENCODED_CACHE_LIMIT = 4096
+
+
+def encoded_module(module: ModuleInfo, phase: str) -> SharedAttributes:
     """`encode_module`'s attributes, shared (never write on them): made once per module and phase for
     as long as its parameters stay the same objects (a window makes new ModuleInfos; the values repeat)."""
     parameters = module.parameters
@@ -132,15 +160,46 @@ def encoded_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
     hit = _module_attrs.get(key)
     if hit is not None and hit[0] is parameters:
         return hit[1]
-    attrs = encode_module(module, phase)
-    if len(_module_attrs) >= _ENCODED_CACHE_LIMIT:
-        _module_attrs.clear()
-    _module_attrs[key] = (parameters, attrs)
+    attrs = SharedAttributes(encode_module(module, phase))
+    _keep_encoded(_module_attrs, _ENCODED_CACHE_LIMIT, key, (parameters, attrs))
     return attrs
 
 
-_module_attrs: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
-_ENCODED_CACHE_LIMIT = 4096
+# An op span's attributes by its tensor infos' identity: the sources hand out cached TensorInfos
+# (one per DTensor spec, or plain shape and dtype), so a step's ops repeat the same few objects.
+# An entry holds its infos, so the ids in its key stay theirs (a source that makes new infos for
+# every op only churns the bounded cache).
+_op_attrs: dict[tuple[Any, ...], tuple[Any, SharedAttributes]] = {}
+_CALL_CACHE_LIMIT = 1024  # ops' and redistributes' encodings, each
+
+
+def encoded_op(name: str, inputs: Sequence[TensorInfo], phase: str) -> SharedAttributes:
+    """`encode_op`'s attributes, shared (never write on them): made once per op, phase and input infos."""
+    key = (name, phase, *map(id, inputs))
+    hit = _op_attrs.get(key)
+    if hit is not None:
+        return hit[1]
+    attrs = SharedAttributes(encode_op(name, inputs, phase))
+    _keep_encoded(_op_attrs, _CALL_CACHE_LIMIT, key, (tuple(inputs), attrs))
+    return attrs
+
+
+def encoded_op_outputs(attrs: SharedAttributes, outputs: Sequence[TensorInfo]) -> SharedAttributes:
+    """Shared op attributes (`encoded_op`'s) with its outputs' added: shared in turn, made once per pair."""
+    key = (id(attrs), *map(id, outputs))
+    hit = _op_attrs.get(key)
+    if hit is not None:
+        return hit[1]
+    combined = SharedAttributes({**attrs, **encode_tensor_infos(outputs, "output")})
+    _keep_encoded(_op_attrs, _CALL_CACHE_LIMIT, key, ((attrs, tuple(outputs)), combined))
+    return combined
+
+
+def _keep_encoded(cache: dict[tuple[Any, ...], Any], limit: int, key: tuple[Any, ...], entry: Any) -> None:
+    """Store an encoding; a full cache starts again (what a run repeats now is found again)."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = entry
 
 
 def encode_module(module: ModuleInfo, phase: str) -> dict[str, Any]:
@@ -247,6 +306,25 @@ def encode_redistribute(src_placements: str, dst_placements: str, shape: tuple[i
         schema.TENSOR_SHAPE: shape,
         schema.PHASE: phase,
     }
+
+
+_redistribute_attrs: dict[tuple[Any, ...], SharedAttributes] = {}
+
+
+def encoded_redistribute(
+    src_placements: str, dst_placements: str, shape: tuple[int, ...], phase: str
+) -> dict[str, Any]:
+    """`encode_redistribute`'s attributes, shared (never write on them) unless the shape does not hash
+    (symbolic): a step repeats the same few redistributes."""
+    key = (src_placements, dst_placements, shape, phase)
+    try:
+        attrs = _redistribute_attrs.get(key)
+    except TypeError:
+        return encode_redistribute(src_placements, dst_placements, shape, phase)
+    if attrs is None:
+        attrs = SharedAttributes(encode_redistribute(src_placements, dst_placements, shape, phase))
+        _keep_encoded(_redistribute_attrs, _CALL_CACHE_LIMIT, key, attrs)
+    return attrs
 
 
 # --- decode: span attributes -> infos -----------------------------------------

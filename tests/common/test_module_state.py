@@ -77,6 +77,9 @@ REVIEWED: dict[str, str] = {
     "spans/codec.py:_decoded": CACHE,
     "spans/codec.py:_placements_texts": CACHE,
     "spans/codec.py:_module_attrs": CACHE,
+    "spans/codec.py:_op_attrs": CACHE,
+    "spans/codec.py:_redistribute_attrs": CACHE,
+    "spans/codec.py:_shared_by_values": CACHE + " (the shared encodings by their values tuple)",
     "testing/snapshots.py:_session": "the pytest plugin's session option (--hp-otel-update-snapshots)",
     "testing/snapshots.py:written": "the snapshots this test session wrote, listed by the plugin at its end",
 }
