@@ -7,14 +7,16 @@ while the collective counters stay exact.  Its own list and lock (the SDK's
 InMemorySpanExporter keeps them private), with the same interface.
 
 A kept span is stored as one compact record: a tuple of plain values (ids, times, the
-attribute names — one tuple shared by every span with the same names — and values),
+attribute names — one tuple shared by every span with the same names — and values; the
+spans of one shared encoding, `codec.SharedAttributes`, share its names and values tuples),
 not the SDK span with its lock, bounded dict, lists and contexts.  CPython's cyclic
 garbage collector stops tracking a tuple of plain values, so 10⁵ kept spans add nothing
 to the work of each of its full collections (the SDK span is a couple of dozen tracked
 objects), and a record is several times smaller (docs/how-it-works/costs.md has the
 figures).  `get_finished_spans()` rebuilds
 `ReadableSpan`s from the records, equal field by field to the spans the SDK ended
-(`StoredSpan`: the same class hierarchy, compared by content).  A deferred window's span
+(`StoredSpan`: the same class hierarchy, compared by content); a shared encoding's spans are
+given that encoding as their attributes (read-only behind `ReadableSpan.attributes`' proxy).  A deferred window's span
 reaches it as its fields (`keep`, from `readable_spans.DraftSpan`): the same record, no span
 object made in between.  A span with anything a
 record cannot say exactly (counts of dropped attributes, events or links; a context that
