@@ -5,7 +5,9 @@ a step executes repeat within ±0.2 % whatever else runs. Each variant runs in i
 process under `valgrind --tool=callgrind --instr-atstart=no`: it builds the workload, warms
 up (a first window, then a dozen steps of the variant: imports, kernel registration and
 CPython's specialisation happen there), and switches instrumentation on around the counted
-steps only, with the garbage collector off (its pauses land on random steps).
+steps only, with the garbage collector off (its pauses land on random steps). Work a
+step leaves to another thread (a batch processor's export) is done after each step by the
+variant's `drain`: that thread wakes by wall time, which callgrind's slowdown makes random.
 
 The switch is a callgrind client request, a magic instruction sequence only C can emit:
 a tiny C library (CLIENT_SOURCE), built at first use with the system C compiler into
@@ -226,6 +228,7 @@ def _counted_child(workload_name: str, variant_name: str, steps: int, library: s
         for _ in range(WARM_UP_STEPS):
             with variant.step_context():
                 workload.step()
+            variant.drain()
         gc.collect()
         gc.disable()
         try:
@@ -233,6 +236,7 @@ def _counted_child(workload_name: str, variant_name: str, steps: int, library: s
             for _ in range(steps):
                 with variant.step_context():
                     workload.step()
+                variant.drain()  # what the step left to another thread, counted in it every run
             requests.hp_otel_cg_stop()
         finally:
             gc.enable()

@@ -62,12 +62,17 @@ VARIANT_NAMES = (
 
 @dataclass
 class Variant:
-    """How to run one step; `around_block` wraps each timed block (outside the timed steps)."""
+    """How to run one step; `around_block` wraps each timed block (outside the timed steps).
+
+    `drain` does now, on the calling thread, the work a step left to another thread (a batch
+    processor's export): the instruction count calls it after each step, so that work is
+    counted in the step that made it every run, not when that thread happens to run."""
 
     name: str
     step_context: StepContext
     around_block: StepContext = contextlib.nullcontext
     records_events: bool = False  # an hp_otel recorder runs: the table gives µs per recorded event
+    drain: Callable[[], None] = lambda: None
 
 
 def build_variants(model: Any) -> tuple[list[Variant], dict[str, str]]:
@@ -195,7 +200,11 @@ def _exporting_variant(model: Any) -> Variant:
     (the default with a provider of one's own), each handed to the batch processor as it ends.
 
     The provider is made once per timed block (a user makes it once per process) and shut
-    down after; its exporter drops what it gets, so no network is timed."""
+    down after; its exporter drops what it gets, so no network is timed. Its `drain` exports
+    what the processor holds (`force_flush`): under callgrind the processor's worker thread
+    wakes by wall time, so without it a count took in or left out some export, and the
+    queue, left full by a warm-up that starved that thread, dropped a step's spans with a
+    logged warning each (docs/how-it-works/costs.md)."""
     from hp_otel import CommDebugMode
 
     provider: list[Any] = []
@@ -204,6 +213,7 @@ def _exporting_variant(model: Any) -> Variant:
         lambda: CommDebugMode(module=model, tracer_provider=provider[-1]),
         around_block=lambda: _exporting_provider(provider),
         records_events=True,
+        drain=lambda: provider[-1].force_flush(),
     )
 
 

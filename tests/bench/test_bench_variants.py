@@ -152,3 +152,34 @@ def test_the_instructions_child_runs_each_new_variant(name, fake_world, monkeypa
     monkeypatch.setattr("ctypes.CDLL", lambda path: library)
     assert instructions._counted_child("mlp", name, 2, "unused.so") == 0
     assert library.requests == ["start", "stop"] and sdk_spans
+
+
+class _ExportsAtRequests(_NoCallgrind):
+    """Also notes, at each request, the spans the batch processor had received and those exported by then."""
+
+    def __init__(self, received: list[int]) -> None:
+        super().__init__()
+        self.received = received
+        self.seen: list[tuple[int, int]] = []
+
+    def hp_otel_cg_start(self) -> None:
+        super().hp_otel_cg_start()
+        self.seen.append((len(self.received), DroppingExporter.exported))
+
+    def hp_otel_cg_stop(self) -> None:
+        super().hp_otel_cg_stop()
+        self.seen.append((len(self.received), DroppingExporter.exported))
+
+
+def test_the_instructions_child_exports_each_step_s_spans_inside_the_count(fake_world, monkeypatch, sdk_spans) -> None:
+    # the worker thread exports on a 5 s timer or at 512 queued spans, far from these few steps:
+    # only the child's drain exports here, before the count starts and inside it
+    library = _ExportsAtRequests(sdk_spans)
+    monkeypatch.setattr("ctypes.CDLL", lambda path: library)
+    exported_before = DroppingExporter.exported
+    assert instructions._counted_child("mlp", HP_OTEL_EXPORTING, 2, "unused.so") == 0
+    (received_at_start, exported_at_start), (received_at_stop, exported_at_stop) = library.seen
+    assert received_at_stop > received_at_start > 0
+    # nothing of the warm-up left queued into the count, and every counted span exported within it
+    assert exported_at_start - exported_before == received_at_start
+    assert exported_at_stop - exported_before == received_at_stop
