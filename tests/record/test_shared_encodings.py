@@ -109,4 +109,3 @@ def test_spans_of_one_encoding_read_back_as_one_read_only_mapping() -> None:
         failing.observer.on_module_exit("fc1", "forward", ValueError("bad"))
     fc1 = [s for s in failing.get_finished_spans() if s.attributes.get(schema.MODULE_FQN) == "fc1"]
     assert [schema.ERROR_TYPE in s.attributes for s in fc1] == [False, True]
-
