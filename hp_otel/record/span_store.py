@@ -390,8 +390,8 @@ def _rebuild_all(records: list[Any], origins: list[tuple[Any, Any, Any]]) -> tup
         span._parent = parent
         span._start_time = start
         span._end_time = end
-        # a shared encoding's split (a module's, an op's): that encoding, read-only behind the proxy
-        # `ReadableSpan.attributes` gives; else a dict of the record's own
+        # a shared encoding's split (a module's, an op's, a redistribute's): that encoding, read-only
+        # behind the proxy `ReadableSpan.attributes` gives; else a dict of the record's own
         span._attributes = shared_attributes(keys, values) or dict(zip(keys, values, strict=False))
         span._events = _events(events) if events else ()
         span._links = _links(links) if links else ()

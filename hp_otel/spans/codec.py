@@ -125,9 +125,9 @@ def encode_op(name: str, inputs: Sequence[TensorInfo], phase: str) -> dict[str, 
 
 
 class SharedAttributes(dict):  # type: ignore[type-arg]
-    """Span attributes encoded once and shared by every span that has them (a module's, an op's): never
-    written on (a span copies them first).  `split` is them as (keys, values) tuples, made once: what
-    the local store keeps of a span."""
+    """Span attributes encoded once and shared by every span that has them (a module's, an op's, a
+    redistribute's): never written on (a span copies them first).  `split` is them as (keys, values)
+    tuples, made once: what the local store keeps of a span."""
 
     __slots__ = ("split",)
 

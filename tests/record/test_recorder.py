@@ -184,7 +184,7 @@ def test_faults_in_span_building_are_counted_and_logged_once(caplog, monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(codec, "encode_tensor_infos", broken)
+    monkeypatch.setattr(codec, "encoded_op", broken)  # what the builder calls for every op
     caplog.set_level(logging.WARNING, logger="hp_otel")
     with CommDebugMode() as mode:
         design_mlp_forward(mode.observer)

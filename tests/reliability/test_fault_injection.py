@@ -175,7 +175,7 @@ FAULTS = [
     Fault("backward end callback", _fail_event(ev.BackwardEnd), ("backward_end",)),
     Fault("module tracker install", _fail(module_source, "parameter_infos"), ("attach:TorchModuleTracker",)),
     # span building, span processors and exporters
-    Fault("span building", _fail(codec, "encode_tensor_infos"), ("span_build",)),
+    Fault("span building", _fail(codec, "encoded_op"), ("span_build",)),
     Fault("span processor on_start (live)", None, ("span_processor",), processor="start", live=True),
     Fault("span processor on_end (live)", None, ("span_processor",), processor="end", live=True),
     Fault("span processor on_end (deferred build on query)", None, ("span_processor",), processor="end", live=False),
